@@ -1,0 +1,133 @@
+"""cli: a thin typer layer. Every command calls a library function; errors map to exit codes here.
+
+Exit codes: 0 ok, 1 finished with problems reported (truncated trace, quarantined files),
+2 bad input or usage, 3 internal error (a bug: please report it with TRACEPIPE_DEBUG=1 output).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .errors import TracepipeError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="tracepipe: PyTorch profiler traces -> Parquet tables, links, costs, reports.")
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+def err(msg: str):
+    typer.echo(f"tracepipe: {msg}", err=True)
+
+
+class Progress:
+    """A one-line progress display on stderr, only when stderr is a terminal."""
+
+    def __init__(self, label: str, total: int | None, quiet: bool):
+        self.label, self.total = label, total
+        self.on = not quiet and sys.stderr.isatty()
+        self.last = 0.0
+
+    def __call__(self, done: int):
+        now = time.monotonic()
+        if not self.on or now - self.last < 0.2:
+            return
+        self.last = now
+        mb = done / 1e6
+        if self.total:
+            pct = min(100.0, 100.0 * done / self.total)
+            sys.stderr.write(f"\r{self.label}: {pct:5.1f}% ({mb:,.0f} MB)")
+        else:
+            sys.stderr.write(f"\r{self.label}: {mb:,.0f} MB")
+        sys.stderr.flush()
+
+    def done(self):
+        if self.on:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def _version(value: bool):
+    if value:
+        from . import __version__
+
+        typer.echo(f"tracepipe {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")):
+    """tracepipe: PyTorch profiler traces -> Parquet tables, links, costs, reports."""
+
+
+# ------------------------------------------------------------------ flatten
+@app.command()
+def flatten(
+    traces: List[Path] = typer.Argument(..., help="trace files (.json, .json.gz, .json.zst)"),
+    out: Path = typer.Option(..., "-o", "--out", help="output directory; one sub-directory per trace"),
+    workers: Optional[int] = typer.Option(None, "-j", "--workers", help="parser processes (default: all cores for large files)"),
+    no_link: bool = typer.Option(False, "--no-link", help="skip linking and cost (raw tables only)"),
+    device_specs: Optional[Path] = typer.Option(None, "--device-specs", help="CSV of extra/overriding device specs"),
+    device: Optional[str] = typer.Option(None, "--device", help="force this device spec for every GPU"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype for ops whose trace records none (e.g. bf16)"),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
+):
+    """Flatten traces into OUT/<stem>/{events,gpu_ops,flows,devices,trace}.parquet."""
+    from .flatten import flatten as run
+
+    code = EXIT_OK
+    for t in traces:
+        size = t.stat().st_size if t.is_file() else None
+        prog = Progress(t.name, size if not str(t).endswith((".gz", ".zst")) else None, quiet)
+        try:
+            r = run(t, out, workers=workers, link=not no_link, progress=prog,
+                    device_specs=str(device_specs) if device_specs else None, device=device, dtype=dtype)
+        except TracepipeError as e:
+            prog.done()
+            err(str(e) if str(t) in str(e) else f"{t}: {e}")
+            code = max(code, e.exit_code)
+            continue
+        prog.done()
+        for w in r.warnings:
+            err(f"{t.name}: {w}")
+        if r.truncated:
+            err(f"{t}: truncated ({r.truncation_reason}); kept the {r.n_events} complete events")
+            code = max(code, EXIT_PROBLEMS)
+        if not quiet:
+            typer.echo(f"{t.name}: {r.n_events} events, {r.n_gpu_ops} gpu ops, {r.n_flows} flow endpoints, "
+                       f"{r.n_devices} devices -> {r.out_dir}")
+    raise typer.Exit(code)
+
+
+# ------------------------------------------------------------------ entry point
+def main():
+    debug = os.environ.get("TRACEPIPE_DEBUG")
+    try:
+        rc = app(standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except TracepipeError as e:
+        err(str(e))
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err("interrupted")
+        sys.exit(130)
+    except Exception as e:  # click usage errors and bugs
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(EXIT_BAD_INPUT)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(130)
+        if debug:
+            raise
+        err(f"internal error: {type(e).__name__}: {e} (set TRACEPIPE_DEBUG=1 for details)")
+        sys.exit(EXIT_INTERNAL)
+    sys.exit(rc if isinstance(rc, int) else 0)

@@ -1,0 +1,19 @@
+"""The few named errors of tracepipe. The CLI maps them to exit codes in one place."""
+
+
+class TracepipeError(Exception):
+    """Base class: a problem tracepipe explains in one line."""
+
+    exit_code = 2
+
+
+class BadTrace(TracepipeError):
+    """The input is not a readable trace (not JSON, corrupt compression, no traceEvents list)."""
+
+
+class UsageError(TracepipeError):
+    """The command line or an argument does not make sense."""
+
+
+class DatasetError(TracepipeError):
+    """A flattened directory or dataset is missing or malformed."""

@@ -1,0 +1,594 @@
+"""flatten: parsed trace events -> typed Arrow columns (events, gpu_ops, flows).
+
+`build_chunk` turns one chunk of events into Arrow tables; it runs in worker processes.
+Every value either lands in a typed column or is counted by reason in `problems`; nothing
+is dropped silently (the raw value always stays in `args_json` / `extra_json`).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+
+import orjson
+import pyarrow as pa
+
+from . import schema
+from .reader import NeedsExactParse, parse_chunk, parse_chunk_exact
+
+# cat -> kind of GPU/accelerator activity (case as written; old layouts capitalise)
+GPU_KINDS = {
+    "kernel": "kernel", "Kernel": "kernel",
+    "gpu_memcpy": "memcpy", "Memcpy": "memcpy", "memcpy": "memcpy",
+    "gpu_memset": "memset", "Memset": "memset", "memset": "memset",
+    "mtia_ccp_events": "kernel",
+}
+FLOW_PHASES = frozenset(("s", "f", "t"))
+KNOWN_KEYS = frozenset(("ph", "cat", "name", "pid", "tid", "ts", "dur", "args", "id"))
+INT64_MAX = 2**63 - 1
+# |µs| below this: round(x * 1000) of a float is the exact nanosecond count of its
+# (≤ 3-decimal) text. Larger floats are re-parsed from the decimal text (NeedsExactParse).
+FLOAT_EXACT_US = 4.39e12
+_NS = Decimal(1000)
+
+
+def _json_default(v):
+    if isinstance(v, Decimal):
+        if v.is_finite():
+            return orjson.Fragment(str(v).encode())
+        return None
+    raise TypeError
+
+
+def dumps(v) -> bytes:
+    return orjson.dumps(v, default=_json_default)
+
+
+@dataclass
+class Problems:
+    """Counts of coerced and dropped values, by reason."""
+
+    coerced: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)
+
+    def merge(self, other: "Problems"):
+        self.coerced.update(other.coerced)
+        self.dropped.update(other.dropped)
+
+
+def us_to_ns(v, what: str, problems: Problems):
+    """A µs time value (int, float, Decimal or numeric string) as int64 ns, else None."""
+    t = type(v)
+    if t is int:
+        ns = v * 1000
+    elif t is float:
+        if -FLOAT_EXACT_US < v < FLOAT_EXACT_US:
+            return round(v * 1000)
+        if math.isnan(v) or math.isinf(v):
+            problems.dropped[f"{what}_not_finite"] += 1
+            return None
+        raise NeedsExactParse(what)
+    elif v is None:
+        return None
+    else:
+        if t is not Decimal:
+            if t is bool or not isinstance(v, str):
+                problems.dropped[f"{what}_wrong_type"] += 1
+                return None
+            try:
+                v = Decimal(v.strip())
+            except InvalidOperation:
+                problems.dropped[f"{what}_not_a_number"] += 1
+                return None
+            problems.coerced[f"{what}_string_to_number"] += 1
+        if not v.is_finite():
+            problems.dropped[f"{what}_not_finite"] += 1
+            return None
+        ns = int((v * _NS).to_integral_value())
+    if -INT64_MAX <= ns <= INT64_MAX:
+        return ns
+    problems.dropped[f"{what}_out_of_range"] += 1
+    return None
+
+
+def as_int(v, what: str, problems: Problems):
+    """An id-like value as int64: ints as they are, integral floats and numeric/hex strings coerced."""
+    t = type(v)
+    if t is int:
+        if -INT64_MAX <= v <= INT64_MAX:
+            return v
+        problems.dropped[f"{what}_out_of_range"] += 1
+        return None
+    if v is None:
+        return None
+    try:
+        if t is str:
+            s = v.strip()
+            n = int(s, 16) if s[:2].lower() == "0x" else int(s)
+        elif t is float or t is Decimal:
+            if v != v or v in (math.inf, -math.inf) or v != int(v):
+                problems.dropped[f"{what}_not_integer"] += 1
+                return None
+            n = int(v)
+        else:
+            problems.dropped[f"{what}_wrong_type"] += 1
+            return None
+    except (ValueError, OverflowError, InvalidOperation):
+        problems.dropped[f"{what}_not_integer"] += 1
+        return None
+    if -INT64_MAX <= n <= INT64_MAX:
+        problems.coerced[f"{what}_to_int"] += 1
+        return n
+    problems.dropped[f"{what}_out_of_range"] += 1
+    return None
+
+
+def _as_float(v):
+    t = type(v)
+    if t is float or t is int:
+        return float(v)
+    if t is Decimal:
+        return float(v)
+    return None
+
+
+def _text(v, what, problems):
+    if v is None or type(v) is str:
+        return v
+    problems.coerced[f"{what}_not_string"] += 1
+    return dumps(v).decode()
+
+
+def _dim(v, i):
+    if type(v) is list and len(v) > i and type(v[i]) is int:
+        return v[i]
+    return None
+
+
+@dataclass
+class ChunkTables:
+    events: pa.Table
+    gpu_ops: pa.Table
+    flows: pa.Table
+    problems: Problems
+    device_ids: set
+
+
+def build_chunk(events: list) -> ChunkTables:
+    """Typed tables for one chunk of parsed events; event_idx is local (0-based) to the chunk."""
+    problems = Problems()
+    n = len(events)
+    ph_c, cat_c, name_c = [None] * n, [None] * n, [None] * n
+    pid_c, pid_s, tid_c, tid_s = [None] * n, [None] * n, [None] * n, [None] * n
+    ts_c, dur_c, id_c, id_s = [None] * n, [None] * n, [None] * n, [None] * n
+    corr_c, ext_c, args_c, extra_c = [None] * n, [None] * n, [None] * n, [None] * n
+    gpu_rows, flow_rows = [], []
+    known = KNOWN_KEYS
+    gpu_kinds = GPU_KINDS
+    dumps_ = dumps
+    for i, e in enumerate(events):
+        if type(e) is not dict:
+            extra_c[i] = dumps_(e)
+            problems.coerced["event_not_object"] += 1
+            continue
+        ph = e.get("ph")
+        cat = e.get("cat")
+        name = e.get("name")
+        if type(ph) is not str and ph is not None:
+            ph = _text(ph, "ph", problems)
+        if type(cat) is not str and cat is not None:
+            cat = _text(cat, "cat", problems)
+        if type(name) is not str and name is not None:
+            name = _text(name, "name", problems)
+        ph_c[i], cat_c[i], name_c[i] = ph, cat, name
+        pid = e.get("pid")
+        if type(pid) is int:
+            pid_c[i] = pid
+        elif type(pid) is str:
+            pid_s[i] = pid
+        elif pid is not None:
+            pid_c[i] = as_int(pid, "pid", problems)
+        tid = e.get("tid")
+        if type(tid) is int:
+            tid_c[i] = tid
+        elif type(tid) is str:
+            tid_s[i] = tid
+        elif tid is not None:
+            tid_c[i] = as_int(tid, "tid", problems)
+        ts = e.get("ts")
+        if type(ts) is float and -FLOAT_EXACT_US < ts < FLOAT_EXACT_US:
+            ts_c[i] = round(ts * 1000)
+        elif type(ts) is int and -9223372036854775 <= ts <= 9223372036854775:
+            ts_c[i] = ts * 1000
+        else:
+            ts_c[i] = us_to_ns(ts, "ts", problems)
+        dur = e.get("dur")
+        if dur is not None:
+            if type(dur) is float and -FLOAT_EXACT_US < dur < FLOAT_EXACT_US:
+                dur_c[i] = round(dur * 1000)
+            elif type(dur) is int and -9223372036854775 <= dur <= 9223372036854775:
+                dur_c[i] = dur * 1000
+            else:
+                dur_c[i] = us_to_ns(dur, "dur", problems)
+        fid = e.get("id")
+        if fid is not None:
+            if type(fid) is int and -INT64_MAX <= fid <= INT64_MAX:
+                id_c[i] = fid
+            else:
+                id_s[i] = fid if type(fid) is str else dumps_(fid).decode()
+        args = e.get("args")
+        if args is not None:
+            args_c[i] = dumps_(args)
+            if type(args) is dict:
+                c = args.get("correlation")
+                if c is not None:
+                    corr_c[i] = c if type(c) is int else as_int(c, "correlation", problems)
+                x = args.get("External id")
+                if x is None:
+                    x = args.get("external id")
+                if x is not None:
+                    ext_c[i] = x if type(x) is int else as_int(x, "external_id", problems)
+            else:
+                problems.coerced["args_not_object"] += 1
+        if len(e) > 6 and not known.issuperset(e):
+            extra_c[i] = dumps_({k: v for k, v in e.items() if k not in known})
+        if ph in FLOW_PHASES:
+            flow_rows.append(i)
+        elif ph == "X" and cat in gpu_kinds:
+            gpu_rows.append(i)
+    ev_table = pa.table(
+        {
+            "event_idx": pa.array(range(n), pa.int64()),
+            "ph": pa.array(ph_c, pa.string()),
+            "cat": pa.array(cat_c, pa.string()),
+            "name": pa.array(name_c, pa.string()),
+            "pid": pa.array(pid_c, pa.int64()),
+            "pid_str": pa.array(pid_s, pa.string()),
+            "tid": pa.array(tid_c, pa.int64()),
+            "tid_str": pa.array(tid_s, pa.string()),
+            "ts_ns": pa.array(ts_c, pa.int64()),
+            "dur_ns": pa.array(dur_c, pa.int64()),
+            "id": pa.array(id_c, pa.int64()),
+            "id_str": pa.array(id_s, pa.string()),
+            "correlation": pa.array(corr_c, pa.int64()),
+            "external_id": pa.array(ext_c, pa.int64()),
+            "args_json": pa.array(args_c, pa.string()),
+            "extra_json": pa.array(extra_c, pa.string()),
+        }
+    )
+    gpu_table, device_ids = _gpu_ops(events, gpu_rows, ev_table, problems)
+    flows_table = _flows(events, flow_rows, ev_table)
+    return ChunkTables(ev_table, gpu_table, flows_table, problems, device_ids)
+
+
+def _gpu_ops(events, rows, ev, problems):
+    cols = {k: [] for k in (
+        "kind", "device", "stream", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
+        "registers_per_thread", "shared_memory", "warps_per_sm", "occupancy_pct", "copy_bytes",
+        "copy_bw_gbps")}
+    device_ids = set()
+    for i in rows:
+        e = events[i]
+        a = e.get("args")
+        if type(a) is not dict:
+            a = {}
+        kind = GPU_KINDS[e["cat"]]
+        cols["kind"].append(kind)
+        dev = a.get("device")
+        if dev is None and e["cat"] == "mtia_ccp_events":
+            dev = e.get("pid")  # MTIA device activity lives in the device's process
+        dev = dev if type(dev) is int else as_int(dev, "device", problems)
+        if dev is not None:
+            device_ids.add(dev)
+        cols["device"].append(dev)
+        s = a.get("stream")
+        cols["stream"].append(s if type(s) is int else as_int(s, "stream", problems))
+        g, b = a.get("grid"), a.get("block")
+        cols["grid_x"].append(_dim(g, 0))
+        cols["grid_y"].append(_dim(g, 1))
+        cols["grid_z"].append(_dim(g, 2))
+        cols["block_x"].append(_dim(b, 0))
+        cols["block_y"].append(_dim(b, 1))
+        cols["block_z"].append(_dim(b, 2))
+        r = a.get("registers per thread")
+        cols["registers_per_thread"].append(r if type(r) is int else None)
+        sm = a.get("shared memory")
+        cols["shared_memory"].append(sm if type(sm) is int else None)
+        cols["warps_per_sm"].append(_as_float(a.get("warps per SM")))
+        cols["occupancy_pct"].append(_as_float(a.get("est. achieved occupancy %")))
+        nb = a.get("bytes")
+        cols["copy_bytes"].append(nb if type(nb) is int else None)
+        cols["copy_bw_gbps"].append(_as_float(a.get("memory bandwidth (GB/s)")))
+    idx = pa.array(rows, pa.int64())
+    take = ev.take(idx)
+    table = pa.table(
+        {
+            "event_idx": idx,
+            "kind": pa.array(cols["kind"], pa.string()),
+            "cat": take.column("cat"),
+            "name": take.column("name"),
+            "device": pa.array(cols["device"], pa.int64()),
+            "stream": pa.array(cols["stream"], pa.int64()),
+            "pid": take.column("pid"),
+            "tid": take.column("tid"),
+            "correlation": take.column("correlation"),
+            "external_id": take.column("external_id"),
+            "ts_ns": take.column("ts_ns"),
+            "dur_ns": take.column("dur_ns"),
+            **{k: pa.array(cols[k], pa.int64()) for k in (
+                "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
+                "registers_per_thread", "shared_memory", "copy_bytes")},
+            **{k: pa.array(cols[k], pa.float64()) for k in ("warps_per_sm", "occupancy_pct", "copy_bw_gbps")},
+        }
+    )
+    return schema.conform(table, "gpu_ops", ("flatten",)), device_ids
+
+
+def _flows(events, rows, ev):
+    idx = pa.array(rows, pa.int64())
+    take = ev.take(idx)
+    bp = []
+    for i in rows:
+        v = events[i].get("bp")
+        bp.append(v if type(v) is str else None)
+    table = pa.table({
+        "event_idx": idx,
+        "id": take.column("id"),
+        "id_str": take.column("id_str"),
+        "cat": take.column("cat"),
+        "ph": take.column("ph"),
+        "name": take.column("name"),
+        "ts_ns": take.column("ts_ns"),
+        "pid": take.column("pid"),
+        "pid_str": take.column("pid_str"),
+        "tid": take.column("tid"),
+        "tid_str": take.column("tid_str"),
+        "bp": pa.array(bp, pa.string()),
+    })
+    return schema.conform(table, "flows", ("flatten",))
+
+
+def build_from_text(text: bytes) -> ChunkTables:
+    """Parse one chunk of traceEvents text and build its tables (the worker's job)."""
+    try:
+        return build_chunk(parse_chunk(text))
+    except NeedsExactParse:
+        return build_chunk(parse_chunk_exact(text))
+
+
+# ====================================================================== the driver
+import datetime as _dt
+import gc
+import hashlib
+import multiprocessing as _mp
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+import pyarrow.compute as pc
+
+from . import __version__, store
+from .errors import BadTrace
+from .reader import Salvaged, TraceSource, ordered_results
+
+PARALLEL_MIN_BYTES = 48 << 20
+SECRET_KEY = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|COOKIE|AUTH|(^|[_\-. ])(API|ACCESS)?_?KEY([_\-. ]|$)", re.I)
+SECRET_VALUE = re.compile(r"^(hf_|ghp_|gho_|ghs_|github_pat_|sk-|xox[abpr]-|AKIA|ASIA|glpat-)[A-Za-z0-9_\-]{8,}")
+REDACTED = "<redacted>"
+
+
+@dataclass
+class FlattenResult:
+    out_dir: Path
+    n_events: int
+    n_gpu_ops: int
+    n_flows: int
+    n_devices: int
+    truncated: bool
+    truncation_reason: str | None
+    problems: dict
+    warnings: list
+
+    @property
+    def ok(self) -> bool:
+        return not self.truncated
+
+
+def redact(obj):
+    """A copy of trace metadata with values under secret-looking keys (and token-like values) replaced."""
+    if isinstance(obj, dict):
+        return {k: (REDACTED if SECRET_KEY.search(str(k)) and obj[k] not in (None, "") else redact(v))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    if isinstance(obj, str) and SECRET_VALUE.match(obj):
+        return REDACTED
+    return obj
+
+
+def sampled_content_id(path: str) -> str:
+    """A content id from the size and the first and last MiB of the file (fast on huge files)."""
+    h = hashlib.blake2b(digest_size=8)
+    size = os.path.getsize(path)
+    h.update(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if size > 2 << 20:
+            f.seek(-(1 << 20), os.SEEK_END)
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _worker_init():
+    gc.disable()
+
+
+def _pool(workers: int):
+    ctx = _mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["pipeline.flatten"])
+    return ctx.Pool(workers, initializer=_worker_init)
+
+
+def default_workers(path: str) -> int:
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return 1
+    if size < PARALLEL_MIN_BYTES:
+        return 1
+    return max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
+def _offset(tbl: pa.Table, offset: int) -> pa.Table:
+    if offset == 0 or tbl.num_rows == 0:
+        return tbl
+    i = tbl.schema.get_field_index("event_idx")
+    return tbl.set_column(i, "event_idx", pc.add(tbl.column(i), pa.scalar(offset, pa.int64())))
+
+
+def _int_or_none(v):
+    return v if type(v) is int else None
+
+
+def devices_table(metadata: dict, gpu_device_ids: set, problems: Problems) -> pa.Table:
+    """One row per deviceProperties entry plus one per device id seen only on GPU events."""
+    props = metadata.get("deviceProperties")
+    rows = []
+    if props is not None and not isinstance(props, list):
+        problems.dropped["deviceProperties_not_a_list"] += 1
+        props = []
+    for p in props or []:
+        if not isinstance(p, dict):
+            problems.dropped["deviceProperties_entry_not_object"] += 1
+            continue
+        rows.append({
+            "device": as_int(p.get("id"), "device_id", problems), "source": "deviceProperties",
+            "name": p.get("name") if isinstance(p.get("name"), str) else None,
+            "total_global_mem": _int_or_none(p.get("totalGlobalMem")),
+            "compute_major": _int_or_none(p.get("computeMajor")),
+            "compute_minor": _int_or_none(p.get("computeMinor")),
+            "num_sms": _int_or_none(p.get("numSms")),
+            "warp_size": _int_or_none(p.get("warpSize")),
+            "max_threads_per_block": _int_or_none(p.get("maxThreadsPerBlock")),
+            "shared_mem_per_block": _int_or_none(p.get("sharedMemPerBlock")),
+            "props_json": dumps(p).decode(),
+        })
+    listed = {r["device"] for r in rows}
+    for d in sorted(gpu_device_ids - listed):
+        rows.append({"device": d, "source": "gpu_events"})
+    return pa.Table.from_pylist(rows, schema=schema.table("devices").arrow_schema())
+
+
+def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail) -> dict:
+    dist = metadata.get("distributedInfo") if isinstance(metadata.get("distributedInfo"), dict) else {}
+    rest = {k: v for k, v in metadata.items() if k != "deviceProperties"}
+    issues = {**{f"coerced:{k}": v for k, v in problems.coerced.items()},
+              **{f"dropped:{k}": v for k, v in problems.dropped.items()}}
+    if tail.truncated:
+        issues["truncated"] = 1
+    sv = metadata.get("schemaVersion")
+    base = metadata.get("baseTimeNanoseconds")
+    return {
+        "trace_id": sampled_content_id(path),
+        "source_path": str(path),
+        "source_bytes": os.path.getsize(path),
+        "stem": store.trace_stem(path),
+        "schema_version": None if sv is None else str(sv),
+        "trace_name": metadata.get("traceName") if isinstance(metadata.get("traceName"), str) else None,
+        "base_time_ns": base if type(base) is int else None,
+        "rank": _int_or_none(dist.get("rank")),
+        "world_size": _int_or_none(dist.get("world_size")),
+        "backend": dist.get("backend") if isinstance(dist.get("backend"), str) else None,
+        **counts,
+        "n_coerced": sum(problems.coerced.values()),
+        "n_dropped": sum(problems.dropped.values()),
+        "problems_json": dumps(issues).decode(),
+        "truncated": tail.truncated,
+        "metadata_json": dumps(redact(rest)).decode(),
+        "tracepipe_version": __version__,
+        "flattened_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: int | None = None,
+                 progress: Callable[[int], None] | None = None):
+    """Read one trace and write events/gpu_ops/flows/devices/trace Parquet files into `tmp`.
+
+    Returns (trace_row dict, Problems, Tail). Link and cost run afterwards over these files.
+    """
+    workers = default_workers(path) if workers is None else max(1, workers)
+    src = TraceSource(path, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {}))
+    problems = Problems()
+    corrupt = []
+    writers = {n: store.TableWriter(tmp / f"{n}.parquet", n) for n in ("events", "gpu_ops", "flows")}
+    device_ids: set = set()
+    pool = _pool(workers) if workers > 1 else None
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        submit = (lambda text: pool.apply_async(_run_chunk, (text,))) if pool else None
+        results = ordered_results(src.pieces(), build_from_text, build_chunk, submit=submit,
+                                  max_inflight=2 * workers, on_corrupt=corrupt.append)
+        offset = 0
+        for ct in results:
+            writers["events"].write(_offset(ct.events, offset))
+            writers["gpu_ops"].write(_offset(ct.gpu_ops, offset))
+            writers["flows"].write(_offset(ct.flows, offset))
+            offset += ct.events.num_rows
+            problems.merge(ct.problems)
+            device_ids |= ct.device_ids
+            if progress:
+                progress(src.bytes_read)
+    finally:
+        if pool:
+            pool.terminate()
+        for w in writers.values():
+            w.close()
+        src.close()
+        if was_enabled:
+            gc.enable()
+    tail = src.tail
+    if corrupt and not tail.truncated:
+        tail.truncated, tail.reason = True, corrupt[0]
+    devices = devices_table(src.metadata, device_ids, problems)
+    store.write_table(devices, tmp / "devices.parquet", "devices", ("flatten",))
+    counts = {"n_events": writers["events"].rows, "n_gpu_ops": writers["gpu_ops"].rows,
+              "n_flows": writers["flows"].rows, "n_devices": devices.num_rows}
+    row = trace_row(path, src.metadata, counts, problems, tail)
+    return row, problems, tail
+
+
+def _run_chunk(text: bytes):
+    from .reader import _run_local
+    return _run_local(build_from_text, text)
+
+
+def write_trace_table(row: dict, tmp: Path):
+    t = pa.Table.from_pylist([row], schema=schema.table("trace").arrow_schema(schema.ALL_STAGES))
+    store.write_table(t, tmp / "trace.parquet", "trace")
+
+
+def flatten(path: str | os.PathLike, out: str | os.PathLike, *, workers: int | None = None,
+            chunk_bytes: int | None = None, link: bool = True, device_specs: str | None = None,
+            device: str | None = None, dtype: str | None = None,
+            progress: Callable[[int], None] | None = None) -> FlattenResult:
+    """Flatten one trace into OUT/<stem>/{events,gpu_ops,flows,devices,trace}.parquet.
+
+    The directory appears complete or not at all. With `link` (default) GPU ops are linked to
+    their launches and CPU ops and costed (see `pipeline.link` and `pipeline.cost`).
+    """
+    path = str(path)
+    if not os.path.isfile(path):
+        raise BadTrace(f"{path}: no such file")
+    final = Path(out) / store.trace_stem(path)
+    warnings: list = []
+    with store.atomic_dir(final) as tmp:
+        row, problems, tail = flatten_into(path, tmp, workers, chunk_bytes, progress)
+        if link:
+            from .cost import enrich
+            warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype)
+        write_trace_table(row, tmp)
+    return FlattenResult(final, row["n_events"], row["n_gpu_ops"], row["n_flows"], row["n_devices"],
+                         tail.truncated, tail.reason, orjson.loads(row["problems_json"]), warnings)

@@ -1,0 +1,420 @@
+"""reader: the only code that touches JSON bytes.
+
+A trace is read as a byte stream (plain, gzip or zstd), never whole. The reader finds the
+`traceEvents` array (collecting the top-level metadata before it), then cuts the array's text
+into bounded chunks at event boundaries (`}` `,` `{"`). A cut that lands inside a string or a
+nested object cannot produce a chunk that parses as a list of complete values, so a chunk that
+fails to parse is merged with the next one and parsed again (see `ordered_results`): the split
+is speculative but the result is exact. After the array, the remaining top-level metadata is
+parsed too. A stream that ends early yields every complete event and reports truncation.
+
+Parsing a chunk: orjson on bounded chunks is the fast path; when a float timestamp is too large
+for a float64 to hold its nanosecond digits, the chunk is parsed again with ijson (C backend),
+which keeps decimals exact. ijson also salvages the complete events of a truncated tail.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Callable, Iterator
+
+import ijson
+import orjson
+
+from .errors import BadTrace
+
+if ijson.backend != "yajl2_c":  # pragma: no cover - depends on the installed wheel
+    raise ImportError(
+        f"tracepipe needs ijson's C backend (yajl2_c); this ijson uses {ijson.backend!r}. "
+        "Reinstall ijson from a wheel for your platform: pip install --force-reinstall ijson"
+    )
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+DEFAULT_CHUNK_BYTES = 8 << 20
+READ_BYTES = 4 << 20
+MAX_HEADER_BYTES = 256 << 20
+# a carry (chunks merged after a failed parse) larger than this means corrupt input, not a bad cut
+MAX_CARRY_CHUNKS = 8
+
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]')
+_BOUNDARY = re.compile(rb'\}(\s*,\s*)\{\s*"')
+_CLOSE_DOC = re.compile(rb"\s*\}?\s*\Z")
+_MORE_KEYS = re.compile(rb'\s*,\s*"')
+_ONLY_WS = re.compile(rb"\s*\Z")
+_WS = b" \t\r\n"
+
+
+class ChunkParseError(ValueError):
+    """A chunk is not a list of complete JSON values (a bad cut, or corrupt input)."""
+
+
+class NeedsExactParse(ValueError):
+    """A float in the chunk cannot hold its decimal digits; parse it again with ijson."""
+
+
+# ------------------------------------------------------------------ byte streams
+def open_stream(path: str):
+    """Open a trace file as a binary stream, decompressing gzip or zstd by magic bytes."""
+    try:
+        raw = open(path, "rb")
+    except OSError as e:
+        raise BadTrace(f"{path}: cannot open: {e.strerror or e}") from None
+    magic = raw.read(4)
+    raw.seek(0)
+    if magic[:2] == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if magic == ZSTD_MAGIC:
+        try:
+            import zstandard
+        except ImportError:
+            raw.close()
+            raise BadTrace(f"{path}: zstd-compressed; install tracepipe[zstd]") from None
+        return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+    return raw
+
+
+_DECOMPRESS_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def _read(stream, n: int) -> tuple[bytes, str | None]:
+    """Read up to n bytes; a compressed stream that breaks off returns the problem as text."""
+    try:
+        return stream.read(n), None
+    except EOFError:
+        return b"", "compressed stream ended early"
+    except _DECOMPRESS_ERRORS as e:
+        return b"", f"corrupt compressed data ({type(e).__name__})"
+    except Exception as e:  # zstandard.ZstdError and friends
+        return b"", f"corrupt compressed data ({type(e).__name__})"
+
+
+# ------------------------------------------------------------------ the header
+@dataclass
+class Header:
+    metadata: dict
+    bare_list: bool
+    rest: bytearray  # bytes after the `[` that opens traceEvents
+
+
+def _find_events_array(buf: bytes) -> tuple[str, int, int] | None:
+    """Scan the top level of a JSON document for `"traceEvents": [`.
+
+    Returns (kind, pos, key_pos): kind "list" for a bare list (pos after `[`), "object" with pos
+    after the array's `[` and key_pos at the key's quote; None when more bytes are needed.
+    Raises BadTrace when the document cannot be a trace.
+    """
+    i = 0
+    while i < len(buf) and buf[i] in _WS:
+        i += 1
+    if i == len(buf):
+        return None
+    first = buf[i : i + 1]
+    if first == b"[":
+        return ("list", i + 1, i)
+    if first != b"{":
+        raise BadTrace("not JSON: a trace starts with '{' or '['")
+    depth, key, key_pos, after_colon = 0, None, -1, False
+    for m in _TOKEN.finditer(buf, i):
+        tok = m.group()
+        c = tok[:1]
+        if c == b'"':
+            if depth == 1 and not after_colon:
+                key, key_pos = tok, m.start()
+            after_colon = False
+            continue
+        if c == b":":
+            after_colon = depth == 1
+            continue
+        if after_colon and depth == 1 and key == b'"traceEvents"':
+            if tok == b"[":
+                return ("object", m.end(), key_pos)
+            raise BadTrace("traceEvents is not a list")
+        after_colon = False
+        if c in b"{[":
+            depth += 1
+        elif c in b"}]":
+            depth -= 1
+            if depth == 0:
+                raise BadTrace("valid JSON but not a trace: no traceEvents list")
+        elif c == b",":
+            pass
+    # a scalar value right after "traceEvents": is reported when the next token arrives
+    return None
+
+
+def _metadata_before(buf: bytes, key_pos: int) -> dict:
+    body = bytes(buf[buf.index(b"{") + 1 : key_pos]).rstrip(_WS)
+    if body.endswith(b","):
+        body = body[:-1]
+    try:
+        meta = orjson.loads(b"{" + body + b"}")
+    except orjson.JSONDecodeError as e:
+        raise BadTrace(f"not JSON: top-level metadata does not parse ({e})") from None
+    return meta
+
+
+def read_header(stream) -> tuple[Header, str | None]:
+    buf = bytearray()
+    problem = None
+    while True:
+        block, problem = _read(stream, READ_BYTES)
+        buf += block
+        found = _find_events_array(buf)
+        if found:
+            kind, pos, key_pos = found
+            meta = {} if kind == "list" else _metadata_before(buf, key_pos)
+            return Header(meta, kind == "list", bytearray(buf[pos:])), problem
+        if not block:
+            break
+        if len(buf) > MAX_HEADER_BYTES:
+            raise BadTrace(f"no traceEvents list in the first {MAX_HEADER_BYTES >> 20} MB")
+    if problem and not buf:
+        raise BadTrace(f"not a readable trace: {problem}")
+    if not bytes(buf).strip():
+        raise BadTrace("empty file" if not problem else f"not a readable trace: {problem}")
+    try:
+        orjson.loads(bytes(buf))
+    except orjson.JSONDecodeError:
+        raise BadTrace("not JSON" + (f" ({problem})" if problem else "")) from None
+    raise BadTrace("valid JSON but not a trace: no traceEvents list")
+
+
+# ------------------------------------------------------------------ the tail
+def _split_tail(buf: bytes, bare_list: bool) -> tuple[bytes, dict] | None:
+    """Find where traceEvents closes in the last bytes of a document.
+
+    Returns (events_text, metadata_after) or None if the array never closes (truncated).
+    The leftmost `]` that is followed by a valid end of document is the array's end: any `]`
+    before it is followed by more events, which is not a valid document tail.
+    """
+    mv = memoryview(buf)
+    for strict in (True, False):
+        for m in re.finditer(rb"\]", buf):
+            p = m.start()
+            if strict:
+                j = p - 1
+                while j >= 0 and buf[j] in _WS:
+                    j -= 1
+                if j >= 0 and buf[j] not in b"}":
+                    continue
+            if bare_list:
+                if _ONLY_WS.match(buf, p + 1):
+                    return bytes(mv[:p]), {}
+                continue
+            if _CLOSE_DOC.match(buf, p + 1):
+                return bytes(mv[:p]), {}
+            mk = _MORE_KEYS.match(buf, p + 1)
+            if mk:
+                try:
+                    meta = orjson.loads(b"{" + bytes(mv[mk.end() - 1 :]))
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(meta, dict):
+                    return bytes(mv[:p]), meta
+    return None
+
+
+# ------------------------------------------------------------------ chunk parsing
+def parse_chunk(text: bytes) -> list:
+    """The events of one chunk of traceEvents text (values separated by commas)."""
+    try:
+        return orjson.loads(b"[" + text + b"]")
+    except orjson.JSONDecodeError as e:
+        if b"NaN" in text or b"Infinity" in text:  # not JSON, but Python's json writes them
+            try:
+                return json.loads(b"[" + text + b"]", parse_float=Decimal, parse_constant=float)
+            except ValueError:
+                pass
+        raise ChunkParseError(str(e)) from None
+
+
+def parse_chunk_exact(text: bytes) -> list:
+    """Like parse_chunk, but non-integer numbers stay Decimal (exact decimal text)."""
+    try:
+        return list(ijson.items(io.BytesIO(b"[" + text + b"]"), "item"))
+    except ijson.JSONError as e:
+        raise ChunkParseError(str(e)) from None
+
+
+def salvage_events(text: bytes) -> list:
+    """Every complete event at the start of a truncated or corrupt stretch of traceEvents."""
+    out = []
+    try:
+        for item in ijson.items(io.BytesIO(b"[" + text), "item"):
+            out.append(item)
+    except (ijson.JSONError, ijson.IncompleteJSONError, ValueError):
+        pass
+    return out
+
+
+# ------------------------------------------------------------------ the source
+@dataclass
+class Tail:
+    metadata: dict = field(default_factory=dict)
+    truncated: bool = False
+    reason: str | None = None
+
+
+@dataclass
+class Salvaged:
+    """Events already parsed (from a truncated stretch): handed to the work as they are."""
+
+    events: list
+
+
+class TraceSource:
+    """A trace as a stream of traceEvents chunks plus its top-level metadata.
+
+    Iterate `pieces()` for raw chunk bytes (and, at the end of a truncated trace, a Salvaged
+    piece); `metadata` holds the top-level keys found before and after traceEvents once
+    iteration is done; `tail` says whether the trace was truncated.
+    """
+
+    def __init__(self, path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+        self.path = path
+        self.chunk_bytes = max(int(chunk_bytes), 1024)
+        self.metadata: dict = {}
+        self.tail = Tail()
+        self.bytes_read = 0
+        self._stream = open_stream(path)
+        try:
+            self.header, problem = read_header(self._stream)
+        except BaseException:
+            self._stream.close()
+            raise
+        self._problem = problem
+        self.metadata.update(self.header.metadata)
+
+    def close(self):
+        self._stream.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def pieces(self) -> Iterator[bytes | Salvaged]:
+        buf = self.header.rest
+        problem = self._problem
+        eof = problem is not None
+        while True:
+            while len(buf) >= self.chunk_bytes:
+                m = _BOUNDARY.search(buf, self.chunk_bytes - 64 if len(buf) > self.chunk_bytes else 0)
+                if not m:
+                    break
+                chunk = bytes(buf[: m.start(1)])
+                del buf[: m.end(1)]
+                yield chunk
+            if eof:
+                break
+            block, problem = _read(self._stream, READ_BYTES)
+            self.bytes_read += len(block)
+            buf += block
+            if not block:
+                eof = True
+        yield from self._finish(bytes(buf), problem)
+
+    def _finish(self, buf: bytes, problem: str | None) -> Iterator[bytes | Salvaged]:
+        split = None if problem else _split_tail(buf, self.header.bare_list)
+        if split is not None:
+            events_text, meta = split
+            self.metadata.update(meta)
+            if events_text.strip(_WS):
+                yield events_text
+            return
+        self.tail = Tail(truncated=True, reason=problem or "the file ends before traceEvents closes")
+        events = salvage_events(buf)
+        if events:
+            yield Salvaged(events)
+
+
+# ------------------------------------------------------------------ ordered, fault-tolerant map
+def ordered_results(
+    pieces: Iterator[bytes | Salvaged],
+    work_text: Callable[[bytes], object],
+    work_events: Callable[[list], object],
+    submit: Callable[[bytes], object] | None = None,
+    max_inflight: int = 4,
+    on_corrupt: Callable[[str], None] | None = None,
+) -> Iterator[object]:
+    """Run `work_text` over every chunk (in workers via `submit`, else here), results in order.
+
+    A chunk whose parse fails is merged with the next one and run again here; if the merged
+    text grows past MAX_CARRY_CHUNKS chunks the input is corrupt there: its complete events are
+    salvaged, `on_corrupt` is told, and reading stops.
+    """
+    inflight: deque = deque()
+    carry: bytes | None = None
+    carried = 0
+
+    def settle(raw: bytes, outcome):
+        nonlocal carry, carried
+        ok, value = outcome
+        if carry is None and ok:
+            return [value]
+        carry = raw if carry is None else carry + b"," + raw
+        carried += 1
+        if carried > 1:
+            ok2, value2 = _run_local(work_text, carry)
+            if ok2:
+                carry, carried = None, 0
+                return [value2]
+        if carried > MAX_CARRY_CHUNKS:
+            raise _Corrupt()
+        return []
+
+    try:
+        for piece in pieces:
+            if isinstance(piece, Salvaged):
+                while inflight:
+                    raw, fut = inflight.popleft()
+                    yield from settle(raw, _outcome(fut))
+                if carry is not None:
+                    piece = Salvaged(salvage_events(carry) + piece.events)
+                    carry = None
+                if piece.events:
+                    yield work_events(piece.events)
+                continue
+            if submit is None:
+                inflight.append((piece, _run_local(work_text, piece)))
+            else:
+                inflight.append((piece, submit(piece)))
+            while len(inflight) > max_inflight:
+                raw, fut = inflight.popleft()
+                yield from settle(raw, _outcome(fut))
+        while inflight:
+            raw, fut = inflight.popleft()
+            yield from settle(raw, _outcome(fut))
+        if carry is not None:
+            raise _Corrupt()
+    except _Corrupt:
+        events = salvage_events(carry or b"")
+        if on_corrupt:
+            on_corrupt("traceEvents holds text that is not JSON; complete events before it were kept")
+        if events:
+            yield work_events(events)
+
+
+class _Corrupt(Exception):
+    pass
+
+
+def _run_local(work_text, text):
+    try:
+        return True, work_text(text)
+    except ChunkParseError as e:
+        return False, e
+
+
+def _outcome(fut):
+    if isinstance(fut, tuple):
+        return fut
+    return fut.get()

@@ -1,0 +1,110 @@
+"""Table schemas, declared once in `schemas/*.toml` (column, type, unit, meaning).
+
+The writer, the validation and the README's schema section all derive from these files.
+A column may name the `stage` that fills it (`flatten` by default, else `link` or `cost`).
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pyarrow as pa
+
+_HERE = Path(__file__).resolve().parent
+TABLES = ("events", "gpu_ops", "flows", "devices", "trace")
+
+ARROW_TYPES = {
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "string": pa.string(),
+    "dict": pa.string(),  # string with many repeats: Parquet dictionary-encodes it
+    "bool": pa.bool_(),
+}
+
+
+def _find_dir(name: str) -> Path:
+    """`schemas/` and `data/` sit beside the package in a checkout, inside it in a wheel."""
+    for cand in (_HERE / f"_{name}", _HERE.parent / name):
+        if cand.is_dir():
+            return cand
+    raise FileNotFoundError(f"tracepipe cannot find its {name}/ folder")
+
+
+SCHEMA_DIR = _find_dir("schemas")
+DATA_DIR = _find_dir("data")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    meaning: str
+    unit: str = ""
+    stage: str = "flatten"
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return ARROW_TYPES[self.type]
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    description: str
+    columns: tuple[Column, ...]
+
+    def names(self, stages=("flatten",)) -> list[str]:
+        return [c.name for c in self.columns if c.stage in stages]
+
+    def arrow_schema(self, stages=("flatten",)) -> pa.Schema:
+        return pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns if c.stage in stages])
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.name} has no column {name!r}")
+
+
+@lru_cache(maxsize=None)
+def table(name: str) -> Table:
+    raw = tomllib.loads((SCHEMA_DIR / f"{name}.toml").read_text())
+    cols = tuple(Column(**c) for c in raw["columns"])
+    for c in cols:
+        if c.type not in ARROW_TYPES:
+            raise ValueError(f"schemas/{name}.toml: column {c.name} has unknown type {c.type!r}")
+    return Table(raw["name"], raw["description"], cols)
+
+
+ALL_STAGES = ("flatten", "link", "cost")
+
+
+def conform(tbl: pa.Table, name: str, stages=ALL_STAGES) -> pa.Table:
+    """Cast a table to its declared schema: declared columns in order, missing ones null.
+
+    Columns that the schema does not declare are an error: every column is declared once.
+    """
+    schema = table(name).arrow_schema(stages)
+    extra = set(tbl.column_names) - set(schema.names)
+    if extra:
+        raise ValueError(f"table {name} has undeclared columns {sorted(extra)}: add them to schemas/{name}.toml")
+    arrays = []
+    for f in schema:
+        if f.name in tbl.column_names:
+            col = tbl.column(f.name)
+            arrays.append(col if col.type == f.type else col.cast(f.type))
+        else:
+            arrays.append(pa.nulls(tbl.num_rows, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def markdown(name: str) -> str:
+    """The README section for one table."""
+    t = table(name)
+    lines = [f"#### `{t.name}`", "", t.description, "", "| column | type | unit | stage | meaning |",
+             "|---|---|---|---|---|"]
+    for c in t.columns:
+        lines.append(f"| `{c.name}` | {c.type} | {c.unit} | {c.stage} | {c.meaning} |")
+    return "\n".join(lines)
