@@ -105,6 +105,60 @@ def flatten(
     raise typer.Exit(code)
 
 
+# ------------------------------------------------------------------ augment
+@app.command()
+def augment(
+    trace: Path = typer.Argument(..., help="trace file (.json, .json.gz, .json.zst)"),
+    out: Path = typer.Option(..., "-o", "--out", help="output trace (.json, or .json.gz to compress)"),
+    device_specs: Optional[Path] = typer.Option(None, "--device-specs", help="CSV of extra/overriding device specs"),
+    device: Optional[str] = typer.Option(None, "--device", help="force this device spec for every GPU"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype for ops whose trace records none (e.g. bf16)"),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="no summary"),
+):
+    """Write the trace again with FLOPs, bytes and roofline figures in each costed kernel's args."""
+    from .augment import augment as run
+
+    r = run(trace, out, device_specs=str(device_specs) if device_specs else None, device=device, dtype=dtype)
+    for w in r.warnings:
+        err(f"{trace.name}: {w}")
+    if not quiet:
+        typer.echo(f"{trace.name}: {r.n_events} events, {r.n_costed} kernels costed -> {r.out_path}")
+    if r.truncated:
+        err(f"{trace}: truncated ({r.truncation_reason}); wrote the {r.n_events} complete events")
+    raise typer.Exit(EXIT_PROBLEMS if r.truncated else EXIT_OK)
+
+
+# ------------------------------------------------------------------ combine
+@app.command()
+def combine(
+    traces: List[Path] = typer.Argument(..., help="trace files to put into one"),
+    out: Path = typer.Option(..., "-o", "--out", help="output trace (.json, or .json.gz to compress)"),
+    align: str = typer.Option("none", "--align", help="none: keep timestamps; start: shift each trace to start together"),
+    label: Optional[List[str]] = typer.Option(None, "--label", help="label per trace, in order (default: file stems)"),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="no summary"),
+):
+    """Combine traces into one: pids, flow ids and link ids renumbered apart, process names labelled."""
+    from .combine import combine as run
+
+    r = run(traces, out, align=align, labels=label or None)
+    for i in r.truncated_inputs:
+        err(f"{i.path}: truncated ({i.truncation_reason}); wrote its {i.n_events} complete events")
+    if not quiet:
+        parts = ", ".join(f"{i.label} {i.n_events}" for i in r.inputs)
+        typer.echo(f"{len(r.inputs)} traces ({parts}): {r.n_events} events -> {r.out_path}")
+    raise typer.Exit(EXIT_PROBLEMS if r.truncated_inputs else EXIT_OK)
+
+
+@app.command("demo-trace")
+def demo_trace(out: Path = typer.Argument(..., help="where to write the example trace (.json or .json.gz)"),
+               mb: float = typer.Option(2.0, "--mb", help="approximate size in MB (uncompressed)")):
+    """Write a realistic synthetic example trace (used by `make demo` and `make bench`)."""
+    from .demo import write_synthetic
+
+    write_synthetic(out, mb)
+    typer.echo(f"wrote {out}")
+
+
 # ------------------------------------------------------------------ entry point
 def main():
     debug = os.environ.get("TRACEPIPE_DEBUG")

@@ -1,5 +1,149 @@
-"""cost: placeholder until link + cost land."""
+"""cost: FLOPs and bytes per GPU kernel, achieved FLOP/s and bandwidth against the device's peak.
+
+An op's cost comes from the formula table (`pipeline.formulas`), evaluated once per distinct
+(op name, Input Dims, Input type, Input Strides, Concrete Inputs) signature, and is split over
+the kernels that op launched in proportion to their durations (a split-K GEMM's kernels share
+its FLOPs; nothing is counted once per kernel). memcpy/memset carry their own byte counts.
+Kernels whose op has no formula keep null cost with a reason (`unmodelled_reason`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import polars as pl
+
+from . import devices as device_specs_mod
+from . import formulas, store
+from .link import link_gpu_ops
+
+SIGNATURE_KEYS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
+PEAK_COLS = ["peak_fp64_tflops", "peak_fp32_tflops", "peak_tf32_tflops", "peak_bf16_tflops",
+             "peak_fp16_tflops", "peak_fp8_tflops", "peak_int8_tops", "peak_bw_gbps"]
 
 
-def enrich(tmp, row, device_specs=None, device=None, dtype=None):
-    return []
+def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None) -> pl.DataFrame:
+    """(cpu_op_event_idx, op_flops, op_bytes, cost_family, cost_dtype) for the given ops."""
+    sig = [pl.col("args_json").str.json_path_match(f"$['{k}']").alias(k) for k in SIGNATURE_KEYS]
+    ops = (events.select("event_idx", "name", "args_json")
+           .join(pl.DataFrame({"event_idx": op_idx.unique().drop_nulls()}).lazy(), on="event_idx", how="semi")
+           .select(pl.col("event_idx").alias("cpu_op_event_idx"), "name", *sig)
+           .collect())
+    keys = ["name", *SIGNATURE_KEYS]
+    distinct = ops.select(keys).unique()
+    rows = []
+    for r in distinct.iter_rows(named=True):
+        args = {k: orjson.loads(r[k]) for k in SIGNATURE_KEYS if r[k] is not None}
+        c = formulas.op_cost(r["name"] or "", args, dtype_fallback=dtype)
+        has_shapes = bool(args.get("Input Dims"))
+        rows.append({**r, "op_flops": None if c is None else float(c.flops),
+                     "op_bytes": None if c is None else float(c.bytes),
+                     "cost_family": None if c is None else c.family,
+                     "cost_dtype": None if c is None else c.dtype,
+                     "op_reason": None if c is not None else ("no_formula" if has_shapes else "no_shapes")})
+    schema = {**{k: pl.String for k in keys}, "op_flops": pl.Float64, "op_bytes": pl.Float64,
+              "cost_family": pl.String, "cost_dtype": pl.String, "op_reason": pl.String}
+    table = pl.DataFrame(rows, schema=schema)
+    return ops.join(table, on=keys, how="left", nulls_equal=True).select(
+        "cpu_op_event_idx", "op_flops", "op_bytes", "cost_family", "cost_dtype", "op_reason")
+
+
+def resolve_devices(devs: pl.DataFrame) -> pl.DataFrame:
+    """Give rows for ids absent from deviceProperties the model of the listed devices, if all are one."""
+    listed = devs.filter(pl.col("source") == "deviceProperties")
+    names = listed["name"].drop_nulls().unique()
+    if names.len() != 1:
+        return devs.with_columns(inferred=pl.lit(False))
+    model = listed.filter(pl.col("name") == names[0]).row(0, named=True)
+    fill = ["name", "total_global_mem", "compute_major", "compute_minor", "num_sms"]
+    unlisted = pl.col("source") == "gpu_events"
+    return devs.with_columns(
+        [pl.when(unlisted).then(pl.lit(model[c])).otherwise(pl.col(c)).alias(c) for c in fill]
+    ).with_columns(inferred=unlisted)
+
+
+def annotate_devices(flat_dir: Path, extra_specs: str | None, force: str | None) -> tuple[pl.DataFrame, list]:
+    devs = resolve_devices(pl.read_parquet(flat_dir / "devices.parquet"))
+    specs = device_specs_mod.load_specs(extra_specs)
+    out, warnings = device_specs_mod.annotate_devices(devs.drop("inferred"), specs, force=force)
+    out = out.with_columns(
+        spec_match=pl.when(devs["inferred"] & (pl.col("spec_match") != "unknown"))
+        .then(pl.lit("inferred")).otherwise(pl.col("spec_match")))
+    return out, warnings
+
+
+def kernel_costs(g: pl.DataFrame, ops: pl.DataFrame, devs: pl.DataFrame) -> pl.DataFrame:
+    """Add flops/bytes/achieved columns to linked gpu_ops."""
+    is_kernel = pl.col("kind") == "kernel"
+    dur_s = pl.col("dur_ns") / 1e9
+    share = (pl.when(pl.col("op_dur_ns") > 0).then(pl.col("dur_ns") / pl.col("op_dur_ns"))
+             .otherwise(1.0 / pl.col("op_kernels")))
+    g = (g.join(ops, on="cpu_op_event_idx", how="left")
+         .with_columns(
+             op_kernels=pl.when(is_kernel & pl.col("cpu_op_event_idx").is_not_null())
+             .then(pl.len().over("cpu_op_event_idx", "kind")),
+             op_dur_ns=pl.when(is_kernel).then(pl.col("dur_ns").fill_null(0).sum().over("cpu_op_event_idx", "kind"))))
+    g = g.with_columns(
+        flops=pl.when(is_kernel).then(pl.col("op_flops") * share).otherwise(pl.lit(0.0)),
+        bytes=pl.when(is_kernel).then(pl.col("op_bytes") * share)
+        .otherwise(pl.col("copy_bytes").cast(pl.Float64)),
+        cost_family=pl.when(is_kernel).then(pl.col("cost_family")).otherwise(pl.col("kind")),
+        unmodelled_reason=pl.when(~is_kernel).then(None)
+        .when(pl.col("cpu_op_event_idx").is_null()).then(pl.lit("no_cpu_op"))
+        .otherwise(pl.col("op_reason")),
+    )
+    peaks = devs.select(pl.col("device"), "spec_name", *PEAK_COLS).unique("device", keep="first")
+    g = g.join(peaks, on="device", how="left")
+    dtype_peak = pl.coalesce(
+        pl.when(pl.col("cost_dtype") == d).then(pl.col(col)) for d, col in DTYPE_PEAK.items()
+    )
+    g = g.with_columns(peak_tflops=pl.coalesce(dtype_peak, pl.col("peak_bf16_tflops")))
+    g = g.with_columns(
+        achieved_tflops=pl.when(pl.col("dur_ns") > 0).then(pl.col("flops") / dur_s / 1e12),
+        achieved_gbps=pl.when(pl.col("dur_ns") > 0).then(pl.col("bytes") / dur_s / 1e9),
+        arithmetic_intensity=pl.when(pl.col("bytes") > 0).then(pl.col("flops") / pl.col("bytes")),
+    ).with_columns(
+        achieved_flops_pct=100 * pl.col("achieved_tflops") / pl.col("peak_tflops"),
+        achieved_bw_pct=100 * pl.col("achieved_gbps") / pl.col("peak_bw_gbps"),
+        roofline_bound=pl.when(pl.col("arithmetic_intensity").is_null() | pl.col("peak_tflops").is_null()
+                               | pl.col("peak_bw_gbps").is_null()).then(None)
+        .when(pl.col("arithmetic_intensity") * pl.col("peak_bw_gbps") / 1e3 >= pl.col("peak_tflops"))
+        .then(pl.lit("compute")).otherwise(pl.lit("memory")),
+    )
+    return g.drop("op_flops", "op_bytes", "op_reason", "op_dur_ns", *[c for c in PEAK_COLS if c != "peak_bw_gbps"])
+
+
+DTYPE_PEAK = {"fp64": "peak_fp64_tflops", "fp32": "peak_fp32_tflops", "tf32": "peak_tf32_tflops",
+              "bf16": "peak_bf16_tflops", "fp16": "peak_fp16_tflops", "fp8": "peak_fp8_tflops",
+              "int8": "peak_int8_tops"}
+
+
+def cost_counts(g: pl.DataFrame) -> dict:
+    k = g.filter(pl.col("kind") == "kernel")
+    total = k["dur_ns"].fill_null(0).sum()
+    modelled = k.filter(pl.col("flops").is_not_null())["dur_ns"].fill_null(0).sum()
+    reasons = k.filter(pl.col("flops").is_null())["unmodelled_reason"].value_counts()
+    out = {f"unmodelled:{r['unmodelled_reason']}": r["count"] for r in reasons.iter_rows(named=True)}
+    return {"n_kernels": k.height, "n_costed": k.filter(pl.col("flops").is_not_null()).height,
+            "gpu_time_modelled_pct": 100.0 * modelled / total if total else None, "problems": out}
+
+
+def enrich(flat_dir, row: dict, device_specs: str | None = None, device: str | None = None,
+           dtype: str | None = None) -> list[str]:
+    """Link and cost a freshly flattened directory in place; update the trace row. Returns warnings."""
+    flat_dir = Path(flat_dir)
+    g, link_problems = link_gpu_ops(flat_dir)
+    devs, warnings = annotate_devices(flat_dir, device_specs, device)
+    events = pl.scan_parquet(flat_dir / "events.parquet")
+    ops = op_costs(events, g["cpu_op_event_idx"], dtype)
+    g = kernel_costs(g, ops, devs)
+    store.write_table(g.to_arrow(), flat_dir / "gpu_ops.parquet", "gpu_ops")
+    store.write_table(devs.to_arrow(), flat_dir / "devices.parquet", "devices")
+    counts = cost_counts(g)
+    problems = orjson.loads(row["problems_json"])
+    problems.update({k: v for k, v in {**link_problems, **counts.pop("problems")}.items() if v})
+    row.update(counts)
+    row["n_launch_linked"] = int(g["launch_event_idx"].is_not_null().sum())
+    row["n_cpu_op_linked"] = int(g["cpu_op_event_idx"].is_not_null().sum())
+    row["problems_json"] = orjson.dumps(problems).decode()
+    return warnings

@@ -13,6 +13,7 @@ from decimal import Decimal, InvalidOperation
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import schema
 from .reader import NeedsExactParse, parse_chunk, parse_chunk_exact
@@ -156,7 +157,12 @@ class ChunkTables:
 
 
 def build_chunk(events: list) -> ChunkTables:
-    """Typed tables for one chunk of parsed events; event_idx is local (0-based) to the chunk."""
+    """Typed tables for one chunk of parsed events; event_idx is local (0-based) to the chunk.
+
+    One pass over the events; the common types take the first branch of each test, odd values
+    go through the coercing helpers, which count every coercion or drop by reason.
+    (A column-at-a-time variant with Arrow conversions measured slower: dict lookups dominate.)
+    """
     problems = Problems()
     n = len(events)
     ph_c, cat_c, name_c = [None] * n, [None] * n, [None] * n
@@ -166,7 +172,7 @@ def build_chunk(events: list) -> ChunkTables:
     gpu_rows, flow_rows = [], []
     known = KNOWN_KEYS
     gpu_kinds = GPU_KINDS
-    dumps_ = dumps
+    dumps_, odumps, default = dumps, orjson.dumps, _json_default
     for i, e in enumerate(events):
         if type(e) is not dict:
             extra_c[i] = dumps_(e)
@@ -219,7 +225,7 @@ def build_chunk(events: list) -> ChunkTables:
                 id_s[i] = fid if type(fid) is str else dumps_(fid).decode()
         args = e.get("args")
         if args is not None:
-            args_c[i] = dumps_(args)
+            args_c[i] = odumps(args, default=default)
             if type(args) is dict:
                 c = args.get("correlation")
                 if c is not None:
@@ -232,7 +238,7 @@ def build_chunk(events: list) -> ChunkTables:
             else:
                 problems.coerced["args_not_object"] += 1
         if len(e) > 6 and not known.issuperset(e):
-            extra_c[i] = dumps_({k: v for k, v in e.items() if k not in known})
+            extra_c[i] = odumps({k: v for k, v in e.items() if k not in known}, default=default)
         if ph in FLOW_PHASES:
             flow_rows.append(i)
         elif ph == "X" and cat in gpu_kinds:

@@ -15,8 +15,9 @@ import pyarrow.parquet as pq
 from . import schema
 from .errors import DatasetError
 
-PARQUET_OPTIONS = dict(compression="zstd", compression_level=1, use_dictionary=True, write_statistics=True)
+PARQUET_OPTIONS = dict(compression="zstd", compression_level=1, write_statistics=True)
 ROW_GROUP_ROWS = 1 << 20
+BUFFER_ROWS = 1 << 18  # rows gathered before a write: fewer, larger row groups encode faster
 TRACE_SUFFIXES = (".json.gz", ".json.zst", ".json", ".gz", ".zst")
 
 
@@ -29,25 +30,44 @@ def trace_stem(path: str | os.PathLike) -> str:
     return b
 
 
+def _dictionary_columns(name: str, stages) -> list[str]:
+    """Dictionary-encode only the columns declared `dict` (repeated strings); ids and JSON text
+    have too many distinct values for a dictionary to pay for its encoding time."""
+    return [c.name for c in schema.table(name).columns if c.stage in stages and c.type == "dict"]
+
+
 class TableWriter:
-    """Append record batches of one table to a Parquet file, conforming to its schema."""
+    """Append tables of one kind to a Parquet file, conforming to its schema, in large row groups."""
 
     def __init__(self, path: Path, name: str, stages=("flatten",)):
         self.name, self.stages, self.rows = name, stages, 0
         self._schema = schema.table(name).arrow_schema(stages)
-        self._writer = pq.ParquetWriter(str(path), self._schema, **PARQUET_OPTIONS)
+        self._writer = pq.ParquetWriter(str(path), self._schema, use_dictionary=_dictionary_columns(name, stages),
+                                        **PARQUET_OPTIONS)
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
 
     def write(self, tbl: pa.Table):
         if tbl.num_rows:
-            self._writer.write_table(schema.conform(tbl, self.name, self.stages), row_group_size=ROW_GROUP_ROWS)
+            self._pending.append(schema.conform(tbl, self.name, self.stages))
+            self._pending_rows += tbl.num_rows
             self.rows += tbl.num_rows
+            if self._pending_rows >= BUFFER_ROWS:
+                self._flush()
+
+    def _flush(self):
+        if self._pending:
+            self._writer.write_table(pa.concat_tables(self._pending), row_group_size=ROW_GROUP_ROWS)
+            self._pending, self._pending_rows = [], 0
 
     def close(self):
+        self._flush()
         self._writer.close()
 
 
 def write_table(tbl: pa.Table, path: Path, name: str, stages=schema.ALL_STAGES):
-    pq.write_table(schema.conform(tbl, name, stages), str(path), row_group_size=ROW_GROUP_ROWS, **PARQUET_OPTIONS)
+    pq.write_table(schema.conform(tbl, name, stages), str(path), row_group_size=ROW_GROUP_ROWS,
+                   use_dictionary=_dictionary_columns(name, stages), **PARQUET_OPTIONS)
 
 
 @contextmanager

@@ -1,0 +1,51 @@
+# tracepipe: make targets for the whole workflow. `make help` lists them.
+PY      ?= python3
+PIP     ?= $(PY) -m pip
+SRC     ?= traces
+OUT     ?= dataset
+SQL     ?= select count(*) as events from events
+J       ?= 2
+SIZES   ?= 1000,2000
+DEMO    := data/demo
+.DEFAULT_GOAL := help
+
+help:            ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+install:         ## install tracepipe and its test tools (editable)
+	$(PIP) install -q -e '.[dev]'
+
+demo: install    ## install, generate the bundled example trace, flatten and analyze it
+	$(PY) -m pipeline demo-trace $(DEMO)/example_trace.json.gz
+	$(PY) -m pipeline flatten $(DEMO)/example_trace.json.gz -o $(DEMO)/flat
+	$(PY) -m pipeline analyze $(DEMO)/flat/example_trace --top 8
+
+test: install    ## run the test suite (real-trace tests run when ../shared/traces exists)
+	$(PY) -m pytest -q
+
+test-fast:       ## the tests without the slow ones
+	$(PY) -m pytest -q -m "not slow"
+
+oracle:          ## install the CPU torch wheel and run the FLOP-formula oracle tests
+	$(PIP) install -q torch==2.13.0
+	$(PY) -m pytest -q tests/test_formulas_oracle.py
+
+bench: install   ## flatten speed/memory vs orjson.loads on generated 1 GB and 2 GB traces (+ .gz)
+	$(PY) bench/bench.py --sizes $(SIZES) --gz
+
+batch:           ## flatten a folder/archive of traces into a dataset: make batch SRC=... OUT=...
+	$(PY) -m pipeline batch $(SRC) -o $(OUT) -j $(J)
+
+query:           ## SQL over a dataset: make query OUT=... SQL="select ..."
+	$(PY) -m pipeline query $(OUT) "$(SQL)"
+
+examples:        ## list the named example queries
+	$(PY) -m pipeline query $(OUT) --list-examples
+
+acceptance:      ## run the shared acceptance checks (needs ../shared)
+	for c in flatten link report batch fresh; do $(PY) ../shared/acceptance/check.py $$c || exit 1; done
+
+clean:           ## remove generated outputs
+	rm -rf $(DEMO)/flat $(DEMO)/*.json.gz .pytest_cache
+
+.PHONY: help install demo test test-fast oracle bench batch query examples acceptance clean

@@ -1,0 +1,164 @@
+"""make bench: flatten speed and memory against orjson.loads and a bare ijson pass, in one run.
+
+    python bench/bench.py [--sizes 1000,2000] [--gz] [--template TRACE] [--workdir DIR]
+
+For each size (MB) it writes a large trace (from a realistic synthetic template, or by
+replicating the events of --template, a real trace), then measures, each in a fresh process:
+`orjson.loads` of the file (the baseline), one bare `ijson.items` pass, `tracepipe flatten`
+(wall time and peak memory of all its processes, summed PSS), and link+cost+analyze on the
+flattened directory. Everything is reported as ratios measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from pipeline.demo import write_synthetic
+
+
+# ------------------------------------------------------------------ trace generation
+ID_ARGS = ("External id", "correlation")
+
+
+def write_replicated(src: str, path: Path, target_mb: float):
+    """Copies of a real trace's events, each shifted past the last in time and ids."""
+    with (gzip.open if src.endswith(".gz") else open)(src, "rb") as f:
+        trace = orjson.loads(f.read())
+    events = trace.pop("traceEvents")
+    ts = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
+    span = max(ts) - min(ts) + 1000
+    id_step = 10 ** (len(str(max(e.get("args", {}).get("correlation", 0) or 0 for e in events))) + 1)
+    with open(path, "wb") as out:
+        out.write(orjson.dumps(trace)[:-1] + b', "traceEvents": [\n')
+        written, copy = 0, 0
+        while written < target_mb * 1e6:
+            blob = b",\n".join(orjson.dumps(_shifted(e, copy * span, copy * id_step)) for e in events
+                               if not (copy and e.get("ph") == "M"))
+            out.write(blob if copy == 0 else b",\n" + blob)
+            written += len(blob)
+            copy += 1
+        out.write(b"\n]}\n")
+
+
+def _shifted(e: dict, dt: float, did: int) -> dict:
+    if not did:
+        return e
+    e = dict(e)
+    if isinstance(e.get("ts"), (int, float)):
+        e["ts"] = e["ts"] + dt
+    if e.get("ph") in ("s", "f", "t") and isinstance(e.get("id"), int):
+        e["id"] = e["id"] + did
+    if isinstance(e.get("args"), dict):
+        e["args"] = {k: (v + did if k in ID_ARGS and isinstance(v, int) and v > 0 else v) for k, v in e["args"].items()}
+    return e
+
+
+# ------------------------------------------------------------------ measuring
+def tree_pss_bytes(pgid: int) -> int:
+    total = 0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                fields = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+                if int(fields[2]) != pgid:
+                    continue
+                for line in open(f"/proc/{d}/smaps_rollup"):
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
+
+
+def measure(cmd: list[str]) -> tuple[float, float, str]:
+    """Wall seconds, peak summed PSS (MB) of the process group, stdout."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    peak = 0
+    while p.poll() is None:
+        peak = max(peak, tree_pss_bytes(p.pid))
+        time.sleep(0.05)
+    wall = time.perf_counter() - t0
+    out, err = p.communicate()
+    if p.returncode not in (0, 1):
+        raise SystemExit(f"bench: {' '.join(cmd[:3])} failed: {err.decode()[-300:]}")
+    return wall, peak / 2**20, out.decode()
+
+
+def bench_file(path: Path, work: Path) -> dict:
+    py = sys.executable
+    size_mb = path.stat().st_size / 1e6
+    opener = "gzip.open" if path.suffix == ".gz" else "open"
+    t_orjson, m_orjson, n = measure([py, "-c", f"import orjson, gzip; d=orjson.loads({opener}({str(path)!r},'rb').read()); print(len(d['traceEvents']))"])
+    t_ijson, m_ijson, _ = measure([py, "-c", f"import ijson, gzip; print(sum(1 for _ in ijson.items({opener}({str(path)!r},'rb'), 'traceEvents.item', use_float=True)))"])
+    out = work / "flat"
+    shutil.rmtree(out, ignore_errors=True)
+    t_flat, m_flat, _ = measure(["tracepipe", "flatten", str(path), "-o", str(out), "-q"])
+    flat_dir = next(out.iterdir())
+    parquet_mb = sum(f.stat().st_size for f in flat_dir.glob("*.parquet")) / 1e6
+    t_analyze, m_analyze, _ = measure(["tracepipe", "analyze", str(flat_dir), "--format", "json", "-o", str(work / "a.json")])
+    events = int(n.strip())
+    return {"file": path.name, "MB": size_mb, "events": events, "orjson_s": t_orjson, "orjson_MB": m_orjson,
+            "ijson_s": t_ijson, "flatten_s": t_flat, "flatten_MB": m_flat, "x_orjson": t_flat / t_orjson,
+            "x_ijson": t_flat / t_ijson, "Mevents_s": events / t_flat / 1e6, "parquet_MB": parquet_mb,
+            "analyze_s": t_analyze}
+
+
+def markdown(rows: list[dict]) -> str:
+    cols = [("file", "{}"), ("MB", "{:.0f}"), ("events", "{:,}"), ("flatten_s", "{:.1f}"), ("orjson_s", "{:.1f}"),
+            ("ijson_s", "{:.1f}"), ("x_orjson", "{:.2f}"), ("x_ijson", "{:.2f}"), ("flatten_MB", "{:.0f}"),
+            ("orjson_MB", "{:.0f}"), ("Mevents_s", "{:.2f}"), ("parquet_MB", "{:.0f}"), ("analyze_s", "{:.1f}")]
+    head = "| " + " | ".join(c for c, _ in cols) + " |"
+    sep = "|" + "---|" * len(cols)
+    body = ["| " + " | ".join(f.format(r[c]) for c, f in cols) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000,2000", help="trace sizes in MB, comma-separated")
+    ap.add_argument("--gz", action="store_true", help="also measure the first size gzip-compressed")
+    ap.add_argument("--template", help="replicate this real trace instead of the synthetic template")
+    ap.add_argument("--workdir", default="/tmp/tracepipe-bench")
+    a = ap.parse_args()
+    work = Path(a.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, mb in enumerate(float(s) for s in a.sizes.split(",")):
+        path = work / f"bench_{int(mb)}mb.json"
+        if not path.exists():
+            print(f"bench: writing {path} ...", file=sys.stderr)
+            (write_replicated(a.template, path, mb) if a.template else write_synthetic(path, mb))
+        rows.append(bench_file(path, work))
+        print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr)
+        if a.gz and i == 0:
+            gz = path.with_suffix(".json.gz")
+            if not gz.exists():
+                with open(path, "rb") as src, gzip.open(gz, "wb", compresslevel=6) as dst:
+                    shutil.copyfileobj(src, dst, 16 << 20)
+            rows.append(bench_file(gz, work))
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(markdown(rows))
+    if len(rows) >= 2 and rows[0]["file"].endswith(".json"):
+        big = [r for r in rows if r["file"].endswith(".json")]
+        if len(big) >= 2:
+            print(f"\nscaling: {big[1]['MB']:.0f} MB takes {big[1]['flatten_s'] / big[0]['flatten_s']:.2f}x "
+                  f"the {big[0]['MB']:.0f} MB time")
+        gz = [r for r in rows if r["file"].endswith(".gz")]
+        if gz:
+            print(f"gzip: {gz[0]['flatten_s'] / rows[0]['flatten_s']:.2f}x the uncompressed time")
+
+
+if __name__ == "__main__":
+    main()
