@@ -49,3 +49,7 @@ clean:           ## remove generated outputs
 	rm -rf $(DEMO)/flat $(DEMO)/*.json.gz .pytest_cache
 
 .PHONY: help install demo test test-fast oracle bench batch query examples acceptance clean
+
+docs:            ## regenerate the README sections derived from schemas, formulas and device specs
+	$(PY) scripts/gen_readme.py
+.PHONY: docs

@@ -149,6 +149,18 @@ def combine(
     raise typer.Exit(EXIT_PROBLEMS if r.truncated_inputs else EXIT_OK)
 
 
+@app.command()
+def schema(table: Optional[str] = typer.Argument(None, help="one table (default: all)")):
+    """Print the declared table schemas (from schemas/*.toml) as Markdown."""
+    from . import schema as sch
+
+    names = [table] if table else list(sch.TABLES)
+    for n in names:
+        if n not in sch.TABLES:
+            raise typer.BadParameter(f"no table {n!r}; tables: {', '.join(sch.TABLES)}")
+    typer.echo("\n\n".join(sch.markdown(n) for n in names))
+
+
 @app.command("demo-trace")
 def demo_trace(out: Path = typer.Argument(..., help="where to write the example trace (.json or .json.gz)"),
                mb: float = typer.Option(2.0, "--mb", help="approximate size in MB (uncompressed)")):
@@ -157,6 +169,70 @@ def demo_trace(out: Path = typer.Argument(..., help="where to write the example 
 
     write_synthetic(out, mb)
     typer.echo(f"wrote {out}")
+
+
+# ------------------------------------------------------------------ batch + query
+@app.command()
+def batch(
+    src: Path = typer.Argument(..., help="a directory (recursive), a .tar/.tar.gz/.tgz/.zip archive, or a text file of paths"),
+    out: Path = typer.Option(..., "-o", "--out", help="the dataset directory (created or extended)"),
+    jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="worker processes (default: all cores)"),
+    engine: str = typer.Option("local", "--engine", help="local (processes), ray or dask"),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
+):
+    """Flatten many traces into one hive-partitioned dataset: OUT/<table>/trace_id=<id>/part-0.parquet.
+
+    Incremental (content already in OUT is skipped) and safe to interrupt: re-run to resume.
+    Bad files are quarantined (listed in OUT/traces with their reason) and the exit code is 1.
+    """
+    from .batch import run_batch
+
+    tty = not quiet and sys.stderr.isatty()
+    counts = {"done": 0}
+
+    def report(kind: str, source: str, msg: str):
+        counts["done"] += 1
+        if tty:
+            sys.stderr.write("\r\x1b[K")
+        if kind in ("quarantined", "truncated", "failed"):
+            err(f"{source}: {kind}" + (f": {msg}" if msg else ""))
+        if tty:
+            sys.stderr.write(f"batch: {counts['done']} inputs done (last: {os.path.basename(source)})")
+            sys.stderr.flush()
+
+    r = run_batch(src, out, jobs=jobs, engine=engine, report=report)
+    if tty:
+        sys.stderr.write("\r\x1b[K")
+    if not quiet:
+        typer.echo(f"batch: {r.added} traces added ({r.truncated} truncated), {r.quarantined} quarantined, "
+                   f"{r.skipped} already present, {r.duplicates} duplicates, {r.failed} failed -> {out}")
+    raise typer.Exit(r.exit_code)
+
+
+@app.command()
+def query(
+    dataset: Optional[Path] = typer.Argument(None, help="a batch dataset, or one flattened trace directory"),
+    sql: Optional[str] = typer.Argument(None, help="polars SQL over events, gpu_ops, flows, devices, trace, traces"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, csv, json (list of rows) or parquet"),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the result to this file"),
+    example: Optional[str] = typer.Option(None, "--example", "-e", help="run a named example query instead of SQL"),
+    list_examples: bool = typer.Option(False, "--list-examples", help="list the example queries and exit"),
+):
+    """Run SQL over a dataset's tables (lazily: only what the query needs is read)."""
+    from . import query as q
+    from .errors import UsageError
+
+    if list_examples:
+        for name, (what, text) in q.EXAMPLES.items():
+            typer.echo(f"{name}: {what}\n  " + " ".join(text.split()) + "\n")
+        raise typer.Exit(EXIT_OK)
+    if dataset is None:
+        raise UsageError("query needs DATASET and SQL (or --example NAME)")
+    if (sql is None) == (example is None):
+        raise UsageError("give either SQL or --example NAME (see --list-examples)")
+    df = q.run(dataset, q.example(example) if example else sql)
+    q.write(df, fmt, out)
+    raise typer.Exit(EXIT_OK)
 
 
 # ------------------------------------------------------------------ entry point

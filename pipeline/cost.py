@@ -18,8 +18,8 @@ from . import formulas, store
 from .link import link_gpu_ops
 
 SIGNATURE_KEYS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
-PEAK_COLS = ["peak_fp64_tflops", "peak_fp32_tflops", "peak_tf32_tflops", "peak_bf16_tflops",
-             "peak_fp16_tflops", "peak_fp8_tflops", "peak_int8_tops", "peak_bw_gbps"]
+PEAK_COLS = device_specs_mod.PEAK_COLS
+DTYPE_PEAK = device_specs_mod.DTYPE_PEAK
 
 
 def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None) -> pl.DataFrame:
@@ -111,11 +111,6 @@ def kernel_costs(g: pl.DataFrame, ops: pl.DataFrame, devs: pl.DataFrame) -> pl.D
         .then(pl.lit("compute")).otherwise(pl.lit("memory")),
     )
     return g.drop("op_flops", "op_bytes", "op_reason", "op_dur_ns", *[c for c in PEAK_COLS if c != "peak_bw_gbps"])
-
-
-DTYPE_PEAK = {"fp64": "peak_fp64_tflops", "fp32": "peak_fp32_tflops", "tf32": "peak_tf32_tflops",
-              "bf16": "peak_bf16_tflops", "fp16": "peak_fp16_tflops", "fp8": "peak_fp8_tflops",
-              "int8": "peak_int8_tops"}
 
 
 def cost_counts(g: pl.DataFrame) -> dict:

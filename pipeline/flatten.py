@@ -7,6 +7,7 @@ is dropped silently (the raw value always stays in `args_json` / `extra_json`).
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -156,7 +157,38 @@ class ChunkTables:
     device_ids: set
 
 
-def build_chunk(events: list) -> ChunkTables:
+_TS_TEXT = re.compile(rb'"ts"\s*:\s*(-?[0-9][0-9.eE+-]*|[^,}\s]+)')
+
+
+class TimestampTexts:
+    """Exact ns for float timestamps too large for a float64, from the chunk's own text.
+
+    The k-th `"ts":` in the text belongs to the k-th event that has a `ts` key; that alignment
+    is verified (same count, and the text parses to the same float) before a value is used.
+    Anything unexpected raises NeedsExactParse (the chunk is then parsed with ijson).
+    """
+
+    def __init__(self, text: bytes | None, events: list):
+        self.text, self.events, self._texts, self._ordinal = text, events, None, None
+
+    def ns(self, i: int, value: float) -> int:
+        if self.text is None:
+            raise NeedsExactParse("ts")
+        if self._texts is None:
+            self._texts = _TS_TEXT.findall(self.text)
+            with_ts = [j for j, e in enumerate(self.events) if type(e) is dict and "ts" in e]
+            if len(with_ts) != len(self._texts):
+                raise NeedsExactParse("ts")
+            self._ordinal = {j: k for k, j in enumerate(with_ts)}
+        t = self._texts[self._ordinal[i]]
+        whole, dot, frac = t.partition(b".")
+        if not dot or len(frac) > 3 or not frac.isdigit() or float(t) != value:
+            raise NeedsExactParse("ts")
+        ns = abs(int(whole)) * 1000 + int(frac.ljust(3, b"0"))
+        return -ns if whole.startswith(b"-") else ns
+
+
+def build_chunk(events: list, text: bytes | None = None) -> ChunkTables:
     """Typed tables for one chunk of parsed events; event_idx is local (0-based) to the chunk.
 
     One pass over the events; the common types take the first branch of each test, odd values
@@ -164,6 +196,7 @@ def build_chunk(events: list) -> ChunkTables:
     (A column-at-a-time variant with Arrow conversions measured slower: dict lookups dominate.)
     """
     problems = Problems()
+    exact_ts = TimestampTexts(text, events)
     n = len(events)
     ph_c, cat_c, name_c = [None] * n, [None] * n, [None] * n
     pid_c, pid_s, tid_c, tid_s = [None] * n, [None] * n, [None] * n, [None] * n
@@ -207,6 +240,8 @@ def build_chunk(events: list) -> ChunkTables:
             ts_c[i] = round(ts * 1000)
         elif type(ts) is int and -9223372036854775 <= ts <= 9223372036854775:
             ts_c[i] = ts * 1000
+        elif type(ts) is float and ts == ts and abs(ts) < 9.2e15:
+            ts_c[i] = exact_ts.ns(i, ts)
         else:
             ts_c[i] = us_to_ns(ts, "ts", problems)
         dur = e.get("dur")
@@ -358,7 +393,7 @@ def _flows(events, rows, ev):
 def build_from_text(text: bytes) -> ChunkTables:
     """Parse one chunk of traceEvents text and build its tables (the worker's job)."""
     try:
-        return build_chunk(parse_chunk(text))
+        return build_chunk(parse_chunk(text), text)
     except NeedsExactParse:
         return build_chunk(parse_chunk_exact(text))
 

@@ -93,7 +93,7 @@ def innermost_enclosing(points: pl.LazyFrame, intervals: pl.LazyFrame, outermost
         "pid", "tid", "point_id", "t", depth=pl.lit(1, pl.Int64) if outermost else pl.col("depth").cast(pl.Int64))
     starts = starts.with_columns(pl.col("depth").cast(pl.Int64)).sort("start")
     found = pts.sort("t").join_asof(starts, left_on="t", right_on="start", by=["pid", "tid", "depth"],
-                                    strategy="backward")
+                                    strategy="backward", check_sortedness=False)
     return (found.join(iv.select("iv_idx", "end_ns"), on="iv_idx", how="inner")
             .filter(pl.col("end_ns") >= pl.col("t"))
             .select("point_id", "iv_idx"))

@@ -40,11 +40,15 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_CHUNK_BYTES = 8 << 20
 READ_BYTES = 4 << 20
 MAX_HEADER_BYTES = 256 << 20
-# a carry (chunks merged after a failed parse) larger than this means corrupt input, not a bad cut
+# a carry (chunks merged after a failed parse) larger than this (in chunks and in bytes) means
+# corrupt input, not a bad cut
 MAX_CARRY_CHUNKS = 8
+MAX_CARRY_BYTES = 64 << 20
 
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]')
 _BOUNDARY = re.compile(rb'\}(\s*,\s*)\{\s*"')
+# where traceEvents may close: after an event (or at once), followed by more keys or the document's end
+_ARRAY_END = re.compile(rb'(?:\}|\A)\s*\]\s*(?:,\s*"|\}|\Z)')
 _CLOSE_DOC = re.compile(rb"\s*\}?\s*\Z")
 _MORE_KEYS = re.compile(rb'\s*,\s*"')
 _ONLY_WS = re.compile(rb"\s*\Z")
@@ -84,15 +88,28 @@ _DECOMPRESS_ERRORS = (OSError, EOFError, zlib.error)
 
 
 def _read(stream, n: int) -> tuple[bytes, str | None]:
-    """Read up to n bytes; a compressed stream that breaks off returns the problem as text."""
+    """Read up to n bytes; a compressed stream that breaks off returns the problem as text.
+
+    Reads with `read1` where the stream has it, so that the bytes decompressed before a
+    compression error are returned too (a single `read(n)` that fails loses them all).
+    """
+    out = bytearray()
+    read1 = getattr(stream, "read1", None)
     try:
-        return stream.read(n), None
+        if read1 is None:
+            return stream.read(n), None
+        while len(out) < n:
+            block = read1(n - len(out))
+            if not block:
+                break
+            out += block
+        return bytes(out), None
     except EOFError:
-        return b"", "compressed stream ended early"
+        return bytes(out), "compressed stream ended early"
     except _DECOMPRESS_ERRORS as e:
-        return b"", f"corrupt compressed data ({type(e).__name__})"
+        return bytes(out), f"corrupt compressed data ({type(e).__name__})"
     except Exception as e:  # zstandard.ZstdError and friends
-        return b"", f"corrupt compressed data ({type(e).__name__})"
+        return bytes(out), f"corrupt compressed data ({type(e).__name__})"
 
 
 # ------------------------------------------------------------------ the header
@@ -267,6 +284,7 @@ class Salvaged:
     """Events already parsed (from a truncated stretch): handed to the work as they are."""
 
     events: list
+    text: bytes = b""  # the stretch they come from (to salvage again with an unparsed carry before it)
 
 
 class TraceSource:
@@ -305,22 +323,50 @@ class TraceSource:
         buf = self.header.rest
         problem = self._problem
         eof = problem is not None
+        at_end = False  # traceEvents may close in buf: cut no more, the rest is the tail
         while True:
-            while len(buf) >= self.chunk_bytes:
-                m = _BOUNDARY.search(buf, self.chunk_bytes - 64 if len(buf) > self.chunk_bytes else 0)
-                if not m:
+            while not at_end and len(buf) >= self.chunk_bytes:
+                cut = self._cut(buf)
+                if cut is None:
                     break
-                chunk = bytes(buf[: m.start(1)])
-                del buf[: m.end(1)]
+                if cut < 0:
+                    at_end = True
+                    break
+                chunk = bytes(buf[:cut])
+                del buf[: cut + 1]
                 yield chunk
             if eof:
                 break
             block, problem = _read(self._stream, READ_BYTES)
             self.bytes_read += len(block)
             buf += block
-            if not block:
+            if not block or problem:
                 eof = True
         yield from self._finish(bytes(buf), problem)
+
+    def _cut(self, buf: bytearray) -> int | None:
+        """Where to cut the next chunk (the position of a separating comma), None to read more,
+        -1 when traceEvents may close before any usable cut.
+
+        The chunk keeps the whitespace before the comma and the next one the whitespace after it,
+        so chunks merged again with "," are the exact text. A chunk in which traceEvents may close
+        (an `]` after an event followed by more top-level keys) is cut only if it parses as
+        complete events: a cut in the trailing metadata would lose it.
+        """
+        pos = self.chunk_bytes - 64 if len(buf) > self.chunk_bytes else 0
+        for _ in range(MAX_CARRY_CHUNKS):
+            m = _BOUNDARY.search(buf, pos)
+            if not m:
+                return None
+            cut = m.start(1) + m.group(1).index(b",")
+            if not _ARRAY_END.search(buf, 0, cut):
+                return cut
+            try:
+                parse_chunk(bytes(buf[:cut]))
+                return cut
+            except ChunkParseError:
+                pos = m.end(1)
+        return -1
 
     def _finish(self, buf: bytes, problem: str | None) -> Iterator[bytes | Salvaged]:
         split = None if problem else _split_tail(buf, self.header.bare_list)
@@ -332,8 +378,7 @@ class TraceSource:
             return
         self.tail = Tail(truncated=True, reason=problem or "the file ends before traceEvents closes")
         events = salvage_events(buf)
-        if events:
-            yield Salvaged(events)
+        yield Salvaged(events, buf)
 
 
 # ------------------------------------------------------------------ ordered, fault-tolerant map
@@ -354,6 +399,16 @@ def ordered_results(
     inflight: deque = deque()
     carry: bytes | None = None
     carried = 0
+    next_try = 0  # parse a failing carry again once it is this long: doubling keeps it linear
+
+    def retry():
+        nonlocal carry, carried, next_try
+        ok2, value2 = _run_local(work_text, carry)
+        if ok2:
+            carry, carried, next_try = None, 0, 0
+            return [value2]
+        next_try = 2 * len(carry)
+        return None
 
     def settle(raw: bytes, outcome):
         nonlocal carry, carried
@@ -362,12 +417,11 @@ def ordered_results(
             return [value]
         carry = raw if carry is None else carry + b"," + raw
         carried += 1
-        if carried > 1:
-            ok2, value2 = _run_local(work_text, carry)
-            if ok2:
-                carry, carried = None, 0
-                return [value2]
-        if carried > MAX_CARRY_CHUNKS:
+        if carried > 1 and len(carry) >= next_try:
+            done = retry()
+            if done is not None:
+                return done
+        if carried > MAX_CARRY_CHUNKS and len(carry) > MAX_CARRY_BYTES:
             raise _Corrupt()
         return []
 
@@ -378,7 +432,9 @@ def ordered_results(
                     raw, fut = inflight.popleft()
                     yield from settle(raw, _outcome(fut))
                 if carry is not None:
-                    piece = Salvaged(salvage_events(carry) + piece.events)
+                    # the carry ends inside an event that goes on in the salvaged stretch
+                    piece = Salvaged(salvage_events(carry + b"," + piece.text) if piece.text
+                                     else salvage_events(carry) + piece.events)
                     carry = None
                 if piece.events:
                     yield work_events(piece.events)
@@ -394,7 +450,10 @@ def ordered_results(
             raw, fut = inflight.popleft()
             yield from settle(raw, _outcome(fut))
         if carry is not None:
-            raise _Corrupt()
+            done = retry() if carried > 1 else None
+            if done is None:
+                raise _Corrupt()
+            yield from done
     except _Corrupt:
         events = salvage_events(carry or b"")
         if on_corrupt:

@@ -1,0 +1,217 @@
+"""combine: one trace from several, streamed, with ids renumbered so nothing collides.
+
+Input k of n (0-based) is renumbered with one injective scheme, "append k as extra digits":
+integers become `v * 10**d + k` with d the decimal digits of n-1 (so for up to 10 inputs GPU 0 of
+inputs 0, 1, 2 becomes pid 0, 1, 2 and process 3113936 becomes 31139360, 31139361, ...; small
+pids stay small and `pid // 10**d` is the original); string ids get k appended as hex digits
+(Chrome/Perfetto read string flow ids as hex, so this is the same scheme in base 16).
+What is renumbered, always the same way within an input, so links stay inside their input:
+
+- integer `pid`s (string pseudo-pids like "Spans", "Traces" stay shared);
+- `id`, `bind_id` and `id2` values, so no (cat, id, ph) flow/async triple is shared by two inputs;
+- args that link events (`LINK_ARGS`: External id, correlation, Python id, ...) when positive
+  (0 and negative values are "no link" sentinels and stay as they are);
+- device ids (`args.device`, `args["Device Id"]` when >= 0, and `deviceProperties[].id`), so a
+  GPU's pid and device id stay equal as Kineto writes them and every device entry is distinct.
+
+`process_name` metadata events get " [label]" appended (label: the file stem unless given).
+Top-level metadata: `deviceProperties` is the list of every input's entries tagged with
+`"source": label` (exact duplicates dropped), `combinedFrom` lists per input its label, path,
+index, timestamp shift and its own top-level keys (distributedInfo, baseTimeNanoseconds, ...);
+keys with the same value in every input (other than distributedInfo) are kept at the top level.
+Metadata is written after traceEvents: inputs may place theirs after their events.
+With align="start" each input is read twice: once for its first timestamp, then shifted so all
+inputs start when the earliest one does (metadata events keep their ts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+from . import store
+from .errors import UsageError
+from .flatten import FLOAT_EXACT_US, Problems, us_to_ns
+from .jsonout import TraceWriter, open_trace, read_events
+
+ALIGNS = ("none", "start")
+ID_KEYS = ("id", "bind_id")
+LINK_ARGS = ("External id", "external id", "correlation", "Python id", "Python parent id", "Sequence number")
+DEVICE_ARGS = ("device", "Device Id")
+SHARED_ONLY_PER_INPUT = frozenset(("deviceProperties", "distributedInfo"))
+
+
+class Renumber:
+    """The id scheme of input k of n: integers v -> v * 10**d + k, strings s -> s + hex(k)."""
+
+    def __init__(self, k: int, n: int):
+        self.k = k
+        self.scale = 10 ** len(str(max(n - 1, 0)))
+        self.suffix = format(k, f"0{len(format(max(n - 1, 0), 'x'))}x")
+
+    def num(self, v: int) -> int:
+        return v * self.scale + self.k
+
+    def id(self, v):
+        t = type(v)
+        if t is int:
+            return self.num(v)
+        if t is str:
+            return v + self.suffix
+        return v
+
+
+@dataclass
+class Input:
+    path: str
+    label: str
+    renumber: Renumber
+    shift_ns: int = 0
+    n_events: int = 0
+    truncated: bool = False
+    truncation_reason: str | None = None
+
+
+@dataclass
+class CombineResult:
+    out_path: Path
+    n_events: int
+    inputs: list
+
+    @property
+    def truncated_inputs(self) -> list:
+        return [i for i in self.inputs if i.truncated]
+
+
+# ------------------------------------------------------------------ per event
+def _us(ns: int):
+    """ns as a µs JSON number: an int when whole, else a float that keeps its 3 decimals."""
+    if ns % 1000 == 0:
+        return ns // 1000
+    if abs(ns) < FLOAT_EXACT_US * 1000:
+        return ns / 1000
+    return Decimal(ns).scaleb(-3)
+
+
+def _renumber_args(args: dict, r: Renumber):
+    for key in LINK_ARGS:
+        v = args.get(key)
+        if type(v) is int and v > 0:
+            args[key] = r.num(v)
+    for key in DEVICE_ARGS:
+        v = args.get(key)
+        if type(v) is int and v >= 0:
+            args[key] = r.num(v)
+
+
+def rewrite(e, inp: Input, problems: Problems):
+    """Renumber one event of input `inp` in place (see the module docstring)."""
+    if type(e) is not dict:
+        return
+    r = inp.renumber
+    if type(e.get("pid")) is int:
+        e["pid"] = r.num(e["pid"])
+    for key in ID_KEYS:
+        if key in e:
+            e[key] = r.id(e[key])
+    if type(e.get("id2")) is dict:
+        e["id2"] = {k: r.id(v) for k, v in e["id2"].items()}
+    args = e.get("args")
+    if type(args) is dict:
+        _renumber_args(args, r)
+    is_meta = e.get("ph") == "M"
+    if is_meta and e.get("name") == "process_name" and type(args) is dict and type(args.get("name")) is str:
+        args["name"] = f"{args['name']} [{inp.label}]"
+    if inp.shift_ns and not is_meta and "ts" in e:
+        ns = us_to_ns(e["ts"], "ts", problems)
+        if ns is not None:
+            e["ts"] = _us(ns - inp.shift_ns)
+
+
+# ------------------------------------------------------------------ per input
+def first_ts_ns(path: str) -> int | None:
+    """The earliest timestamp of the trace's events (metadata events aside), in ns."""
+    problems, first = Problems(), None
+    with open_trace(path) as src:
+        for events in read_events(src):
+            for e in events:
+                if type(e) is dict and e.get("ph") != "M" and "ts" in e:
+                    ns = us_to_ns(e["ts"], "ts", problems)
+                    if ns is not None and (first is None or ns < first):
+                        first = ns
+    return first
+
+
+def _copy_events(inp: Input, out: TraceWriter) -> dict:
+    """Write every event of one input, renumbered; return its top-level metadata."""
+    problems = Problems()
+    with open_trace(inp.path) as src:
+        for events in read_events(src):
+            for e in events:
+                rewrite(e, inp, problems)
+            out.write(events)
+            inp.n_events += len(events)
+        inp.truncated, inp.truncation_reason = src.tail.truncated, src.tail.reason
+        return src.metadata
+
+
+def _unique_labels(labels: list[str]) -> list[str]:
+    seen: dict = {}
+    out = []
+    for label in labels:
+        n = seen[label] = seen.get(label, 0) + 1
+        out.append(label if n == 1 else f"{label}#{n}")
+    return out
+
+
+def _inputs(paths: list[str], labels, align: str) -> list[Input]:
+    if align not in ALIGNS:
+        raise UsageError(f"--align must be one of {', '.join(ALIGNS)}, not {align!r}")
+    if not paths:
+        raise UsageError("combine needs at least one trace")
+    if labels is not None and len(labels) != len(paths):
+        raise UsageError(f"{len(labels)} labels for {len(paths)} traces: give one label per trace")
+    for p in paths:  # every input's header is checked before anything is written
+        open_trace(p).close()
+    names = _unique_labels(list(labels) if labels is not None else [store.trace_stem(p) for p in paths])
+    inputs = [Input(p, name, Renumber(k, len(paths))) for k, (p, name) in enumerate(zip(paths, names))]
+    if align == "start":
+        starts = [first_ts_ns(p) for p in paths]
+        common = min((s for s in starts if s is not None), default=0)
+        for inp, s in zip(inputs, starts):
+            inp.shift_ns = 0 if s is None else s - common
+    return inputs
+
+
+# ------------------------------------------------------------------ metadata
+def _device_entries(inp: Input, props) -> list:
+    out = []
+    for p in props if isinstance(props, list) else []:
+        if isinstance(p, dict):
+            p = {**p, "source": inp.label}
+            if type(p.get("id")) is int and p["id"] >= 0:
+                p["id"] = inp.renumber.num(p["id"])
+        out.append(p)
+    return out
+
+
+def combined_metadata(inputs: list[Input], metas: list[dict]) -> dict:
+    """The top-level keys of the combined trace (see the module docstring)."""
+    common = {k: v for k, v in metas[0].items()
+              if k not in SHARED_ONLY_PER_INPUT and all(k in m and m[k] == v for m in metas[1:])}
+    devices: list = []
+    for inp, m in zip(inputs, metas):
+        devices += [p for p in _device_entries(inp, m.get("deviceProperties")) if p not in devices]
+    sources = [{**{k: v for k, v in m.items() if k != "deviceProperties"}, "label": inp.label,
+                "path": inp.path, "index": inp.renumber.k, "ts_shift_us": _us(-inp.shift_ns)}
+               for inp, m in zip(inputs, metas)]
+    return {**common, **({"deviceProperties": devices} if devices else {}), "combinedFrom": sources}
+
+
+def combine(paths, out_path, align: str = "none", labels=None) -> CombineResult:
+    """Write one trace holding every event of every input, ids renumbered apart (module docstring)."""
+    inputs = _inputs([str(p) for p in paths], labels, align)
+    with TraceWriter(out_path) as out:
+        metas = [_copy_events(inp, out) for inp in inputs]
+        out.tail = combined_metadata(inputs, metas)
+    return CombineResult(Path(out_path), out.n_events, inputs)

@@ -1,0 +1,169 @@
+"""The device-spec table (`data/device_specs.csv`) and the matching of trace devices to it.
+
+Peaks are dense datasheet figures (no 2:4 sparsity): the denominators of every achieved-% figure.
+`peak_fp32_tflops` is the best FP32 rate without TF32: CUDA cores on NVIDIA, packed/matrix FP32
+on AMD Instinct (where FP32 GEMMs run on it). `peak_fp64_tflops` uses FP64 tensor/matrix cores
+where the device has them. A blank peak means the device has no such path.
+
+A device is matched by (first that applies): `force` (a spec name, or a name the rows' regexes
+recognise), the trace's device name against `name_regex` (first row in table order wins; among
+several matching rows one whose SM count / memory / compute capability fit the device's
+properties is preferred, e.g. "AMD Instinct MI250X / MI250" with 104 CUs is an MI250 GCD), then
+the properties alone (for names like "AMD Radeon Graphics").
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import polars as pl
+
+from .errors import UsageError
+from .schema import DATA_DIR
+
+SPECS_CSV = DATA_DIR / "device_specs.csv"
+PEAK_COLS = ["peak_fp64_tflops", "peak_fp32_tflops", "peak_tf32_tflops", "peak_bf16_tflops",
+             "peak_fp16_tflops", "peak_fp8_tflops", "peak_int8_tops", "peak_bw_gbps"]
+SPEC_SCHEMA = {
+    "spec_name": pl.String, "vendor": pl.String, "name_regex": pl.String, "arch": pl.String,
+    "compute_major": pl.Int64, "compute_minor": pl.Int64, "sm_count": pl.Int64,
+    "memory_gb": pl.Float64, **{c: pl.Float64 for c in PEAK_COLS}, "source": pl.String,
+}
+OUT_SCHEMA = {"spec_name": pl.String, "spec_match": pl.String,
+              **{c: pl.Float64 for c in PEAK_COLS}, "spec_source": pl.String}
+MEM_TOLERANCE = 0.10  # relative, totalGlobalMem (GiB) against memory_gb
+
+DTYPE_PEAK = {
+    "fp8": "peak_fp8_tflops", "e4m3": "peak_fp8_tflops", "e5m2": "peak_fp8_tflops",
+    "float8_e4m3fn": "peak_fp8_tflops", "float8_e5m2": "peak_fp8_tflops",
+    "bf16": "peak_bf16_tflops", "bfloat16": "peak_bf16_tflops",
+    "fp16": "peak_fp16_tflops", "half": "peak_fp16_tflops", "float16": "peak_fp16_tflops",
+    "tf32": "peak_tf32_tflops",
+    "fp32": "peak_fp32_tflops", "float": "peak_fp32_tflops", "float32": "peak_fp32_tflops",
+    "fp64": "peak_fp64_tflops", "double": "peak_fp64_tflops", "float64": "peak_fp64_tflops",
+    "int8": "peak_int8_tops",
+}
+
+
+# ---- the table
+
+def _blank_to_null(col: str) -> pl.Expr:
+    cell = pl.col(col).str.strip_chars()
+    return pl.when(cell != "").then(cell)
+
+
+def _read_specs(path: Path) -> pl.DataFrame:
+    """Read a spec CSV that has (at least) the table's columns, typed; blank cells are null."""
+    df = pl.read_csv(path, infer_schema=False)
+    missing = [c for c in SPEC_SCHEMA if c not in df.columns]
+    if missing:
+        raise ValueError(f"missing column(s) {', '.join(missing)}")
+    df = df.select(_blank_to_null(c).cast(t).alias(c) for c, t in SPEC_SCHEMA.items())
+    if df["spec_name"].null_count() or df["name_regex"].null_count():
+        raise ValueError("every row needs a spec_name and a name_regex")
+    for rx in df["name_regex"]:
+        re.compile(rx)
+    return df
+
+
+def load_specs(extra: str | None = None) -> pl.DataFrame:
+    """The bundled spec table, with the rows of a user CSV `extra` first (overriding same spec_name)."""
+    specs = _read_specs(SPECS_CSV)
+    if extra is None:
+        return specs
+    try:
+        user = _read_specs(Path(extra))
+    except (OSError, ValueError, re.error, pl.exceptions.PolarsError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UsageError(f"bad device-spec file {extra}: {reason}") from None
+    return pl.concat([user, specs.filter(~pl.col("spec_name").is_in(user["spec_name"].implode()))])
+
+
+def specs_markdown(specs: pl.DataFrame) -> str:
+    """The spec table as a markdown table for the README."""
+    cols = {"spec_name": "device", "peak_bw_gbps": "GB/s", "peak_fp32_tflops": "FP32",
+            "peak_tf32_tflops": "TF32", "peak_bf16_tflops": "BF16", "peak_fp16_tflops": "FP16",
+            "peak_fp8_tflops": "FP8", "sm_count": "SMs/CUs", "memory_gb": "GB", "source": "source"}
+    lines = ["| " + " | ".join(cols.values()) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r[c]) for c in cols) + " |"
+              for r in specs.select(list(cols)).iter_rows(named=True)]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(v) -> str:
+    return "" if v is None else f"{v:g}" if isinstance(v, (int, float)) else str(v)
+
+
+# ---- matching
+
+def _props_fit(row: dict, props: dict) -> bool:
+    """numSms equal, totalGlobalMem within MEM_TOLERANCE, and compute capability when given."""
+    sms, mem = props.get("numSms"), props.get("totalGlobalMem")
+    if sms is None or mem is None or row["sm_count"] is None or row["memory_gb"] is None:
+        return False
+    if sms != row["sm_count"] or abs(mem / 2**30 - row["memory_gb"]) > MEM_TOLERANCE * row["memory_gb"]:
+        return False
+    major, minor = props.get("computeMajor"), props.get("computeMinor")
+    if major is None or minor is None:
+        return True
+    return (major, minor) == (row["compute_major"], row["compute_minor"])
+
+
+def _by_name(name: str | None, rows: list[dict]) -> list[dict]:
+    return [r for r in rows if name and re.search(r["name_regex"], name, re.IGNORECASE)]
+
+
+def _forced(force: str, rows: list[dict]) -> dict:
+    exact = [r for r in rows if r["spec_name"].casefold() == force.strip().casefold()]
+    found = exact or _by_name(force, rows)
+    if not found:
+        raise UsageError(f"unknown device {force!r}: not a spec_name of data/device_specs.csv "
+                         "nor a name its patterns recognise")
+    return found[0]
+
+
+def _result(row: dict | None, how: str) -> dict:
+    row = row or {}
+    return {"spec_name": row.get("spec_name"), "match": how, "spec_source": row.get("source"),
+            **{c: row.get(c) for c in PEAK_COLS}}
+
+
+def match_device(name: str | None, props: dict, specs: pl.DataFrame, force: str | None = None) -> dict:
+    """{"spec_name", "match" (forced/name/properties/unknown), "spec_source", peak columns...}."""
+    rows = specs.to_dicts()
+    if force is not None:
+        return _result(_forced(force, rows), "forced")
+    named = _by_name(name, rows)
+    if named:
+        return _result(next((r for r in named if _props_fit(r, props)), named[0]), "name")
+    fit = next((r for r in rows if _props_fit(r, props)), None)
+    return _result(fit, "properties" if fit else "unknown")
+
+
+def annotate_devices(devices: pl.DataFrame, specs: pl.DataFrame,
+                     force: str | None = None) -> tuple[pl.DataFrame, list[str]]:
+    """Add spec_name, spec_match, peak columns and spec_source to each device row; warn on unknowns."""
+    matches, warnings = [], []
+    for d in devices.iter_rows(named=True):
+        props = {"numSms": d.get("num_sms"), "totalGlobalMem": d.get("total_global_mem"),
+                 "computeMajor": d.get("compute_major"), "computeMinor": d.get("compute_minor")}
+        m = match_device(d.get("name"), props, specs, force)
+        if m["match"] == "unknown":
+            warnings.append(f"device {d['device']} ({d.get('name') or 'no name'}): not in the device-spec "
+                            "table, achieved-% left empty (use --device or --device-specs)")
+        matches.append({**m, "spec_match": m.pop("match")})
+    out = pl.DataFrame(matches, schema=OUT_SCHEMA)
+    return pl.concat([devices.drop(list(OUT_SCHEMA), strict=False), out], how="horizontal"), warnings
+
+
+def peak_for_dtype(row: dict, dtype: str | None) -> float | None:
+    """Peak TFLOP/s (TOP/s for int8) a kernel of `dtype` can reach on the device `row`.
+
+    Unknown dtype -> the BF16 peak. TF32 on a device without TF32 -> the FP32 peak (the GEMM runs in FP32).
+    """
+    col = DTYPE_PEAK.get((dtype or "").strip().lower())
+    if col is None:
+        return row.get("peak_bf16_tflops")
+    if col == "peak_tf32_tflops" and row.get(col) is None:
+        return row.get("peak_fp32_tflops")
+    return row.get(col)

@@ -1,0 +1,112 @@
+"""jsonout: stream traces back out as Chrome-trace JSON (the output side of `augment` and `combine`).
+
+`read_events` walks a trace's events chunk by chunk in file order (via the reader, never the
+whole file); `TraceWriter` writes `{` + metadata + `"traceEvents": [` + one event per line +
+`]` + trailing metadata + `}`, gzip-compressed when the path ends in `.gz`, into a temporary
+file that replaces the target only when everything was written.
+
+Numbers keep their value: a chunk whose float timestamps cannot hold their decimal digits in a
+float64 is parsed exactly (Decimal), and `flatten.dumps` writes Decimals back as their text.
+A bare-list input (`[...]`) is written as `{"traceEvents": [...]}`.
+"""
+from __future__ import annotations
+
+import gzip
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Iterator
+
+from . import store
+from .errors import BadTrace, UsageError
+from .flatten import FLOAT_EXACT_US, dumps
+from .reader import TraceSource, ordered_results, parse_chunk, parse_chunk_exact
+
+GZIP_LEVEL = 6
+
+
+def _lossy(v) -> bool:
+    """A float time too large for a float64 to keep its (µs, 3-decimal) digits."""
+    return type(v) is float and not -FLOAT_EXACT_US < v < FLOAT_EXACT_US
+
+
+def parse_events(text: bytes) -> list:
+    """The events of one chunk; parsed exactly when a float `ts`/`dur` would lose digits."""
+    events = parse_chunk(text)
+    for e in events:
+        if type(e) is dict and (_lossy(e.get("ts")) or _lossy(e.get("dur"))):
+            return parse_chunk_exact(text)
+    return events
+
+
+def open_trace(path: str) -> TraceSource:
+    """A TraceSource whose errors name the file."""
+    try:
+        return TraceSource(path)
+    except BadTrace as e:
+        if path in str(e):
+            raise
+        raise BadTrace(f"{path}: {e}") from None
+
+
+def read_events(src: TraceSource) -> Iterator[list]:
+    """Every event of the trace in file order, one parsed chunk at a time.
+
+    A truncated or corrupt trace yields its complete events and is marked in `src.tail`.
+    """
+    corrupt: list = []
+    yield from ordered_results(src.pieces(), parse_events, lambda events: events, on_corrupt=corrupt.append)
+    if corrupt and not src.tail.truncated:
+        src.tail.truncated, src.tail.reason = True, corrupt[0]
+
+
+def metadata_after(src: TraceSource) -> dict:
+    """The top-level keys that stand after traceEvents (complete once the events were read)."""
+    return {k: v for k, v in src.metadata.items() if k not in src.header.metadata}
+
+
+def _members(metadata: dict) -> bytes:
+    return b"".join(dumps(k) + b": " + dumps(v) + b",\n" for k, v in metadata.items())
+
+
+class TraceWriter:
+    """Write one trace, streamed: `with TraceWriter(path, head) as w: w.write(events); w.tail = {...}`.
+
+    `head` holds the top-level keys written before traceEvents, `tail` (set any time before the
+    block ends) the ones written after it. The file appears at `path` only if the block
+    completes; on an exception nothing is left behind.
+    """
+
+    def __init__(self, path, head: dict | None = None):
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise UsageError(f"{self.path}: is a directory; give an output file name")
+        self.head = dict(head or {})
+        self.tail: dict = {}
+        self.n_events = 0
+        self._stack = ExitStack()
+        self._out = None
+
+    def __enter__(self) -> "TraceWriter":
+        with ExitStack() as guard:
+            guard.push(self._stack)  # undone (temp file removed) if opening fails
+            tmp = self._stack.enter_context(store.atomic_file(self.path))
+            out = self._stack.enter_context(open(tmp, "wb"))
+            if self.path.name.endswith(".gz"):
+                out = self._stack.enter_context(gzip.GzipFile(fileobj=out, mode="wb", compresslevel=GZIP_LEVEL))
+            out.write(b"{" + _members(self.head) + b'"traceEvents": [\n')
+            self._out = out
+            guard.pop_all()
+        return self
+
+    def write(self, events: list):
+        if not events:
+            return
+        sep = b",\n" if self.n_events else b""
+        self._out.write(sep + b",\n".join(map(dumps, events)))
+        self.n_events += len(events)
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            members = _members(self.tail)[:-2]  # no comma after the last key
+            self._out.write(b"\n]" + (b",\n" + members if members else b"") + b"}\n")
+        return self._stack.__exit__(*exc)

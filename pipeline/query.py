@@ -1,0 +1,140 @@
+"""query: SQL (polars `SQLContext`) over a batch dataset or one flattened trace directory.
+
+Tables are registered by name as lazy scans (events, gpu_ops, flows, devices, trace, and the
+manifest `traces` for a dataset), only those the query names, so polars reads only the columns
+and partitions the query needs. Every table has a `trace_id` column to join on.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from . import schema, store
+from .batch import KEY, MANIFEST, MANIFEST_SCHEMA, committed_ids
+from .errors import DatasetError, UsageError
+
+FORMATS = ("table", "csv", "json", "parquet")
+
+EXAMPLES: dict[str, tuple[str, str]] = {
+    "top_kernels": ("the 20 kernels with the most GPU time, summed over every trace and rank", """
+        SELECT name, COUNT(*) AS launches, COUNT(DISTINCT trace_id) AS traces,
+               SUM(dur_ns) / 1e3 AS total_us, AVG(dur_ns) / 1e3 AS mean_us
+        FROM gpu_ops WHERE kind = 'kernel'
+        GROUP BY name ORDER BY total_us DESC LIMIT 20"""),
+    "slowest_rank_per_step": ("for each profiler step, the rank (trace) that took longest, and the spread", """
+        WITH steps AS (
+            SELECT e.name AS step, t.rank, t.stem, e.trace_id, e.dur_ns
+            FROM events e JOIN trace t ON e.trace_id = t.trace_id
+            WHERE e.name LIKE 'ProfilerStep#%' AND e.dur_ns IS NOT NULL),
+        worst AS (
+            SELECT step, MAX(dur_ns) AS slowest_ns, MIN(dur_ns) AS fastest_ns, COUNT(*) AS ranks
+            FROM steps GROUP BY step)
+        SELECT w.step, s.rank AS slowest_rank, s.stem AS slowest_trace, w.slowest_ns / 1e3 AS slowest_us,
+               w.fastest_ns / 1e3 AS fastest_us, w.ranks
+        FROM worst w JOIN steps s ON s.step = w.step AND s.dur_ns = w.slowest_ns
+        ORDER BY LENGTH(w.step), w.step"""),
+    "achieved_pct_by_device": ("time-weighted achieved % of peak FLOP/s and bandwidth, by device type", """
+        SELECT COALESCE(spec_name, 'unknown') AS device_type, COUNT(*) AS kernels,
+               SUM(dur_ns) / 1e3 AS kernel_us,
+               SUM(achieved_flops_pct * dur_ns) / SUM(CASE WHEN achieved_flops_pct IS NOT NULL THEN dur_ns END)
+                   AS achieved_flops_pct,
+               SUM(achieved_bw_pct * dur_ns) / SUM(CASE WHEN achieved_bw_pct IS NOT NULL THEN dur_ns END)
+                   AS achieved_bw_pct
+        FROM gpu_ops WHERE kind = 'kernel'
+        GROUP BY device_type ORDER BY kernel_us DESC"""),
+    "time_by_category": ("total duration of complete events by category, for each trace", """
+        SELECT t.stem AS run, e.trace_id, e.cat AS category, COUNT(*) AS events, SUM(e.dur_ns) / 1e3 AS total_us
+        FROM events e JOIN trace t ON e.trace_id = t.trace_id
+        WHERE e.ph = 'X'
+        GROUP BY t.stem, e.trace_id, e.cat ORDER BY run, total_us DESC"""),
+}
+
+
+def _polars_schema(arrow: "pa.Schema") -> pl.Schema:  # noqa: F821
+    return pl.from_arrow(arrow.empty_table()).schema
+
+
+def _declared(name: str) -> pl.Schema:
+    if name == MANIFEST:
+        return _polars_schema(MANIFEST_SCHEMA)
+    s = _polars_schema(schema.table(name).arrow_schema(schema.ALL_STAGES))
+    return pl.Schema({k: v for k, v in s.items() if k != KEY})
+
+
+def is_dataset(path: Path) -> bool:
+    return any((path / t).is_dir() for t in (*schema.TABLES, MANIFEST))
+
+
+def _scan_dataset(ds: Path, name: str, keep: set[str]) -> pl.LazyFrame:
+    d = ds / name
+    want = _declared(name)
+    parts = {p.name.split("=", 1)[1] for p in d.glob(f"{KEY}=*")} if d.is_dir() else set()
+    if not parts & keep:
+        return pl.LazyFrame(schema={**want, KEY: pl.String})
+    lf = pl.scan_parquet(str(d / f"{KEY}=*" / "*.parquet"), hive_partitioning=True, hive_schema={KEY: pl.String},
+                         schema=want, missing_columns="insert", extra_columns="ignore")
+    if parts - keep:  # a batch run was killed mid-commit: its partitions are not part of the dataset yet
+        lf = lf.filter(pl.col(KEY).is_in(sorted(keep)))
+    return lf
+
+
+def _scan_flat(d: Path, name: str) -> pl.LazyFrame:
+    lf = store.scan(d, name)
+    if name == "trace":
+        return lf
+    tid = pl.read_parquet(d / "trace.parquet", columns=[KEY])[KEY]
+    return lf.with_columns(pl.lit(tid[0] if len(tid) else None, pl.String).alias(KEY))
+
+
+def tables(path: str | Path, names=None) -> dict[str, pl.LazyFrame]:
+    """Lazy scans of the tables of a dataset (or of one flattened trace), by name."""
+    path = Path(path)
+    if store.is_flat_dir(path):
+        avail = [n for n in schema.TABLES if (path / f"{n}.parquet").is_file()]
+        return {n: _scan_flat(path, n) for n in avail if names is None or n in names}
+    if path.is_dir() and is_dataset(path):
+        keep = committed_ids(path)
+        return {n: _scan_dataset(path, n, keep) for n in (*schema.TABLES, MANIFEST) if names is None or n in names}
+    raise DatasetError(f"{path}: neither a batch dataset nor a flattened trace directory")
+
+
+def run(path: str | Path, sql: str) -> pl.DataFrame:
+    """Run one SQL query over the tables of `path`; raise UsageError on a bad query."""
+    words = {w.lower() for w in re.findall(r"\w+", sql)}
+    ctx = pl.SQLContext(tables(path, words), eager=False)
+    try:
+        return ctx.execute(sql).collect()
+    except (pl.exceptions.PolarsError, ValueError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"query failed: {first}") from None
+
+
+def example(name: str) -> str:
+    if name not in EXAMPLES:
+        raise UsageError(f"no example {name!r}; examples: {', '.join(EXAMPLES)}")
+    return EXAMPLES[name][1]
+
+
+def write(df: pl.DataFrame, fmt: str, out: str | Path | None = None):
+    """Write a result as a table, CSV, JSON (a list of row objects) or Parquet (needs `out`)."""
+    if fmt not in FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fmt == "parquet":
+        if out is None:
+            raise UsageError("--format parquet needs -o FILE")
+        df.write_parquet(out)
+        return
+    if fmt == "csv":
+        text = df.write_csv()
+    elif fmt == "json":
+        text = df.write_json() + "\n"
+    else:
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=80, tbl_width_chars=200):
+            text = str(df) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        Path(out).write_text(text)

@@ -1,0 +1,49 @@
+"""Regenerate the README sections that derive from code and data (`make docs`).
+
+Sections between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers:
+- schema: every table's declaration (schemas/*.toml)
+- formulas: the cost formula table (pipeline/formulas.py)
+- devices: the device-spec table (data/device_specs.csv)
+tests/test_docs.py fails when the README is not current.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def sections() -> dict[str, str]:
+    from pipeline import schema
+
+    out = {"schema": "\n\n".join(schema.markdown(t) for t in schema.TABLES)}
+    try:
+        from pipeline import formulas
+
+        out["formulas"] = formulas.formulas_markdown()
+    except ImportError:
+        pass
+    try:
+        from pipeline import devices
+
+        out["devices"] = devices.specs_markdown(devices.load_specs())
+    except ImportError:
+        pass
+    return out
+
+
+def render(text: str, parts: dict[str, str]) -> str:
+    for name, body in parts.items():
+        pat = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+        text = pat.sub(lambda m: m.group(1) + body.strip() + "\n" + m.group(2), text)
+    return text
+
+
+if __name__ == "__main__":
+    readme = ROOT / "README.md"
+    new = render(readme.read_text(), sections())
+    readme.write_text(new)
+    print("README.md sections regenerated")

@@ -1,0 +1,44 @@
+"""Shared fixtures: a session tmp dir, the real traces beside the project, the CLI in a subprocess."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+PROJECT = TESTS.parent
+SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+if str(TESTS) not in sys.path:  # `import synth` from any test module
+    sys.path.insert(0, str(TESTS))
+
+
+def run_cli(args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """`python -m pipeline ARGS` in a subprocess, text output captured, no debug tracebacks."""
+    env = {k: v for k, v in os.environ.items() if k != "TRACEPIPE_DEBUG"}
+    env.update(kw.pop("env", {}) or {})
+    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env, cwd=kw.pop("cwd", PROJECT),
+                          **kw)
+
+
+@pytest.fixture(scope="session")
+def session_tmp(tmp_path_factory) -> Path:
+    """One temporary directory for the whole session (for files several tests share)."""
+    return tmp_path_factory.mktemp("session")
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    """The real traces in ../shared/traces (CI clones the project beside shared/); skip when absent."""
+    if not SHARED_TRACES.is_dir() or not any(SHARED_TRACES.glob("*/*.json.gz")):
+        pytest.skip(f"real traces not found at {SHARED_TRACES}")
+    return SHARED_TRACES
+
+
+@pytest.fixture(name="run_cli")
+def run_cli_fixture():
+    return run_cli

@@ -1,0 +1,299 @@
+"""reader: header/tail metadata, exact chunk splitting, compression, exact timestamps, truncation."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import synth
+from pipeline.errors import BadTrace
+from pipeline.flatten import flatten
+from pipeline.reader import Salvaged, TraceSource, ordered_results, parse_chunk
+
+
+def norm(v):
+    """Parsed JSON with Decimals (ijson's non-integers) as floats, for comparison with json.load."""
+    if isinstance(v, dict):
+        return {k: norm(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [norm(x) for x in v]
+    if isinstance(v, Decimal):
+        return float(v)
+    return v
+
+
+def read_all(path, chunk_bytes=None):
+    """(events, metadata, tail, number of pieces) through TraceSource + ordered_results."""
+    kw = {"chunk_bytes": chunk_bytes} if chunk_bytes else {}
+    with TraceSource(str(path), **kw) as src:
+        n_pieces = 0
+
+        def counted():
+            nonlocal n_pieces
+            for p in src.pieces():
+                n_pieces += 1
+                yield p
+
+        events, corrupt = [], []
+        for part in ordered_results(counted(), parse_chunk, lambda evs: evs, on_corrupt=corrupt.append):
+            events.extend(part)
+        tail = src.tail
+        if corrupt and not tail.truncated:  # as flatten does
+            tail.truncated, tail.reason = True, corrupt[0]
+        return norm(events), src.metadata, tail, n_pieces
+
+
+def load(path) -> dict | list:
+    op = gzip.open if str(path).endswith(".gz") else open
+    with op(path, "rb") as f:
+        return json.load(f)
+
+
+# ------------------------------------------------------------------ header / tail metadata
+def test_header_before_trace_events(tmp_path):
+    t = synth.make_trace()
+    p = synth.write_trace(t, tmp_path / "t.json")
+    events, meta, tail, _ = read_all(p)
+    want = load(p)
+    assert list(want)[-1] == "traceEvents"  # the header really is before the events
+    assert events == want["traceEvents"]
+    assert meta == {k: v for k, v in want.items() if k != "traceEvents"}
+    assert meta["deviceProperties"][0]["numSms"] == 108
+    assert not tail.truncated
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_metadata_after_trace_events_recovered(tmp_path, indent):
+    t = synth.make_trace(metadata_after=True)
+    p = synth.write_trace(t, tmp_path / "t.json", indent=indent)
+    want = load(p)
+    keys = list(want)
+    assert keys.index("traceEvents") < keys.index("deviceProperties")
+    events, meta, tail, _ = read_all(p, chunk_bytes=1024)
+    assert events == want["traceEvents"]
+    assert meta == {k: v for k, v in want.items() if k != "traceEvents"}
+    assert not tail.truncated
+
+
+@pytest.mark.parametrize("chunk_bytes", [1024, 3000, None])
+def test_large_trailing_metadata(tmp_path, chunk_bytes):
+    """Trailing metadata far longer than a chunk, full of `}, {"` (lists of objects), is metadata."""
+    big = [{"id": i, "name": "}, {\"ph\": \"X\"", "sub": [{"a": i}, {"b": [i, {"c": "x"}]}]} for i in range(800)]
+    info = [f"INFO:2024-05-22 17:15:23 CuptiActivityProfiler.cpp:{i}] }}, {{\"x\": {i}" for i in range(500)]
+    t = synth.make_trace(metadata_after=True, gpu_devices=(0, 1), extra_metadata={"INFO": info, "big": big})
+    p = synth.write_trace(t, tmp_path / "t.json", indent=2)
+    want = load(p)
+    assert len(p.read_bytes()) - p.read_bytes().rindex(b"]") < 100  # the metadata is after the events
+    events, meta, tail, _ = read_all(p, chunk_bytes=chunk_bytes)
+    assert not tail.truncated, tail.reason
+    assert events == want["traceEvents"]
+    assert meta["big"] == big and meta["INFO"] == info
+    assert meta == {k: v for k, v in want.items() if k != "traceEvents"}
+
+
+def test_bare_json_list(tmp_path):
+    t = synth.make_trace(tricky=True)
+    p = synth.write_trace(t["traceEvents"], tmp_path / "bare.json", indent=1)
+    for cb in (1024, None):
+        events, meta, tail, _ = read_all(p, chunk_bytes=cb)
+        assert events == load(p)
+        assert meta == {}
+        assert not tail.truncated
+    # and a truncated bare list keeps its complete events
+    raw = p.read_bytes()
+    cut = tmp_path / "bare_cut.json"
+    cut.write_bytes(raw[: len(raw) // 2])
+    events, _, tail, _ = read_all(cut, chunk_bytes=1024)
+    assert tail.truncated
+    assert events == synth.complete_events(raw[: len(raw) // 2].decode())
+
+
+# ------------------------------------------------------------------ chunk splitting
+@pytest.mark.parametrize("indent", [None, 2])
+@pytest.mark.parametrize("chunk_bytes", [1024, 1111, 2048, 5000, None])
+def test_chunk_splitting_is_exact(tmp_path, indent, chunk_bytes):
+    """Tiny chunks cut inside strings holding `}, {"` and inside nested lists of objects; the
+    events must still equal json.load's, character for character in every string."""
+    t = synth.make_trace(n_steps=6, ops_per_step=4, tricky=True, metadata_after=True)
+    p = synth.write_trace(t, tmp_path / "t.json", indent=indent)
+    want = load(p)
+    events, meta, tail, n_pieces = read_all(p, chunk_bytes=chunk_bytes)
+    if chunk_bytes and chunk_bytes < 5000:
+        assert n_pieces > 10  # many chunks really were cut
+    assert not tail.truncated, tail.reason
+    assert len(events) == len(want["traceEvents"])
+    assert events == want["traceEvents"]
+    tricky = [e for e in events if e.get("name") == synth.TRICKY_NAME]
+    assert tricky and all(e["args"] == synth.TRICKY_ARGS for e in tricky)
+    assert meta["traceName"] == want["traceName"]
+
+
+def test_one_event_longer_than_many_chunks(tmp_path):
+    """An event with a long args list of objects spans far more than a few 1 KB chunks."""
+    huge = {"ph": "X", "cat": "cpu_op", "name": "huge", "pid": 1, "tid": 1, "ts": 1.5, "dur": 2.0,
+            "args": {"list": [{"i": i, "s": "}, {\"" * (i % 3)} for i in range(3000)]}}
+    t = synth.make_trace(extra_events=[huge] + synth.make_trace(n_steps=1)["traceEvents"])
+    p = synth.write_trace(t, tmp_path / "t.json")
+    assert len(json.dumps(huge)) > 40 * 1024
+    events, _, tail, _ = read_all(p, chunk_bytes=1024)
+    assert not tail.truncated, tail.reason
+    assert events == load(p)["traceEvents"]
+
+
+# ------------------------------------------------------------------ compression
+@pytest.mark.parametrize("kind", ["gz", "zstd"])
+def test_compressed_inputs(tmp_path, kind):
+    pytest.importorskip("zstandard") if kind == "zstd" else None
+    t = synth.make_trace(n_steps=3, tricky=True, metadata_after=True)
+    plain = synth.write_trace(t, tmp_path / "t.json")
+    comp = synth.write_trace(t, tmp_path / f"t.json.{'gz' if kind == 'gz' else 'zst'}",
+                             gz=kind == "gz", zstd=kind == "zstd")
+    assert comp.read_bytes()[:2] != plain.read_bytes()[:2]
+    a = read_all(plain, chunk_bytes=1024)
+    b = read_all(comp, chunk_bytes=1024)
+    assert a[0] == b[0] == load(plain)["traceEvents"]
+    assert a[1] == b[1]
+    assert not b[2].truncated
+
+
+def test_truncated_gzip_stream(tmp_path):
+    t = synth.make_trace(n_steps=4)
+    data = synth.dumps_trace(t)
+    comp = gzip.compress(data)
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(comp[: len(comp) * 2 // 3])
+    events, _, tail, _ = read_all(p, chunk_bytes=1024)
+    assert tail.truncated and tail.reason
+    # every event decoded before the stream broke off is complete and in order
+    full = load_events(data)
+    assert 0 < len(events) < len(full)
+    assert events == full[: len(events)]
+
+
+def load_events(data: bytes) -> list:
+    return json.loads(data)["traceEvents"]
+
+
+# ------------------------------------------------------------------ exact timestamps
+def test_ns_digit_timestamps_are_exact(tmp_path):
+    ev = {"ph": "X", "cat": "cpu_op", "name": "exact", "pid": 1, "tid": 1,
+          "ts": Decimal("1712195495519695.812"), "dur": Decimal("0.001"), "args": {}}
+    t = synth.make_trace(ns_digits=True, extra_events=[ev])
+    p = synth.write_trace(t, tmp_path / "ns.json")
+    assert b'"ts": 1712195495519695.812' in p.read_bytes()
+    assert float("1712195495519695.812") * 1000 != 1712195495519695812  # a float64 cannot do it
+    r = flatten(p, tmp_path / "out", link=False, workers=1)
+    evt = pq.read_table(r.out_dir / "events.parquet").to_pylist()
+    assert evt[-1]["name"] == "exact"
+    assert evt[-1]["ts_ns"] == 1712195495519695812
+    assert evt[-1]["dur_ns"] == 1
+    want = [synth.ns(e.get("ts")) for e in t["traceEvents"]]
+    assert [row["ts_ns"] for row in evt] == want
+    assert [row["dur_ns"] for row in evt] == [synth.ns(e.get("dur")) for e in t["traceEvents"]]
+    g = pq.read_table(r.out_dir / "gpu_ops.parquet").to_pylist()
+    assert [x["ts_ns"] for x in g] == [synth.ns(e["ts"]) for _, e in synth.gpu_events(t)]
+
+
+@pytest.mark.parametrize("layout", ["new", "old", "oldest"])
+def test_float_and_int_timestamps_are_exact(tmp_path, layout):
+    t = synth.make_trace(layout=layout)
+    p = synth.write_trace(t, tmp_path / "t.json")
+    r = flatten(p, tmp_path / "out", link=False, workers=1)
+    evt = pq.read_table(r.out_dir / "events.parquet")
+    assert evt.column("ts_ns").to_pylist() == [synth.ns(e.get("ts")) for e in t["traceEvents"]]
+    assert evt.column("dur_ns").to_pylist() == [synth.ns(e.get("dur")) for e in t["traceEvents"]]
+
+
+# ------------------------------------------------------------------ truncation and chunk sizes (property)
+_TEXTS: dict = {}
+
+
+def _text(metadata_after: bool) -> bytes:
+    if metadata_after not in _TEXTS:
+        t = synth.make_trace(n_steps=3, ops_per_step=3, tricky=True, metadata_after=metadata_after)
+        _TEXTS[metadata_after] = synth.dumps_trace(t, indent=None if metadata_after else 2)
+    return _TEXTS[metadata_after]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.booleans(), st.floats(0, 1), st.integers(1024, 6000))
+def test_truncation_keeps_exactly_the_complete_events(metadata_after, frac, chunk_bytes):
+    text = _text(metadata_after)
+    cut = int(len(text) * frac)
+    prefix = text[:cut]
+    want = synth.complete_events(prefix.decode())
+    array_open = text.index(b"[", text.index(b'"traceEvents"')) + 1
+    array_close = len(text) - text[::-1].index(b"]") if not metadata_after else None
+    if metadata_after:
+        # the `]` that closes traceEvents is the one just before `, "deviceProperties"`
+        array_close = text.index(b"]", text.rindex(b"}", 0, text.index(b'"deviceProperties"'))) + 1
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "cut.json"
+        p.write_bytes(prefix)
+        if cut < array_open:
+            with pytest.raises(BadTrace):
+                read_all(p, chunk_bytes)
+            return
+        events, meta, tail, _ = read_all(p, chunk_bytes)
+    assert events == want
+    if cut < array_close:
+        assert tail.truncated
+    if cut == len(text):
+        assert not tail.truncated
+        assert len(events) == len(json.loads(text)["traceEvents"])
+
+
+_TABLES: dict = {}
+
+
+def _flat_tables(path, out, **kw):
+    r = flatten(path, out, link=False, **kw)
+    return {n: pq.read_table(r.out_dir / f"{n}.parquet").drop_columns(
+        [c for c in ("flattened_at",) if n == "trace"]) for n in ("events", "gpu_ops", "flows", "devices", "trace")}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1024, 20000))
+def test_random_chunk_sizes_give_identical_tables(chunk_bytes):
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        if "ref" not in _TABLES:
+            t = synth.make_trace(n_steps=5, ops_per_step=4, tricky=True, metadata_after=True, gpu_devices=(0, 1))
+            src = synth.write_trace(t, Path(tempfile.mkdtemp()) / "ref.json", indent=2)
+            _TABLES["src"] = src
+            _TABLES["ref"] = _flat_tables(src, d / "ref", workers=1)
+            assert _TABLES["ref"]["events"].num_rows == len(t["traceEvents"])
+        got = _flat_tables(_TABLES["src"], d / "got", workers=1, chunk_bytes=chunk_bytes)
+    for name, ref in _TABLES["ref"].items():
+        assert got[name].equals(ref), name
+
+
+def test_salvaged_piece_when_truncated(tmp_path):
+    """The tail of a truncated trace is handed over as already-parsed events (Salvaged)."""
+    text = synth.dumps_trace(synth.make_trace(n_steps=1))
+    p = tmp_path / "cut.json"
+    p.write_bytes(text[: len(text) - 300])
+    with TraceSource(str(p)) as src:
+        pieces = list(src.pieces())
+        assert src.tail.truncated
+    assert isinstance(pieces[-1], Salvaged)
+    assert norm(pieces[-1].events) == synth.complete_events(text[: len(text) - 300].decode())
+
+
+def test_not_a_trace_inputs_raise_badtrace(tmp_path):
+    cases = {"empty": b"", "ws": b"  \n ", "not json": b"hello", "no events": b'{"a": [1, 2]}',
+             "events not list": b'{"traceEvents": {"a": 1}}', "events scalar": b'{"traceEvents": 5}',
+             "random": os.urandom(3000)}
+    for name, data in cases.items():
+        p = tmp_path / f"{name}.json"
+        p.write_bytes(data)
+        with pytest.raises(BadTrace):
+            read_all(p)
