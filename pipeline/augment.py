@@ -28,7 +28,7 @@ COST_ARGS = {
     "kernel_arithmetic_intensity": pl.col("arithmetic_intensity"),
     "kernel_roofline_bound": pl.col("roofline_bound"),
 }
-COST_COLUMNS = ("flops", "bytes", "achieved_flops_pct", "achieved_bw_pct", "arithmetic_intensity", "roofline_bound")
+COST_COLUMNS = sorted({c for e in COST_ARGS.values() for c in e.meta.root_names()})
 
 
 @dataclass

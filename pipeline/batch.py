@@ -45,6 +45,7 @@ import concurrent.futures as cf
 import datetime as _dt
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import stat
@@ -200,7 +201,7 @@ def _zip_items(path: str, tmp: Path) -> Iterator[Item]:
             src = f"{path}!{info.filename}"
             mode = info.external_attr >> 16
             why = unsafe_member(info.filename) or (
-                "archive member is a link or device" if mode and not stat.S_ISREG(mode) else None)
+                "archive member is a link or device" if stat.S_IFMT(mode) not in (0, stat.S_IFREG) else None)
             if why:
                 yield Item(source=src, rejected=why)
                 continue
@@ -211,13 +212,21 @@ def _zip_items(path: str, tmp: Path) -> Iterator[Item]:
                 yield Item(source=src, rejected=f"archive member unreadable: {e}")
 
 
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def _dir_items(root: str, skip: Path) -> Iterator[Item]:
-    skip = skip.resolve()
+    """Trace files under root (not inside the dataset), largest first: workers finish together."""
+    skip, found = skip.resolve(), []
     for d, dirs, files in os.walk(root):
         dirs[:] = sorted(x for x in dirs if Path(d, x).resolve() != skip)
-        for f in sorted(files):
-            if is_trace_name(f):
-                yield _file_item(os.path.join(d, f))
+        found += [os.path.join(d, f) for f in sorted(files) if is_trace_name(f)]
+    for p in sorted(found, key=_size, reverse=True):
+        yield _file_item(p)
 
 
 def _list_items(listing: str) -> Iterator[Item]:
@@ -384,7 +393,7 @@ class _RayExecutor:
 
         if not ray.is_initialized():
             ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": jobs}),
-                     include_dashboard=False, log_to_driver=False)
+                     include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         self.ray, self._fns = ray, {}
 
     def submit(self, fn, *args) -> cf.Future:

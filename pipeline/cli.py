@@ -235,6 +235,84 @@ def query(
     raise typer.Exit(EXIT_OK)
 
 
+# ------------------------------------------------------------------ analyze + diff
+def _write_report(text: str, out: Optional[Path]):
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    from .store import atomic_file
+
+    with atomic_file(out) as tmp:
+        tmp.write_text(text)
+
+
+def _flatten_problems(*flats) -> int:
+    """Report traces that were truncated when flattened for a report; EXIT_PROBLEMS if any."""
+    code = EXIT_OK
+    for f in flats:
+        r = f.flatten_result
+        if r is not None and r.truncated:
+            err(f"{r.out_dir.name}: truncated ({r.truncation_reason}); analysed its {r.n_events} complete events")
+            code = EXIT_PROBLEMS
+    return code
+
+
+@app.command()
+def analyze(
+    trace: Path = typer.Argument(..., help="a trace file, or a directory made by `tracepipe flatten`"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, csv, json or md"),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file"),
+    name_limit: int = typer.Option(60, "--name-limit", help="cut kernel/op names to N characters in table/md (0: never)"),
+    top: Optional[int] = typer.Option(None, "--top", help="rows per device and section (default: 20 in table/md, all in json/csv)"),
+    section: Optional[List[str]] = typer.Option(None, "--section", help="only this section (repeatable; csv: one, default kernels): devices, kernels, transfers, streams, categories, ops, launch, compile, regions, communication"),
+    group_by: Optional[str] = typer.Option(None, "--group-by", help="ops section: also group by input-shape, stack or overload"),
+    sort: Optional[str] = typer.Option(None, "--sort", help="ops section: sort column (default self_device_us, CPU-only: self_cpu_us)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write roofline and time-breakdown figures (PNG + SVG) into this directory"),
+    stacks: Optional[Path] = typer.Option(None, "--stacks", help="write flame-graph collapsed stacks (export_stacks format) to this file"),
+    stacks_metric: str = typer.Option("self_cpu_time_total", "--stacks-metric", help="self_cpu_time_total or self_device_time_total"),
+):
+    """Per-device kernel table and summaries: busy/idle, categories, CPU ops, launch overhead, torch.compile, communication."""
+    from . import report as rp
+
+    rp.check_options(fmt, section, group_by)
+    if stacks and stacks_metric not in rp.STACK_METRICS:
+        raise rp.UsageError(f"--stacks-metric must be one of {', '.join(rp.STACK_METRICS)}")
+    with rp.opened(trace) as f:
+        sections = rp.analyze(f, group_by=group_by, sort=sort)
+        _write_report(rp.format_analysis(f, sections, fmt, name_limit, top, section), out)
+        if stacks:
+            _write_report(rp.stack_lines(rp.collapsed_stacks(f, stacks_metric)), stacks)
+        if plot:
+            from .plots import write_plots
+
+            for p in write_plots(f, sections, plot):
+                err(f"wrote {p}")
+        code = _flatten_problems(f)
+    raise typer.Exit(code)
+
+
+@app.command("diff")
+def diff_cmd(
+    a: Path = typer.Argument(..., help="first trace file or flattened directory"),
+    b: Path = typer.Argument(..., help="second trace file or flattened directory"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, csv, json or md"),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the comparison to this file"),
+    name_limit: int = typer.Option(60, "--name-limit", help="cut keys and kernel names to N characters in table/md (0: never)"),
+    top: Optional[int] = typer.Option(None, "--top", help="only the N rows with the most time"),
+    label_a: Optional[str] = typer.Option(None, "--label-a", help="name of A in the output (default: its file stem)"),
+    label_b: Optional[str] = typer.Option(None, "--label-b", help="name of B in the output (default: its file stem)"),
+):
+    """Compare two traces side by side, matched by CPU op (names normalised across vendors), else by kernel name."""
+    from . import report as rp
+
+    rp.check_options(fmt)
+    with rp.opened(a) as fa, rp.opened(b) as fb:
+        d = rp.diff(fa, fb)
+        _write_report(rp.format_diff(d, fmt, label_a or fa.stem, label_b or fb.stem, name_limit, top), out)
+        code = _flatten_problems(fa, fb)
+    raise typer.Exit(code)
+
+
 # ------------------------------------------------------------------ entry point
 def main():
     debug = os.environ.get("TRACEPIPE_DEBUG")

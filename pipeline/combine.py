@@ -52,7 +52,16 @@ class Renumber:
     def num(self, v: int) -> int:
         return v * self.scale + self.k
 
+    def link(self, v):
+        """A linking id (External id, correlation, ...): positive ints only, <= 0 means "none"."""
+        return self.num(v) if type(v) is int and v > 0 else v
+
+    def device(self, v):
+        """A device id: ints >= 0 (-1 means the CPU)."""
+        return self.num(v) if type(v) is int and v >= 0 else v
+
     def id(self, v):
+        """A flow/async id: every int, and strings (as hex digits)."""
         t = type(v)
         if t is int:
             return self.num(v)
@@ -95,13 +104,11 @@ def _us(ns: int):
 
 def _renumber_args(args: dict, r: Renumber):
     for key in LINK_ARGS:
-        v = args.get(key)
-        if type(v) is int and v > 0:
-            args[key] = r.num(v)
+        if key in args:
+            args[key] = r.link(args[key])
     for key in DEVICE_ARGS:
-        v = args.get(key)
-        if type(v) is int and v >= 0:
-            args[key] = r.num(v)
+        if key in args:
+            args[key] = r.device(args[key])
 
 
 def rewrite(e, inp: Input, problems: Problems):
@@ -189,8 +196,8 @@ def _device_entries(inp: Input, props) -> list:
     for p in props if isinstance(props, list) else []:
         if isinstance(p, dict):
             p = {**p, "source": inp.label}
-            if type(p.get("id")) is int and p["id"] >= 0:
-                p["id"] = inp.renumber.num(p["id"])
+            if "id" in p:
+                p["id"] = inp.renumber.device(p["id"])
         out.append(p)
     return out
 

@@ -23,29 +23,37 @@ DTYPE_PEAK = device_specs_mod.DTYPE_PEAK
 
 
 def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None) -> pl.DataFrame:
-    """(cpu_op_event_idx, op_flops, op_bytes, cost_family, cost_dtype) for the given ops."""
-    sig = [pl.col("args_json").str.json_path_match(f"$['{k}']").alias(k) for k in SIGNATURE_KEYS]
+    """(cpu_op_event_idx, op_flops, op_bytes, cost_family, cost_dtype, op_reason) for the given ops.
+
+    Only ops whose name has a formula have their shape args extracted, and each distinct
+    signature is evaluated once.
+    """
+    key = pl.col("name").str.split(" ").list.first()
     ops = (events.select("event_idx", "name", "args_json")
            .join(pl.DataFrame({"event_idx": op_idx.unique().drop_nulls()}).lazy(), on="event_idx", how="semi")
-           .select(pl.col("event_idx").alias("cpu_op_event_idx"), "name", *sig)
+           .select(pl.col("event_idx").alias("cpu_op_event_idx"), "name", "args_json",
+                   modelled=pl.col("name").is_in(formulas.MODELLED_OPS) | key.is_in(formulas.MODELLED_OPS))
            .collect())
+    sig = [pl.col("args_json").str.json_path_match(f"$['{k}']").alias(k) for k in SIGNATURE_KEYS]
+    modelled = ops.filter("modelled").select("cpu_op_event_idx", "name", *sig)
     keys = ["name", *SIGNATURE_KEYS]
-    distinct = ops.select(keys).unique()
-    rows = []
-    for r in distinct.iter_rows(named=True):
-        args = {k: orjson.loads(r[k]) for k in SIGNATURE_KEYS if r[k] is not None}
-        c = formulas.op_cost(r["name"] or "", args, dtype_fallback=dtype)
-        has_shapes = bool(args.get("Input Dims"))
-        rows.append({**r, "op_flops": None if c is None else float(c.flops),
-                     "op_bytes": None if c is None else float(c.bytes),
-                     "cost_family": None if c is None else c.family,
-                     "cost_dtype": None if c is None else c.dtype,
-                     "op_reason": None if c is not None else ("no_formula" if has_shapes else "no_shapes")})
+    rows = [_evaluate(r, dtype) for r in modelled.select(keys).unique().iter_rows(named=True)]
     schema = {**{k: pl.String for k in keys}, "op_flops": pl.Float64, "op_bytes": pl.Float64,
               "cost_family": pl.String, "cost_dtype": pl.String, "op_reason": pl.String}
-    table = pl.DataFrame(rows, schema=schema)
-    return ops.join(table, on=keys, how="left", nulls_equal=True).select(
-        "cpu_op_event_idx", "op_flops", "op_bytes", "cost_family", "cost_dtype", "op_reason")
+    costed = modelled.join(pl.DataFrame(rows, schema=schema), on=keys, how="left", nulls_equal=True)
+    unmodelled = ops.filter(~pl.col("modelled")).select("cpu_op_event_idx", op_reason=pl.lit("no_formula"))
+    return pl.concat([costed.select("cpu_op_event_idx", "op_flops", "op_bytes", "cost_family", "cost_dtype",
+                                    "op_reason"), unmodelled], how="diagonal")
+
+
+def _evaluate(sig: dict, dtype: str | None) -> dict:
+    args = {k: orjson.loads(sig[k]) for k in SIGNATURE_KEYS if sig[k] is not None}
+    c = formulas.op_cost(sig["name"] or "", args, dtype_fallback=dtype)
+    if c is None:
+        return {**sig, "op_flops": None, "op_bytes": None, "cost_family": None, "cost_dtype": None,
+                "op_reason": "no_shapes" if not args.get("Input Dims") else "shapes_not_modelled"}
+    return {**sig, "op_flops": float(c.flops), "op_bytes": float(c.bytes), "cost_family": c.family,
+            "cost_dtype": c.dtype, "op_reason": None}
 
 
 def resolve_devices(devs: pl.DataFrame) -> pl.DataFrame:

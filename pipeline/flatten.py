@@ -208,7 +208,7 @@ def build_chunk(events: list, text: bytes | None = None) -> ChunkTables:
     dumps_, odumps, default = dumps, orjson.dumps, _json_default
     for i, e in enumerate(events):
         if type(e) is not dict:
-            extra_c[i] = dumps_(e)
+            extra_c[i] = dumps_(e).decode()
             problems.coerced["event_not_object"] += 1
             continue
         ph = e.get("ph")
@@ -260,7 +260,8 @@ def build_chunk(events: list, text: bytes | None = None) -> ChunkTables:
                 id_s[i] = fid if type(fid) is str else dumps_(fid).decode()
         args = e.get("args")
         if args is not None:
-            args_c[i] = odumps(args, default=default)
+            # .decode(): a small bytes from orjson.dumps holds a 4 KB buffer; the str is exact-sized
+            args_c[i] = odumps(args, default=default).decode()
             if type(args) is dict:
                 c = args.get("correlation")
                 if c is not None:
@@ -272,8 +273,8 @@ def build_chunk(events: list, text: bytes | None = None) -> ChunkTables:
                     ext_c[i] = x if type(x) is int else as_int(x, "external_id", problems)
             else:
                 problems.coerced["args_not_object"] += 1
-        if len(e) > 6 and not known.issuperset(e):
-            extra_c[i] = odumps({k: v for k, v in e.items() if k not in known}, default=default)
+        if not known.issuperset(e):
+            extra_c[i] = odumps({k: v for k, v in e.items() if k not in known}, default=default).decode()
         if ph in FLOW_PHASES:
             flow_rows.append(i)
         elif ph == "X" and cat in gpu_kinds:

@@ -66,7 +66,7 @@ from functools import partial
 from math import prod
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-__all__ = ["Cost", "OpInputs", "Formula", "FORMULAS", "MODELLED_OPS", "op_cost", "formula",
+__all__ = ["Cost", "OpInputs", "Formula", "FORMULAS", "MODELLED_OPS", "ARGS_READ", "op_cost", "formula",
            "formulas_markdown", "collective_bandwidth", "collective_kind", "normalize_dtype",
            "parse_literal"]
 
@@ -124,10 +124,7 @@ def normalize_dtype(name: Any) -> str | None:
     """``c10::BFloat16`` / ``BFloat16`` / ``torch.bfloat16`` / ``bf16`` -> ``bf16``; unknown -> None."""
     if not isinstance(name, str):
         return None
-    key = name.strip().lower()
-    for prefix in ("c10::", "torch."):
-        key = key.removeprefix(prefix)
-    key = key.replace("c10::", "")  # c10::complex<c10::Half>
+    key = name.strip().lower().replace("c10::", "").removeprefix("torch.")  # c10::complex<c10::Half>
     if key in DTYPE_SIZE:
         return key
     return _DTYPE_ALIASES.get(key)
@@ -393,6 +390,7 @@ class Work(NamedTuple):
     out_dtype: str | None = None      # default: the compute dtype
     read_bytes: float | None = None   # default: OpInputs.input_bytes()
     dtype: str | None = None          # compute dtype override (default: OpInputs.compute_dtype())
+    family: str | None = None         # family override (default: the Formula's)
 
 
 _ERRORS = (ArithmeticError, LookupError, TypeError, ValueError, RecursionError)
@@ -410,7 +408,7 @@ class Formula:
     def __call__(self, inp: OpInputs) -> Cost | None:
         try:
             work = self.fn(inp)
-            return None if work is None else _to_cost(work, inp, self.family)
+            return None if work is None else _to_cost(work, inp, work.family or self.family)
         except _ERRORS:
             return None
 
@@ -447,7 +445,7 @@ def formula(*names: str, family: str, flops: str, bytes: str = "inputs + output"
 
 
 def aten(names: str, inplace: bool = False) -> tuple[str, ...]:
-    """"mm bmm" -> ("aten::mm", "aten::bmm"); with inplace, also "aten::mm_", ..."""
+    """aten("mm bmm") == ("aten::mm", "aten::bmm"); inplace=True adds "aten::mm_", "aten::bmm_"."""
     base = [f"aten::{n}" for n in names.split()]
     return tuple(base + [n + "_" for n in base] if inplace else base)
 
@@ -708,6 +706,7 @@ def _bhsd(inp: OpInputs, layout: AttentionLayout) -> tuple[Shape, Shape, Shape]:
     if cu is not None and len(cu) == 1 and cu[0] >= 2:
         # nested / varlen: torch counts every sequence at the max length (an upper bound)
         batch, max_q, max_k = cu[0] - 1, inp.int_arg(layout.max_q), inp.int_arg(layout.max_q + 1)
+        need(max_q >= 0 and max_k >= 0)
         return ((batch, q[-2], max_q, q[-1]), (batch, k[-2], max_k, k[-1]), (batch, v[-2], max_k, v[-1]))
     need(len(q) == len(k) == len(v) == 4)
     if layout.bshd:
@@ -916,7 +915,7 @@ for _k, _names, _dim, _out in _REDUCTIONS:
          bytes="input + out (values only)")
 def _max_min(inp):
     if inp.shape(1) is not None:
-        return _elementwise(1, None, inp)
+        return _elementwise(1, None, inp)._replace(family="elementwise")
     return _reduction(1, 1, None, inp)
 
 
@@ -1052,6 +1051,10 @@ for _names, _kind, _group in _COLLECTIVES:
 # ------------------------------------------------------------------------------------ public API
 
 MODELLED_OPS: tuple[str, ...] = tuple(sorted(FORMULAS))
+# Every event arg a formula reads: the four input args, and the ones record_param_comms carries
+# (without them a record_param_comms event has no cost).
+ARGS_READ: tuple[str, ...] = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs",
+                              "Collective name", "dtype", "In msg nelems", "Out msg nelems", "Group size")
 
 
 def op_cost(name: str, args: Mapping | None, dtype_fallback: str | None = None) -> Cost | None:

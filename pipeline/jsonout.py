@@ -12,6 +12,7 @@ A bare-list input (`[...]`) is written as `{"traceEvents": [...]}`.
 from __future__ import annotations
 
 import gzip
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Iterator
@@ -22,6 +23,8 @@ from .flatten import FLOAT_EXACT_US, dumps
 from .reader import TraceSource, ordered_results, parse_chunk, parse_chunk_exact
 
 GZIP_LEVEL = 6
+# events are parsed to Python objects here (~25x their text): smaller chunks than flatten's bound memory
+CHUNK_BYTES = 2 << 20
 
 
 def _lossy(v) -> bool:
@@ -41,7 +44,7 @@ def parse_events(text: bytes) -> list:
 def open_trace(path: str) -> TraceSource:
     """A TraceSource whose errors name the file."""
     try:
-        return TraceSource(path)
+        return TraceSource(path, CHUNK_BYTES)
     except BadTrace as e:
         if path in str(e):
             raise
@@ -54,7 +57,8 @@ def read_events(src: TraceSource) -> Iterator[list]:
     A truncated or corrupt trace yields its complete events and is marked in `src.tail`.
     """
     corrupt: list = []
-    yield from ordered_results(src.pieces(), parse_events, lambda events: events, on_corrupt=corrupt.append)
+    yield from ordered_results(src.pieces(), parse_events, lambda events: events, max_inflight=0,
+                               on_corrupt=corrupt.append)  # parsed here: hold one chunk at a time
     if corrupt and not src.tail.truncated:
         src.tail.truncated, src.tail.reason = True, corrupt[0]
 
@@ -105,8 +109,15 @@ class TraceWriter:
         self._out.write(sep + b",\n".join(map(dumps, events)))
         self.n_events += len(events)
 
+    def _close_document(self):
+        members = _members(self.tail)[:-2]  # no comma after the last key
+        self._out.write(b"\n]" + (b",\n" + members if members else b"") + b"}\n")
+
     def __exit__(self, *exc):
         if exc[0] is None:
-            members = _members(self.tail)[:-2]  # no comma after the last key
-            self._out.write(b"\n]" + (b",\n" + members if members else b"") + b"}\n")
+            try:
+                self._close_document()
+            except BaseException:
+                self._stack.__exit__(*sys.exc_info())  # removes the temporary file
+                raise
         return self._stack.__exit__(*exc)

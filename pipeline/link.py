@@ -23,9 +23,19 @@ from pathlib import Path
 
 import polars as pl
 
-LAUNCH_CAT = r"(?i)^(cuda_runtime|cuda_driver|runtime|driver|hip_runtime|hip_driver|mtia_runtime|xpu_runtime|privateuse1_runtime)$"
-CPU_OP_CAT = r"(?i)^(cpu_op|operator)$"
-ANNOTATION_CAT = r"(?i)^user_annotation$"
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime", "hip_driver", "mtia_runtime",
+               "xpu_runtime", "privateuse1_runtime")
+CPU_OP_CATS = ("cpu_op", "operator")
+ANNOTATION_CATS = ("user_annotation",)
+MODULE_CATS = ("python_function",)
+
+
+def _cat_regex(*cats: str) -> str:
+    """A case-insensitive regex matching exactly one of the categories."""
+    return "(?i)^(" + "|".join(cats) + ")$"
+
+
+LAUNCH_CAT, CPU_OP_CAT, ANNOTATION_CAT = _cat_regex(*LAUNCH_CATS), _cat_regex(*CPU_OP_CATS), _cat_regex(*ANNOTATION_CATS)
 LINK_FLOW_CATS = ("ac2g", "async_cpu_to_gpu", "async_gpu")
 STEP_NAME = r"^ProfilerStep#(\d+)$"
 MODULE_PREFIX = "nn.Module: "
@@ -39,6 +49,14 @@ def _slices(events: pl.LazyFrame, cat_regex: str) -> pl.LazyFrame:
                           & pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
                           & pl.col("ts_ns").is_not_null())
             .with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)))
+
+
+def cpu_slices(events: pl.LazyFrame) -> pl.DataFrame:
+    """The CPU slices linking needs (launches, ops, annotations, modules), read once."""
+    wanted = _cat_regex(*LAUNCH_CATS, *CPU_OP_CATS, *ANNOTATION_CATS, *MODULE_CATS)
+    return (_slices(events.select(_EVENT_COLS), wanted)
+            .filter(~pl.col("cat").is_in(MODULE_CATS) | pl.col("name").str.starts_with(MODULE_PREFIX))
+            .collect())
 
 
 def launch_links(events: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyFrame) -> pl.LazyFrame:
@@ -110,7 +128,7 @@ def _enclosing_named(points, slices, name_col: str, outermost: bool):
 def link_gpu_ops(flat_dir: Path) -> tuple[pl.DataFrame, dict]:
     """gpu_ops of a flattened trace with link columns added, and link counts by reason."""
     flat_dir = Path(flat_dir)
-    events = pl.scan_parquet(flat_dir / "events.parquet").select(_EVENT_COLS)
+    events = cpu_slices(pl.scan_parquet(flat_dir / "events.parquet")).lazy()
     gpu = pl.scan_parquet(flat_dir / "gpu_ops.parquet")
     flows = pl.scan_parquet(flat_dir / "flows.parquet")
     launch = launch_links(events, gpu, flows)
@@ -133,7 +151,7 @@ def link_gpu_ops(flat_dir: Path) -> tuple[pl.DataFrame, dict]:
     annotations = _slices(events, ANNOTATION_CAT)
     steps = annotations.filter(pl.col("name").str.contains(STEP_NAME))
     user = annotations.filter(~pl.col("name").str.contains(STEP_NAME))
-    modules = _slices(events, r"(?i)^python_function$").filter(pl.col("name").str.starts_with(MODULE_PREFIX))
+    modules = _slices(events, _cat_regex(*MODULE_CATS)).filter(pl.col("name").str.starts_with(MODULE_PREFIX))
     step = _enclosing_named(points, steps, "step_name", outermost=False)
     ann = _enclosing_named(points, user, "annotation", outermost=True)
     mod = _enclosing_named(points, modules, "module", outermost=True)

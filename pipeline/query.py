@@ -18,38 +18,42 @@ from .errors import DatasetError, UsageError
 
 FORMATS = ("table", "csv", "json", "parquet")
 
+# A "run" is the directory holding its traces (one file per rank), so ranks of one job group together.
+_RUN = "REGEXP_REPLACE(t.source_path, '/[^/]*$', '')"
 EXAMPLES: dict[str, tuple[str, str]] = {
     "top_kernels": ("the 20 kernels with the most GPU time, summed over every trace and rank", """
         SELECT name, COUNT(*) AS launches, COUNT(DISTINCT trace_id) AS traces,
                SUM(dur_ns) / 1e3 AS total_us, AVG(dur_ns) / 1e3 AS mean_us
         FROM gpu_ops WHERE kind = 'kernel'
         GROUP BY name ORDER BY total_us DESC LIMIT 20"""),
-    "slowest_rank_per_step": ("for each profiler step, the rank (trace) that took longest, and the spread", """
+    "slowest_rank_per_step": ("for each run and profiler step, the rank that took longest, and the fastest", f"""
         WITH steps AS (
-            SELECT e.name AS step, t.rank, t.stem, e.trace_id, e.dur_ns
+            SELECT {_RUN} AS run, e.name AS step, t.rank, t.stem, e.trace_id, e.dur_ns
             FROM events e JOIN trace t ON e.trace_id = t.trace_id
-            WHERE e.name LIKE 'ProfilerStep#%' AND e.dur_ns IS NOT NULL),
+            WHERE e.name LIKE 'ProfilerStep#%' AND e.cat = 'user_annotation' AND e.dur_ns IS NOT NULL),
         worst AS (
-            SELECT step, MAX(dur_ns) AS slowest_ns, MIN(dur_ns) AS fastest_ns, COUNT(*) AS ranks
-            FROM steps GROUP BY step)
-        SELECT w.step, s.rank AS slowest_rank, s.stem AS slowest_trace, w.slowest_ns / 1e3 AS slowest_us,
+            SELECT run, step, MAX(dur_ns) AS slowest_ns, MIN(dur_ns) AS fastest_ns, COUNT(DISTINCT trace_id) AS ranks
+            FROM steps GROUP BY run, step)
+        SELECT w.run, w.step, s.rank AS slowest_rank, s.stem AS slowest_trace, w.slowest_ns / 1e3 AS slowest_us,
                w.fastest_ns / 1e3 AS fastest_us, w.ranks
-        FROM worst w JOIN steps s ON s.step = w.step AND s.dur_ns = w.slowest_ns
-        ORDER BY LENGTH(w.step), w.step"""),
-    "achieved_pct_by_device": ("time-weighted achieved % of peak FLOP/s and bandwidth, by device type", """
-        SELECT COALESCE(spec_name, 'unknown') AS device_type, COUNT(*) AS kernels,
-               SUM(dur_ns) / 1e3 AS kernel_us,
-               SUM(achieved_flops_pct * dur_ns) / SUM(CASE WHEN achieved_flops_pct IS NOT NULL THEN dur_ns END)
-                   AS achieved_flops_pct,
-               SUM(achieved_bw_pct * dur_ns) / SUM(CASE WHEN achieved_bw_pct IS NOT NULL THEN dur_ns END)
-                   AS achieved_bw_pct
-        FROM gpu_ops WHERE kind = 'kernel'
-        GROUP BY device_type ORDER BY kernel_us DESC"""),
-    "time_by_category": ("total duration of complete events by category, for each trace", """
-        SELECT t.stem AS run, e.trace_id, e.cat AS category, COUNT(*) AS events, SUM(e.dur_ns) / 1e3 AS total_us
+        FROM worst w JOIN steps s ON s.run = w.run AND s.step = w.step AND s.dur_ns = w.slowest_ns
+        ORDER BY w.run, LENGTH(w.step), w.step"""),
+    "achieved_pct_by_device": ("time-weighted achieved % of peak FLOP/s and of peak bandwidth, by device type", """
+        WITH k AS (
+            SELECT COALESCE(spec_name, 'unknown') AS device_type, dur_ns,
+                   CASE WHEN achieved_flops_pct <> CAST('NaN' AS DOUBLE) THEN achieved_flops_pct END AS flops_pct,
+                   CASE WHEN achieved_bw_pct <> CAST('NaN' AS DOUBLE) THEN achieved_bw_pct END AS bw_pct
+            FROM gpu_ops WHERE kind = 'kernel')
+        SELECT device_type, COUNT(*) AS kernels, SUM(dur_ns) / 1e3 AS kernel_us,
+               SUM(flops_pct * dur_ns) / SUM(CASE WHEN flops_pct IS NOT NULL THEN dur_ns END) AS achieved_flops_pct,
+               SUM(bw_pct * dur_ns) / SUM(CASE WHEN bw_pct IS NOT NULL THEN dur_ns END) AS achieved_bw_pct
+        FROM k GROUP BY device_type ORDER BY kernel_us DESC"""),
+    "time_by_category": ("total duration of complete events by category, for each run (all its ranks)", f"""
+        SELECT {_RUN} AS run, e.cat AS category, COUNT(DISTINCT e.trace_id) AS traces, COUNT(*) AS events,
+               SUM(e.dur_ns) / 1e3 AS total_us
         FROM events e JOIN trace t ON e.trace_id = t.trace_id
         WHERE e.ph = 'X'
-        GROUP BY t.stem, e.trace_id, e.cat ORDER BY run, total_us DESC"""),
+        GROUP BY run, category ORDER BY run, total_us DESC"""),
 }
 
 

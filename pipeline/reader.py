@@ -244,7 +244,9 @@ def parse_chunk(text: bytes) -> list:
     try:
         return orjson.loads(b"[" + text + b"]")
     except orjson.JSONDecodeError as e:
-        if b"NaN" in text or b"Infinity" in text:  # not JSON, but Python's json writes them
+        # NaN/Infinity are not JSON, but Python's json writes them; orjson refuses a number that
+        # overflows a float64 (`1e400`): both parse exactly with Decimals
+        if b"NaN" in text or b"Infinity" in text or "infinity" in str(e):
             try:
                 return json.loads(b"[" + text + b"]", parse_float=Decimal, parse_constant=float)
             except ValueError:

@@ -27,14 +27,17 @@ declarative tables, never over events. Interval algebra used throughout:
 from __future__ import annotations
 
 import math
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Iterator
 
 import polars as pl
 
 from . import schema, store
-from .errors import DatasetError, UsageError
+from .errors import BadTrace, DatasetError, UsageError
 from .link import ANNOTATION_CAT, CPU_OP_CAT, STEP_NAME, link_gpu_ops
 
 NS_PER_US = 1_000.0
@@ -74,6 +77,8 @@ CATEGORIES: tuple[Category, ...] = (
     Category("triton_reduction", kernel=r"^triton_red_"),
     Category("triton_pointwise", kernel=r"^triton_poi_"),
     Category("inductor_cpp", kernel=r"^cpp_fused_"),
+    Category("embedding", kernel=r"(?i)split_embedding|embedding_bag|pooled_embs|bounds_check_indices",
+             op=r"(?i)^fbgemm::|SplitLookup|embedding_bag"),
     Category("attention", kernel=r"(?i)flash|fmha|attn|attention|sdpa", op=r"(?i)attention|sdpa"),
     Category("normalization", kernel=r"(?i)_norm|norm_|layernorm|rmsnorm|batchnorm|groupnorm|bn_fw|bn_bw|softmax",
              op=r"(?i)norm|softmax"),
@@ -81,6 +86,10 @@ CATEGORIES: tuple[Category, ...] = (
              op=r"(?i)convolution|conv[123]d|conv_transpose"),
     Category("gemm", kernel=r"(?i)gemm|gemv|Cijk_|xmma|wgmma|nvjet|matmul|splitKreduce|^bmm_|^triton_tem_fused_(?:addmm|mm|bmm)",
              op=r"^aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|dot|_addmm_activation)$"),
+    Category("triton_other", kernel=r"^triton_"),  # templates (tem_) matched above; old `triton__0d1d2d...`
+    Category("pooling", kernel=r"(?i)pool(?:ing)?_?(?:forward|backward|2d|3d|1d|nchw|nhwc|kernel)|avg_pool|max_pool",
+             op=r"(?i)pool[123]d|_pool"),
+    Category("sort", kernel=r"(?i)radixsort|bitonic|sort_kernel|segmented_?sort", op=r"^aten::(?:sort|argsort|unique\w*)$"),
     Category("reduction", kernel=r"(?i)reduce|reduction|argmax|argmin|topk|cumsum|scan",
              op=r"^aten::(?:sum|mean|max|min|amax|amin|argmax|argmin|prod|std|var|all|any|cumsum|topk|norm)$"),
     Category("elementwise",
@@ -112,18 +121,17 @@ OVERLOAD_SUFFIX = r"^(\w[\w.]*::\w+)\.\w+$"
 # return types, hex hashes and Inductor's numeric suffixes dropped, as (regex, replacement).
 KERNEL_NAME_RULES: tuple[tuple[str, str], ...] = (
     (r"\(anonymous namespace\)::", ""),
+    (r"^(?:void\s+)?std::enable_if<.*?>::type\s+", ""),  # SFINAE return type (may hold `(8)>(0)`)
     *((r"<[^<>]*>", ""),) * 8,  # template arguments, innermost first (nesting up to 8 deep)
     (r"\(.*$", ""),  # parameter list, and "(Pinned -> Device)" of copies
-    (r"^(?:void|std::enable_if::type|\S+::type)\s+", ""),  # return type
-    (r"_[0-9a-f]{16,}", ""),  # hashes
+    (r"^(?:void|\S+::type)\s+", ""),  # return type
+    (r"_[0-9a-f]{16,}", ""),  # hashes (and old triton__0d1d2d... signatures)
     (r"^(triton_\w+?)_\d+$", "$1"),  # triton_poi_fused_add_0 -> triton_poi_fused_add
-    (r"^(triton_)_?(?:\d+d)+$", "${1}kernel"),  # old triton__0d1d2d... signatures
     (r"\s+", " "),
 )
 
 # torch.compile regions (CPU side) and the gaps between them (likely graph breaks).
-COMPILED_REGION = (r"^(?:CompiledFunction|CompiledFunctionBackward|Torch-Compiled Region.*|"
-                   r"## Call CompiledFxGraph.*|## Call CompiledFxGraph)$")
+COMPILED_REGION = r"^(?:CompiledFunction|CompiledFunctionBackward|Torch-Compiled Region.*|## Call CompiledFxGraph.*)$"
 
 
 # ------------------------------------------------------------------ loading
@@ -131,8 +139,9 @@ class Flat:
     """A flattened trace opened for reports: tables are read (and, for a directory flattened
     with --no-link, linked) once and shared by every report function."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, flatten_result=None):
         self.path = Path(path)
+        self.flatten_result = flatten_result  # set when `opened` flattened a trace file for us
         if not store.is_flat_dir(self.path):
             raise DatasetError(f"{self.path}: not a flattened trace (run `tracepipe flatten` first)")
 
@@ -142,6 +151,10 @@ class Flat:
     @cached_property
     def stem(self) -> str:
         return self.scan("trace").select("stem").collect().item() or self.path.name
+
+    @cached_property
+    def source(self) -> str | None:
+        return self.scan("trace").select("source_path").collect().item()
 
     @cached_property
     def gpu(self) -> pl.DataFrame:
@@ -219,6 +232,24 @@ def as_flat(flat) -> Flat:
     return flat if isinstance(flat, Flat) else Flat(flat)
 
 
+@contextmanager
+def opened(path: str | Path, **flatten_options) -> Iterator[Flat]:
+    """A Flat for a flattened directory (or a directory holding exactly one), or for a trace
+    file flattened into a temporary directory that is removed afterwards."""
+    path = Path(path)
+    if path.is_dir():
+        subs = [d for d in sorted(path.iterdir()) if store.is_flat_dir(d)]
+        yield Flat(path if store.is_flat_dir(path) or len(subs) != 1 else subs[0])
+        return
+    if not path.is_file():
+        raise BadTrace(f"{path}: no such trace file or flattened directory")
+    from .flatten import flatten
+
+    with tempfile.TemporaryDirectory(prefix="tracepipe-report-") as tmp:
+        r = flatten(path, tmp, **flatten_options)
+        yield Flat(r.out_dir, flatten_result=r)
+
+
 def _slices(events: pl.LazyFrame, cat_regex: str) -> pl.LazyFrame:
     return (events.filter((pl.col("ph") == "X") & pl.col("cat").str.contains(cat_regex)
                           & pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
@@ -245,7 +276,8 @@ def covered_overlap(iv: pl.LazyFrame, union: pl.LazyFrame, by: list[str], lo="ts
 
     def covered_until(lf: pl.LazyFrame, col: str) -> pl.LazyFrame:  # covered length of (-inf, lf[col]]
         inside = (pl.min_horizontal(pl.col(col), pl.col("r1")) - pl.col("r0")).clip(0)
-        return (lf.sort(col).join_asof(runs, left_on=col, right_on="r0", by=by, strategy="backward")
+        return (lf.sort(col).join_asof(runs, left_on=col, right_on="r0", by=by, strategy="backward",
+                                       check_sortedness=False)
                 .with_columns((pl.col("before") + inside).fill_null(0).alias(f"_cov_{col}"))
                 .drop("r0", "r1", "before"))
 
@@ -260,9 +292,11 @@ def range_sum(points: pl.LazyFrame, ranges: pl.LazyFrame, by: list[str], values:
     pre = points.sort("t").with_columns(pl.col(v).fill_null(0).cum_sum().over(by).alias(v) for v in values)
     at_end = pre.select(*by, "t", *(pl.col(v).alias(f"_hi_{v}") for v in values))
     before = pre.select(*by, "t", *(pl.col(v).alias(f"_lo_{v}") for v in values))
-    out = (ranges.sort("end_ns").join_asof(at_end, left_on="end_ns", right_on="t", by=by, strategy="backward")
+    out = (ranges.sort("end_ns").join_asof(at_end, left_on="end_ns", right_on="t", by=by, strategy="backward",
+                                              check_sortedness=False)
            .drop("t").sort("ts_ns")
-           .join_asof(before, left_on="ts_ns", right_on="t", by=by, strategy="backward", allow_exact_matches=False)
+           .join_asof(before, left_on="ts_ns", right_on="t", by=by, strategy="backward", allow_exact_matches=False,
+                      check_sortedness=False)
            .drop("t"))
     return out.with_columns((pl.col(f"_hi_{v}").fill_null(0) - pl.col(f"_lo_{v}").fill_null(0)).alias(v)
                             for v in values).drop(*(f"_{s}_{v}" for s in ("hi", "lo") for v in values))
@@ -288,7 +322,8 @@ def nesting(iv: pl.LazyFrame) -> pl.LazyFrame:
               .select("pid", "tid", "seq", "depth", "iv_idx"))
     parents = starts.select("pid", "tid", "seq", pl.col("depth").alias("pd"), pl.col("iv_idx").alias("parent_idx"))
     return (starts.with_columns(pd=pl.col("depth") - 1)
-            .join_asof(parents, on="seq", by=["pid", "tid", "pd"], strategy="backward", allow_exact_matches=False)
+            .join_asof(parents, on="seq", by=["pid", "tid", "pd"], strategy="backward", allow_exact_matches=False,
+                       check_sortedness=False)
             .select("iv_idx", "depth", "parent_idx"))
 
 
@@ -389,8 +424,6 @@ def _roofline(df: pl.DataFrame) -> pl.DataFrame:
 
 def _name_table(rows: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """Per keys: count, time, share of the device's time, cost, top CPU op, category."""
-    if not rows.height:
-        rows = rows.clear()
     out = (rows.group_by(*keys).agg(
         category=pl.col("category").mode().first(),
         count=pl.len(),
@@ -464,8 +497,7 @@ GROUPINGS = {None: [], "input-shape": ["input_shape"], "stack": ["stack"], "over
 
 
 def _op_keys(f: Flat, ops: pl.DataFrame, group_by: str | None, stack_n: int) -> pl.DataFrame:
-    if group_by not in GROUPINGS:
-        raise UsageError(f"group_by must be one of {', '.join(str(k) for k in GROUPINGS if k)} or None")
+    check_options("table", group_by=group_by)
     if group_by == "input-shape":
         return ops.with_columns(input_shape=pl.col("args_json").str.json_path_match("$['Input Dims']").fill_null(""))
     if group_by == "overload":
@@ -604,7 +636,8 @@ def compile_view(flat) -> pl.DataFrame:
     covered = covered_overlap(steps.lazy(), runs, ["k"]).collect()
     # runs inside each step, by the step containing the run's start
     step_of = lambda lf, col: (lf.sort(col).join_asof(steps.lazy().select("step", "k", s0="ts_ns", s1="end_ns").sort("s0"),
-                                                      left_on=col, right_on="s0", by="k", strategy="backward")
+                                                      left_on=col, right_on="s0", by="k", strategy="backward",
+                                                      check_sortedness=False)
                                .filter(pl.col(col) <= pl.col("s1")))
     gaps = (step_of(runs, "start_ns").sort("start_ns")
             .with_columns(gap_ns=(pl.col("start_ns") - pl.col("end_ns").shift(1)).over("s0"))
@@ -828,3 +861,56 @@ def diff_text(d: pl.DataFrame, fmt: str, label_a: str, label_b: str, name_limit:
     t = t.rename({c: c.replace("a_", f"{label_a}:", 1) if c.startswith("a_") else
                   c.replace("b_", f"{label_b}:", 1) for c in t.columns if c.startswith(("a_", "b_"))})
     return render(t.head(top) if top else t, fmt, name_limit)
+
+
+# ------------------------------------------------------------------ documents (what the CLI prints)
+FORMATS = ("table", "csv", "json", "md")
+DEFAULT_TEXT_TOP = 20
+
+
+def check_options(fmt: str, only: list[str] | None = None, group_by: str | None = None):
+    """Raise UsageError for a bad format, section or grouping (before any work is done)."""
+    if fmt not in FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
+    unknown = [s for s in only or [] if s not in SECTIONS]
+    if unknown:
+        raise UsageError(f"unknown section {unknown[0]!r}; sections: {', '.join(SECTIONS)}")
+    if fmt == "csv" and only and len(only) != 1:
+        raise UsageError("--format csv writes one section: give one --section")
+    if group_by not in GROUPINGS:
+        raise UsageError(f"--group-by must be one of {', '.join(k for k in GROUPINGS if k)} (got {group_by!r})")
+
+
+def _dumps(doc: dict) -> str:
+    import orjson
+
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
+
+
+def format_analysis(flat, sections: dict[str, pl.DataFrame], fmt: str = "table", name_limit: int | None = 60,
+                    top: int | None = None, only: list[str] | None = None) -> str:
+    """`analyze` output. json: the whole document (every kernel unless top is given); csv: one
+    section (`only`, default kernels), every column; table/md: the chosen sections (default all),
+    top rows each (default 20), names cut to name_limit."""
+    check_options(fmt, only)
+    f = as_flat(flat)
+    if fmt == "json":
+        where = {"source": f.source} if f.flatten_result else {"flat_dir": str(f.path), "source": f.source}
+        return _dumps({"trace": {"stem": f.stem, **where}, **analysis_json(sections, top)})
+    if fmt == "csv":
+        df = sections[(only or ["kernels"])[0]]
+        return render(df.head(top) if top else df, "csv")
+    chosen = {k: v for k, v in sections.items() if not only or k in only}
+    head = f"# {f.stem}\n\n" if fmt == "md" else f"{f.stem}\n\n"
+    return head + render_sections(chosen, fmt, name_limit or None, DEFAULT_TEXT_TOP if top is None else top or None)
+
+
+def format_diff(d: pl.DataFrame, fmt: str = "table", label_a: str = "a", label_b: str = "b",
+                name_limit: int | None = 60, top: int | None = None) -> str:
+    """`diff` output: json {"labels", "rows": [...]}, or a table / md / csv of the rows."""
+    check_options(fmt)
+    if fmt == "json":
+        return _dumps(diff_json(d.head(top) if top else d, label_a, label_b))
+    if fmt == "csv":
+        return render(d.head(top) if top else d, "csv")
+    return diff_text(d, fmt, label_a, label_b, name_limit or None, top)

@@ -316,6 +316,7 @@ REAL = sorted(SHARED_TRACES.glob("*/*.json.gz")) if SHARED_TRACES.is_dir() else 
 
 @real
 @pytest.mark.real
+@pytest.mark.slow
 @pytest.mark.parametrize("trace", REAL, ids=lambda p: p.name.split(".")[0])
 def test_real_augment_round_trip(tmp_path, trace):
     flat, flops = fake_costs(trace, tmp_path)
@@ -336,6 +337,7 @@ def test_real_augment_costs(tmp_path):
 
 @real
 @pytest.mark.real
+@pytest.mark.slow
 def test_real_combine(tmp_path):
     x, y = SHARED_TRACES / "hta/diff_control_a100.json.gz", SHARED_TRACES / "hta/diff_test_v100.json.gz"
     x2 = tmp_path / "copy_of_diff_control.json.gz"
