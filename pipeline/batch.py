@@ -50,6 +50,8 @@ import os
 import shutil
 import stat
 import tarfile
+import threading
+import time
 import uuid
 import zipfile
 from contextlib import contextmanager
@@ -387,6 +389,36 @@ def commit(ds: Path, stage: Path, item: Item, facts: dict):
 
 
 # ------------------------------------------------------------------ engines
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a killed driver not yet reaped is a zombie: gone too
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self") and _signalable(pid)
+    except OSError:
+        return True
+
+
+def _signalable(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+
+
+def _watch_driver(pid: int):
+    """Worker initializer: exit once the driver is gone (after kill -9 nobody would take our result)."""
+    def watch():
+        while _alive(pid):
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 class _RayExecutor:
     def __init__(self, jobs: int):
         import ray
@@ -453,7 +485,8 @@ class _Pool:
 
                 ctx = mp.get_context("forkserver")  # a fresh process: workers inherit no lock fd
                 ctx.set_forkserver_preload(["pipeline.batch", "pipeline.flatten"])
-                self.ex = cf.ProcessPoolExecutor(self.jobs, mp_context=ctx)
+                self.ex = cf.ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=_watch_driver,
+                                                 initargs=(os.getpid(),))
         try:
             return self.ex.submit(fn, *args)
         except cf.process.BrokenProcessPool:  # a worker died (e.g. out of memory): start afresh

@@ -230,6 +230,7 @@ def query(
         raise UsageError("query needs DATASET and SQL (or --example NAME)")
     if (sql is None) == (example is None):
         raise UsageError("give either SQL or --example NAME (see --list-examples)")
+    q.check_format(fmt, out)
     df = q.run(dataset, q.example(example) if example else sql)
     q.write(df, fmt, out)
     raise typer.Exit(EXIT_OK)

@@ -17,7 +17,7 @@ from . import devices as device_specs_mod
 from . import formulas, store
 from .link import link_gpu_ops
 
-SIGNATURE_KEYS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
+SIGNATURE_KEYS = formulas.ARGS_READ
 PEAK_COLS = device_specs_mod.PEAK_COLS
 DTYPE_PEAK = device_specs_mod.DTYPE_PEAK
 
@@ -46,8 +46,16 @@ def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None) -> pl.D
                                     "op_reason"), unmodelled], how="diagonal")
 
 
+def _json_value(text: str):
+    """A value from polars' json_path_match, which gives string values without their quotes."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
 def _evaluate(sig: dict, dtype: str | None) -> dict:
-    args = {k: orjson.loads(sig[k]) for k in SIGNATURE_KEYS if sig[k] is not None}
+    args = {k: _json_value(sig[k]) for k in SIGNATURE_KEYS if sig[k] is not None}
     c = formulas.op_cost(sig["name"] or "", args, dtype_fallback=dtype)
     if c is None:
         return {**sig, "op_flops": None, "op_bytes": None, "cost_family": None, "cost_dtype": None,

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 
 from . import schema, store
 from .batch import KEY, MANIFEST, MANIFEST_SCHEMA, committed_ids
@@ -57,7 +58,7 @@ EXAMPLES: dict[str, tuple[str, str]] = {
 }
 
 
-def _polars_schema(arrow: "pa.Schema") -> pl.Schema:  # noqa: F821
+def _polars_schema(arrow: pa.Schema) -> pl.Schema:
     return pl.from_arrow(arrow.empty_table()).schema
 
 
@@ -122,15 +123,26 @@ def example(name: str) -> str:
     return EXAMPLES[name][1]
 
 
-def write(df: pl.DataFrame, fmt: str, out: str | Path | None = None):
-    """Write a result as a table, CSV, JSON (a list of row objects) or Parquet (needs `out`)."""
+def check_format(fmt: str, out: str | Path | None = None):
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    if fmt == "parquet":
-        if out is None:
-            raise UsageError("--format parquet needs -o FILE")
-        df.write_parquet(out)
-        return
+    if fmt == "parquet" and out is None:
+        raise UsageError("--format parquet needs -o FILE")
+
+
+def write(df: pl.DataFrame, fmt: str, out: str | Path | None = None):
+    """Write a result as a table, CSV, JSON (a list of row objects) or Parquet (needs `out`)."""
+    check_format(fmt, out)
+    try:
+        if fmt == "parquet":
+            df.write_parquet(out)
+        else:
+            _write_text(df, fmt, out)
+    except OSError as e:
+        raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
+
+
+def _write_text(df: pl.DataFrame, fmt: str, out):
     if fmt == "csv":
         text = df.write_csv()
     elif fmt == "json":

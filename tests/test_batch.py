@@ -112,6 +112,19 @@ def assert_consistent(ds: Path, want: dict[str, int] | None = None):
         assert sorted(r["n_events"] for r in rows.values() if r["status"] == "ok") == sorted(want.values())
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is left in process group `pgid`."""
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(f[2]) == pgid and f[0] != "Z":
+                return True
+    return False
+
+
 def snapshot(ds: Path) -> dict:
     return {str(p.relative_to(ds)): (p.stat().st_size, p.stat().st_mtime_ns) for p in ds.rglob("*")
             if p.is_file() and p.name != ".lock"}
@@ -270,8 +283,15 @@ def test_kill_9_mid_run_then_resume(tmp_path):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None and len(B.committed_ids(ds) if ds.exists() else ()) < 3:
         time.sleep(0.005)
-    os.killpg(p.pid, signal.SIGKILL)  # the driver and its workers, like kill -9 of the whole job
+    os.kill(p.pid, signal.SIGKILL)  # kill -9 of the driver: its workers notice and exit by themselves
     p.wait()
+    deadline = time.monotonic() + 20
+    while group_alive(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = group_alive(p.pid)
+    if left:
+        os.killpg(p.pid, signal.SIGKILL)
+    assert not left, "worker processes outlived the killed driver"
     n_before = len(B.committed_ids(ds))
     assert n_before < 20, "the run finished before it could be killed: make the traces bigger"
     r = batch(src, "-o", ds, "-j", "2")
