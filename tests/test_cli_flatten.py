@@ -184,7 +184,7 @@ def test_failure_keeps_the_previous_good_output(tmp_path):
     assert cp.returncode == 0, cp.stderr
     before = _snapshot(out / "x")
     assert len(before) == len(TABLES)
-    for data in (b"", b'{"traceEvents": 5}', gzip.compress(b"")[:12] + b"garbage" * 100):
+    for data in (b'{"traceEvents": 5}', gzip.compress(b"")[:12] + b"garbage" * 100):
         bad_dir = tmp_path / "bad"
         bad_dir.mkdir(exist_ok=True)
         bad = bad_dir / "x.json.gz"  # same stem "x"
