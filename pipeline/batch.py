@@ -9,7 +9,8 @@ Dataset layout (every table of `flatten`, plus the `traces` manifest):
 `trace_id` is `t` + the first 16 hex digits of the BLAKE2b hash of the file's bytes: the same
 content is the same trace wherever it lies, and the letter keeps DuckDB and polars from reading
 the partition value as a number. The column lives only in the directory name (the data files
-carry no `trace_id` column, so nothing clashes): read with hive partitioning, e.g. DuckDB
+carry no `trace_id` column, so nothing clashes; the `trace` table's `source_path` names the
+input, ARCHIVE!MEMBER for archive members): read with hive partitioning, e.g. DuckDB
 `read_parquet('DATASET/events/**/*.parquet', hive_partitioning=true)` or polars
 `scan_parquet('DATASET/events/**/*.parquet', hive_partitioning=True)`.
 
@@ -425,7 +426,7 @@ class _RayExecutor:
 
         if not ray.is_initialized():
             ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": jobs}),
-                     include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+                     include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         self.ray, self._fns = ray, {}
 
     def submit(self, fn, *args) -> cf.Future:

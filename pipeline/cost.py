@@ -8,6 +8,7 @@ Kernels whose op has no formula keep null cost with a reason (`unmodelled_reason
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import orjson
@@ -60,8 +61,14 @@ def _evaluate(sig: dict, dtype: str | None) -> dict:
     if c is None:
         return {**sig, "op_flops": None, "op_bytes": None, "cost_family": None, "cost_dtype": None,
                 "op_reason": "no_shapes" if not args.get("Input Dims") else "shapes_not_modelled"}
-    return {**sig, "op_flops": float(c.flops), "op_bytes": float(c.bytes), "cost_family": c.family,
-            "cost_dtype": c.dtype, "op_reason": None}
+    flops, nbytes = _finite(c.flops), _finite(c.bytes)  # unknown dtype sizes come back as NaN bytes
+    return {**sig, "op_flops": flops, "op_bytes": nbytes, "cost_family": c.family,
+            "cost_dtype": c.dtype, "op_reason": None if flops is not None else "shapes_not_modelled"}
+
+
+def _finite(v) -> float | None:
+    v = float(v)
+    return v if math.isfinite(v) else None
 
 
 def resolve_devices(devs: pl.DataFrame) -> pl.DataFrame:

@@ -148,6 +148,25 @@ def test_one_event_longer_than_many_chunks(tmp_path):
     assert events == load(p)["traceEvents"]
 
 
+@pytest.mark.parametrize("cut_back", [5, 60, 200])
+def test_truncated_right_after_an_event_longer_than_many_chunks(tmp_path, cut_back):
+    """The unparsed carry (a long event cut into many chunks) ends inside the truncated tail."""
+    huge = {"ph": "X", "cat": "cpu_op", "name": "huge", "pid": 1, "tid": 1, "ts": 1.5, "dur": 2.0,
+            "args": {"list": [{"i": i, "s": "}, {\"" * (i % 3)} for i in range(600)]}}
+    small = synth.make_trace(n_steps=1)["traceEvents"][:3]
+    t = synth.make_trace(n_steps=1, extra_events=[huge] + small)
+    text = synth.dumps_trace(t)
+    end = text.rindex(b"]")
+    p = tmp_path / "cut.json"
+    p.write_bytes(text[: end - cut_back])
+    want = synth.complete_events(text[: end - cut_back].decode())
+    assert any(e.get("name") == "huge" for e in want)
+    for cb in (1024, 2000, 4096):
+        events, _, tail, _ = read_all(p, chunk_bytes=cb)
+        assert tail.truncated
+        assert events == want, cb
+
+
 # ------------------------------------------------------------------ compression
 @pytest.mark.parametrize("kind", ["gz", "zstd"])
 def test_compressed_inputs(tmp_path, kind):
