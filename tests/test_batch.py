@@ -410,10 +410,11 @@ def test_missing_engine_is_one_clear_line(tmp_path):
     assert p.returncode == 2 and "pip install" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
-def test_dask_engine(tmp_path):
-    pytest.importorskip("dask.distributed")
+@pytest.mark.parametrize("engine, module", [("dask", "dask.distributed"), ("ray", "ray")])
+def test_distributed_engine_local_mode(tmp_path, engine, module):
+    pytest.importorskip(module)
     traces = make_src(tmp_path / "src", n=3)
-    r = B.run_batch(tmp_path / "src", tmp_path / "ds", jobs=2, engine="dask")
+    r = B.run_batch(tmp_path / "src", tmp_path / "ds", jobs=2, engine=engine)
     assert (r.added, r.exit_code) == (3, 0)
     assert_consistent(tmp_path / "ds", {str(p): len(d["traceEvents"]) for p, d in traces.items()})
 
