@@ -23,6 +23,8 @@ from pathlib import Path
 
 import polars as pl
 
+from . import schema
+
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime", "hip_driver", "mtia_runtime",
                "xpu_runtime", "privateuse1_runtime")
 CPU_OP_CATS = ("cpu_op", "operator")
@@ -129,7 +131,8 @@ def link_gpu_ops(flat_dir: Path) -> tuple[pl.DataFrame, dict]:
     """gpu_ops of a flattened trace with link columns added, and link counts by reason."""
     flat_dir = Path(flat_dir)
     events = cpu_slices(pl.scan_parquet(flat_dir / "events.parquet")).lazy()
-    gpu = pl.scan_parquet(flat_dir / "gpu_ops.parquet")
+    # only the flattened columns: linking an already linked directory again gives the same result
+    gpu = pl.scan_parquet(flat_dir / "gpu_ops.parquet").select(schema.table("gpu_ops").names(("flatten",)))
     flows = pl.scan_parquet(flat_dir / "flows.parquet")
     launch = launch_links(events, gpu, flows)
     launches = events.select(pl.col("event_idx").alias("launch_event_idx"),
