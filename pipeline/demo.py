@@ -18,24 +18,27 @@ def _step_events(step: int, t0: float, corr0: int, rng: random.Random) -> tuple[
     ev, t, corr = [], t0, corr0
     pid, tid, gpu_pid, stream = 4242, 4242, 0, 7
     step_start = t
-    layer_ops = [("aten::linear", "aten::addmm", [[16, 1024], [1024], [4096, 1024]], "sm90_xmma_gemm_bf16bf16_bf16f32"),
-                 ("aten::gelu", None, [[16, 4096]], "void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>"),
-                 ("aten::layer_norm", "aten::native_layer_norm", [[16, 1024], [1024], [1024]], "void at::native::vectorized_layer_norm_kernel<float>"),
-                 ("aten::add", None, [[16, 1024], [16, 1024]], "void at::native::elementwise_kernel<128, 4, AddFunctor>")]
+    # (op, child op, op's Input Dims, child's Input Dims, kernel)
+    layer_ops = [("aten::linear", "aten::addmm", [[512, 1024], [4096, 1024], [4096]], [[4096], [512, 1024], [1024, 4096]],
+                  "sm90_xmma_gemm_bf16bf16_bf16f32"),
+                 ("aten::gelu", None, [[512, 4096]], None, "void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>"),
+                 ("aten::layer_norm", "aten::native_layer_norm", [[512, 1024], [], [1024], [1024]],
+                  [[512, 1024], [], [1024], [1024], []], "void at::native::vectorized_layer_norm_kernel<float>"),
+                 ("aten::add", None, [[512, 1024], [512, 1024], []], None, "void at::native::elementwise_kernel<128, 4, AddFunctor>")]
     for layer in range(24):
-        for outer, inner, dims, kname in layer_ops:
+        for outer, inner, dims, inner_dims, kname in layer_ops:
             dur = rng.uniform(20, 60)
             ev.append({"ph": "X", "cat": "cpu_op", "name": outer, "pid": pid, "tid": tid, "ts": round(t, 3),
                        "dur": round(dur, 3), "args": {"External id": corr, "Record function id": 0,
                                                       "Input Dims": dims, "Input type": ["c10::BFloat16"] * len(dims),
-                                                      "Input Strides": [[d[-1], 1] if len(d) == 2 else [1] for d in dims],
+                                                      "Input Strides": [[d[-1], 1] if len(d) == 2 else [1] * len(d) for d in dims],
                                                       "Concrete Inputs": [""] * len(dims), "Fwd thread id": 0,
                                                       "Sequence number": corr, "Ev Idx": len(ev)}})
             lt = t + 2
             if inner:
                 ev.append({"ph": "X", "cat": "cpu_op", "name": inner, "pid": pid, "tid": tid, "ts": round(t + 1, 3),
-                           "dur": round(dur - 2, 3), "args": {"External id": corr + 1, "Input Dims": dims,
-                                                              "Input type": ["c10::BFloat16"] * len(dims)}})
+                           "dur": round(dur - 2, 3), "args": {"External id": corr + 1, "Input Dims": inner_dims,
+                                                              "Input type": ["c10::BFloat16"] * len(inner_dims)}})
                 lt = t + 3
             ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": tid,
                        "ts": round(lt, 3), "dur": 4.25, "args": {"External id": corr, "cbid": 211, "correlation": corr}})
