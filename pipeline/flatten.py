@@ -465,6 +465,15 @@ def sampled_content_id(path: str) -> str:
 
 def _worker_init():
     gc.disable()
+    _return_memory_promptly()
+
+
+def _return_memory_promptly():
+    """Let Arrow's allocator give freed memory back at once (it keeps it for seconds by default)."""
+    try:
+        pa.jemalloc_set_decay_ms(0)
+    except (pa.ArrowNotImplementedError, AttributeError):
+        pass
 
 
 def _pool(workers: int):
@@ -561,6 +570,7 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
     Returns (trace_row dict, Problems, Tail). Link and cost run afterwards over these files.
     """
     workers = default_workers(path) if workers is None else max(1, workers)
+    _return_memory_promptly()
     src = TraceSource(path, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {}))
     problems = Problems()
     corrupt = []
@@ -572,7 +582,7 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
     try:
         submit = (lambda text: pool.apply_async(_run_chunk, (text,))) if pool else None
         results = ordered_results(src.pieces(), build_from_text, build_chunk, submit=submit,
-                                  max_inflight=2 * workers, on_corrupt=corrupt.append)
+                                  max_inflight=workers + 1, on_corrupt=corrupt.append)
         offset = 0
         for ct in results:
             writers["events"].write(_offset(ct.events, offset))

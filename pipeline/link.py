@@ -45,25 +45,31 @@ MODULE_PREFIX = "nn.Module: "
 _EVENT_COLS = ["event_idx", "ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "correlation", "external_id"]
 
 
-def _slices(events: pl.LazyFrame, cat_regex: str) -> pl.LazyFrame:
-    """Complete (X) events of the given categories on integer threads, with their end time."""
-    return (events.filter((pl.col("ph") == "X") & pl.col("cat").str.contains(cat_regex)
-                          & pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
-                          & pl.col("ts_ns").is_not_null())
-            .with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)))
+LAUNCH, CPU_OP, ANNOTATION, MODULE = 0, 1, 2, 3
 
 
 def cpu_slices(events: pl.LazyFrame) -> pl.DataFrame:
-    """The CPU slices linking needs (launches, ops, annotations, modules), read once."""
-    wanted = _cat_regex(*LAUNCH_CATS, *CPU_OP_CATS, *ANNOTATION_CATS, *MODULE_CATS)
-    return (_slices(events.select(_EVENT_COLS), wanted)
-            .filter(~pl.col("cat").is_in(MODULE_CATS) | pl.col("name").str.starts_with(MODULE_PREFIX))
+    """The CPU slices linking needs, read once and kept compact: a `kind` code instead of the
+    category and names as categoricals (launch and op names repeat millions of times)."""
+    kind = (pl.when(pl.col("cat").str.contains(LAUNCH_CAT)).then(LAUNCH)
+            .when(pl.col("cat").str.contains(CPU_OP_CAT)).then(CPU_OP)
+            .when(pl.col("cat").str.contains(ANNOTATION_CAT)).then(ANNOTATION)
+            .when(pl.col("cat").str.contains(_cat_regex(*MODULE_CATS))
+                  & pl.col("name").str.starts_with(MODULE_PREFIX)).then(MODULE))
+    return (events.select(_EVENT_COLS)
+            .filter((pl.col("ph") == "X") & pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
+                    & pl.col("ts_ns").is_not_null())
+            .with_columns(kind=kind.cast(pl.Int8))
+            .filter(pl.col("kind").is_not_null())
+            .select("event_idx", "kind", pl.col("name").cast(pl.Categorical), "pid", "tid", "ts_ns",
+                    end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0), dur_ns="dur_ns",
+                    correlation="correlation", external_id="external_id")
             .collect())
 
 
-def launch_links(events: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyFrame) -> pl.LazyFrame:
+def launch_links(launch_slices: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyFrame) -> pl.LazyFrame:
     """event_idx of each GPU op -> launch_event_idx, launch_link ('flow' | 'correlation')."""
-    launches = _slices(events, LAUNCH_CAT).select(
+    launches = launch_slices.select(
         pl.col("event_idx").alias("launch_event_idx"), "pid", "tid", "ts_ns",
         pl.col("correlation").alias("launch_corr"))
     fl = (flows.filter(pl.col("cat").is_in(LINK_FLOW_CATS) & pl.col("id").is_not_null())
@@ -122,7 +128,7 @@ def innermost_enclosing(points: pl.LazyFrame, intervals: pl.LazyFrame, outermost
 def _enclosing_named(points, slices, name_col: str, outermost: bool):
     iv = slices.select(pl.col("event_idx").alias("iv_idx"), "pid", "tid", "ts_ns", "end_ns")
     return (innermost_enclosing(points, iv, outermost)
-            .join(slices.select(pl.col("event_idx").alias("iv_idx"), pl.col("name").alias(name_col)),
+            .join(slices.select(pl.col("event_idx").alias("iv_idx"), pl.col("name").cast(pl.String).alias(name_col)),
                   on="iv_idx", how="left")
             .select("point_id", name_col))
 
@@ -131,12 +137,13 @@ def link_gpu_ops(flat_dir: Path) -> tuple[pl.DataFrame, dict]:
     """gpu_ops of a flattened trace with link columns added, and link counts by reason."""
     flat_dir = Path(flat_dir)
     events = cpu_slices(pl.scan_parquet(flat_dir / "events.parquet")).lazy()
+    of_kind = lambda k: events.filter(pl.col("kind") == k)  # noqa: E731
     # only the flattened columns: linking an already linked directory again gives the same result
     gpu = pl.scan_parquet(flat_dir / "gpu_ops.parquet").select(schema.table("gpu_ops").names(("flatten",)))
     flows = pl.scan_parquet(flat_dir / "flows.parquet")
-    launch = launch_links(events, gpu, flows)
-    launches = events.select(pl.col("event_idx").alias("launch_event_idx"),
-                             pl.col("name").alias("launch_name"), pl.col("pid").alias("launch_pid"),
+    launch = launch_links(of_kind(LAUNCH), gpu, flows)
+    launches = of_kind(LAUNCH).select(pl.col("event_idx").alias("launch_event_idx"),
+                             pl.col("name").cast(pl.String).alias("launch_name"), pl.col("pid").alias("launch_pid"),
                              pl.col("tid").alias("launch_tid"), pl.col("ts_ns").alias("launch_ts_ns"),
                              pl.col("dur_ns").alias("launch_dur_ns"),
                              pl.col("external_id").alias("launch_external_id"))
@@ -146,15 +153,15 @@ def link_gpu_ops(flat_dir: Path) -> tuple[pl.DataFrame, dict]:
     points = (linked.lazy().filter(pl.col("launch_event_idx").is_not_null())
               .select(point_id=pl.col("event_idx"), pid=pl.col("launch_pid"), tid=pl.col("launch_tid"),
                       t=pl.col("launch_ts_ns")))
-    ops = _slices(events, CPU_OP_CAT)
+    ops = of_kind(CPU_OP)
     op_iv = ops.select(pl.col("event_idx").alias("iv_idx"), "pid", "tid", "ts_ns", "end_ns")
     by_nesting = innermost_enclosing(points, op_iv).select(
         pl.col("point_id").alias("event_idx"), pl.col("iv_idx").alias("cpu_op_event_idx"),
         cpu_op_link=pl.lit("nesting"))
-    annotations = _slices(events, ANNOTATION_CAT)
+    annotations = of_kind(ANNOTATION).with_columns(pl.col("name").cast(pl.String))
     steps = annotations.filter(pl.col("name").str.contains(STEP_NAME))
     user = annotations.filter(~pl.col("name").str.contains(STEP_NAME))
-    modules = _slices(events, _cat_regex(*MODULE_CATS)).filter(pl.col("name").str.starts_with(MODULE_PREFIX))
+    modules = of_kind(MODULE)
     step = _enclosing_named(points, steps, "step_name", outermost=False)
     ann = _enclosing_named(points, user, "annotation", outermost=True)
     mod = _enclosing_named(points, modules, "module", outermost=True)
@@ -165,7 +172,7 @@ def link_gpu_ops(flat_dir: Path) -> tuple[pl.DataFrame, dict]:
            .join(ann, left_on="event_idx", right_on="point_id", how="left")
            .join(mod, left_on="event_idx", right_on="point_id", how="left"))
     out = _external_id_fallback(out, ops, gpu)
-    op_names = events.select(pl.col("event_idx").alias("cpu_op_event_idx"), pl.col("name").alias("cpu_op_name"))
+    op_names = ops.select(pl.col("event_idx").alias("cpu_op_event_idx"), pl.col("name").cast(pl.String).alias("cpu_op_name"))
     out = (out.join(op_names, on="cpu_op_event_idx", how="left")
            .with_columns(step=pl.col("step_name").str.extract(STEP_NAME, 1).cast(pl.Int64),
                          module=pl.col("module").str.strip_prefix(MODULE_PREFIX))

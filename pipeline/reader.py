@@ -37,7 +37,7 @@ if ijson.backend != "yajl2_c":  # pragma: no cover - depends on the installed wh
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-DEFAULT_CHUNK_BYTES = 8 << 20
+DEFAULT_CHUNK_BYTES = 2 << 20  # parsed, a chunk takes ~25x its size in Python objects
 READ_BYTES = 4 << 20
 MAX_HEADER_BYTES = 256 << 20
 # a carry (chunks merged after a failed parse) larger than this (in chunks and in bytes) means
@@ -48,7 +48,21 @@ MAX_CARRY_BYTES = 64 << 20
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]')
 _BOUNDARY = re.compile(rb'\}(\s*,\s*)\{\s*"')
 # where traceEvents may close: after an event (or at once), followed by more keys or the document's end
-_ARRAY_END = re.compile(rb'(?:\}|\A)\s*\]\s*(?:,\s*"|\}|\Z)')
+_CLOSE_CANDIDATE = re.compile(rb"\}\s*\]")  # starts with a literal: re scans for it fast
+_AFTER_CLOSE = re.compile(rb'\s*(?:,\s*"|\}|\Z)')
+
+
+def _may_close(buf, end: int) -> bool:
+    """Whether traceEvents may close before `end`: an event's `}` then `]` then more keys or `}`.
+
+    (One regex with a leading alternation did this at ~27 ns per byte; this scans for `}` first.)
+    """
+    if buf[:end].lstrip(_WS_CHARS)[:1] == b"]":
+        return True
+    return any(_AFTER_CLOSE.match(buf, m.end()) for m in _CLOSE_CANDIDATE.finditer(buf, 0, end))
+
+
+_WS_CHARS = b" \t\r\n"
 _CLOSE_DOC = re.compile(rb"\s*\}?\s*\Z")
 _MORE_KEYS = re.compile(rb'\s*,\s*"')
 _ONLY_WS = re.compile(rb"\s*\Z")
@@ -361,7 +375,7 @@ class TraceSource:
             if not m:
                 return None
             cut = m.start(1) + m.group(1).index(b",")
-            if not _ARRAY_END.search(buf, 0, cut):
+            if not _may_close(buf, cut):
                 return cut
             try:
                 parse_chunk(bytes(buf[:cut]))

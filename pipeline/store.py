@@ -17,7 +17,7 @@ from .errors import DatasetError
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=1, write_statistics=True)
 ROW_GROUP_ROWS = 1 << 20
-BUFFER_ROWS = 1 << 18  # rows gathered before a write: fewer, larger row groups encode faster
+BUFFER_ROWS = 1 << 16  # rows gathered before a write: fewer, larger row groups encode faster
 TRACE_SUFFIXES = (".json.gz", ".json.zst", ".json", ".gz", ".zst")
 
 
