@@ -48,9 +48,11 @@ _EVENT_COLS = ["event_idx", "ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns"
 LAUNCH, CPU_OP, ANNOTATION, MODULE = 0, 1, 2, 3
 
 
-def cpu_slices(events: pl.LazyFrame) -> pl.DataFrame:
+def cpu_slices(events: pl.LazyFrame, gpu_correlations: pl.Series | None = None) -> pl.DataFrame:
     """The CPU slices linking needs, read once and kept compact: a `kind` code instead of the
-    category and names as categoricals (launch and op names repeat millions of times)."""
+    category and names as categoricals (launch and op names repeat millions of times). With
+    `gpu_correlations`, only runtime calls that share a correlation id with some GPU activity
+    are kept (most runtime calls launch nothing)."""
     kind = (pl.when(pl.col("cat").str.contains(LAUNCH_CAT)).then(LAUNCH)
             .when(pl.col("cat").str.contains(CPU_OP_CAT)).then(CPU_OP)
             .when(pl.col("cat").str.contains(ANNOTATION_CAT)).then(ANNOTATION)
@@ -61,6 +63,8 @@ def cpu_slices(events: pl.LazyFrame) -> pl.DataFrame:
                     & pl.col("ts_ns").is_not_null())
             .with_columns(kind=kind.cast(pl.Int8))
             .filter(pl.col("kind").is_not_null())
+            .filter(pl.lit(True) if gpu_correlations is None else
+                    (pl.col("kind") != LAUNCH) | pl.col("correlation").is_in(gpu_correlations.implode()))
             .select("event_idx", "kind", pl.col("name").cast(pl.Categorical), "pid", "tid", "ts_ns",
                     end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0), dur_ns="dur_ns",
                     correlation="correlation", external_id="external_id")
@@ -136,7 +140,8 @@ def _enclosing_named(points, slices, name_col: str, outermost: bool):
 def link_gpu_ops(flat_dir: Path) -> tuple[pl.DataFrame, dict]:
     """gpu_ops of a flattened trace with link columns added, and link counts by reason."""
     flat_dir = Path(flat_dir)
-    events = cpu_slices(pl.scan_parquet(flat_dir / "events.parquet")).lazy()
+    gpu_corr = pl.scan_parquet(flat_dir / "gpu_ops.parquet").select("correlation").drop_nulls().unique().collect()
+    events = cpu_slices(pl.scan_parquet(flat_dir / "events.parquet"), gpu_corr["correlation"]).lazy()
     of_kind = lambda k: events.filter(pl.col("kind") == k)  # noqa: E731
     # only the flattened columns: linking an already linked directory again gives the same result
     gpu = pl.scan_parquet(flat_dir / "gpu_ops.parquet").select(schema.table("gpu_ops").names(("flatten",)))
