@@ -115,10 +115,27 @@ def bench_file(path: Path, work: Path) -> dict:
             "analyze_s": t_analyze}
 
 
+def bench_batch(work: Path, n: int = 24, mb: float = 8.0, jobs: int = 2) -> str:
+    """Batch throughput: n generated traces of ~mb MB each (gzip), first run and re-run."""
+    src, ds = work / "batch_src", work / "batch_ds"
+    shutil.rmtree(ds, ignore_errors=True)
+    if not src.is_dir() or len(list(src.iterdir())) != n:
+        shutil.rmtree(src, ignore_errors=True)
+        for i in range(n):
+            write_synthetic(src / f"rank{i:03d}.json.gz", mb, seed=i)
+    total_mb = sum(f.stat().st_size for f in src.iterdir()) / 1e6
+    raw_mb = n * mb
+    t1, m1, _ = measure(["tracepipe", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
+    t2, _, _ = measure(["tracepipe", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
+    return (f"batch -j {jobs}: {n} traces ({total_mb:.0f} MB gzip, ~{raw_mb:.0f} MB JSON) in {t1:.1f}s = "
+            f"{n / t1:.2f} traces/s, {raw_mb / t1:.1f} MB/s of JSON, peak {m1:.0f} MB (all processes); "
+            f"re-run {t2:.1f}s (incremental, nothing to do)")
+
+
 def markdown(rows: list[dict]) -> str:
     cols = [("file", "{}"), ("MB", "{:.0f}"), ("events", "{:,}"), ("flatten_s", "{:.1f}"), ("orjson_s", "{:.1f}"),
             ("ijson_s", "{:.1f}"), ("x_orjson", "{:.2f}"), ("x_ijson", "{:.2f}"), ("flatten_MB", "{:.0f}"),
-            ("orjson_MB", "{:.0f}"), ("Mevents_s", "{:.2f}"), ("parquet_MB", "{:.0f}"), ("analyze_s", "{:.1f}")]
+            ("orjson_MB", "{:.0f}"), ("Mevents_s", "{:.3f}"), ("parquet_MB", "{:.0f}"), ("analyze_s", "{:.1f}")]
     head = "| " + " | ".join(c for c, _ in cols) + " |"
     sep = "|" + "---|" * len(cols)
     body = ["| " + " | ".join(f.format(r[c]) for c, f in cols) + " |" for r in rows]
@@ -131,9 +148,13 @@ def main():
     ap.add_argument("--gz", action="store_true", help="also measure the first size gzip-compressed")
     ap.add_argument("--template", help="replicate this real trace instead of the synthetic template")
     ap.add_argument("--workdir", default="/tmp/tracepipe-bench")
+    ap.add_argument("--batch-only", action="store_true", help="only measure batch throughput")
     a = ap.parse_args()
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
+    if a.batch_only:
+        print(bench_batch(work))
+        return
     rows = []
     for i, mb in enumerate(float(s) for s in a.sizes.split(",")):
         path = work / f"bench_{int(mb)}mb.json"
@@ -158,6 +179,7 @@ def main():
         gz = [r for r in rows if r["file"].endswith(".gz")]
         if gz:
             print(f"gzip: {gz[0]['flatten_s'] / rows[0]['flatten_s']:.2f}x the uncompressed time")
+    print(bench_batch(work))
 
 
 if __name__ == "__main__":

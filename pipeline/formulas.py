@@ -490,26 +490,29 @@ def _addmm(inp):
     return work
 
 
-@formula("aten::bmm", family="gemm", flops="2·B·M·N·K", bytes="A + B + out[B,M,N]")
-def _bmm(inp):
-    a, b = inp.tensor(0, 3), inp.tensor(1, 3)
+def _batched_matmul(inp, first: int) -> Work:
+    """[B,M,K] x [B,K,N] from inputs `first` and `first + 1`."""
+    a, b = inp.tensor(first, 3), inp.tensor(first + 1, 3)
     need(a[0] == b[0])
     return _matmul_work(a, b)
+
+
+@formula("aten::bmm", family="gemm", flops="2·B·M·N·K", bytes="A + B + out[B,M,N]")
+def _bmm(inp):
+    return _batched_matmul(inp, 0)
 
 
 @formula("aten::baddbmm", family="gemm", flops="2·B·M·N·K (bias add not counted)",
          bytes="bias + A + B + out[B,M,N]")
 def _baddbmm(inp):
-    a, b = inp.tensor(1, 3), inp.tensor(2, 3)
-    need(a[0] == b[0])
-    return _matmul_work(a, b)
+    return _batched_matmul(inp, 1)
 
 
 @formula("aten::addbmm", family="gemm", flops="2·B·M·N·K", bytes="bias + A + B + out[M,N]")
 def _addbmm(inp):
-    a, b = inp.tensor(1, 3), inp.tensor(2, 3)
-    need(a[0] == b[0])
-    return Work(_matmul_work(a, b).flops, [(a[1], b[2])])
+    work = _batched_matmul(inp, 1)
+    (_, m, _), (_, _, n) = inp.tensor(1, 3), inp.tensor(2, 3)
+    return Work(work.flops, [(m, n)])
 
 
 @formula("aten::matmul", family="gemm",
