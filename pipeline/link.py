@@ -115,8 +115,10 @@ def innermost_enclosing(points: pl.LazyFrame, intervals: pl.LazyFrame, outermost
         points.select("pid", "tid", t=pl.col("t"), order=pl.lit(2), tie=pl.lit(0, pl.Int64),
                       delta=pl.lit(0), iv_idx=pl.lit(None, pl.Int64), point_id="point_id"),
     ], how="vertical_relaxed")
+    # every interval adds +1 and -1 on its own thread, so after sorting by thread the running sum
+    # over the whole frame equals the per-thread running sum: no window over groups is needed
     swept = (boundary.sort("pid", "tid", "t", "order", "tie")
-             .with_columns(depth=pl.col("delta").cum_sum().over("pid", "tid")))
+             .with_columns(depth=pl.col("delta").cum_sum()))
     starts = (swept.filter(pl.col("iv_idx").is_not_null())
               .select("pid", "tid", "depth", "iv_idx", start=pl.col("t")))
     pts = swept.filter(pl.col("point_id").is_not_null() & (pl.col("depth") > 0)).select(
