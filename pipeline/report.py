@@ -166,7 +166,8 @@ class Flat:
         g = g.with_columns(pl.lit(None, POLARS_TYPES[c.type]).alias(c.name)
                            for c in schema.table("gpu_ops").columns if c.name not in have)
         return (g.filter(pl.col("ts_ns").is_not_null())
-                .with_columns(pl.col("dur_ns").fill_null(0))
+                # GPU activity without args.device is reported under device -1, not lost
+                .with_columns(pl.col("dur_ns").fill_null(0), pl.col("device").fill_null(CPU_DEVICE))
                 .with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
                               category=category_expr(pl.col("name"), pl.col("cpu_op_name"), pl.col("kind")))
                 .collect())

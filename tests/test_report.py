@@ -9,6 +9,8 @@ import gzip
 import json
 import math
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -400,3 +402,20 @@ def test_real_cross_vendor_diff_matches_most_launched_time(real_flat):
         assert matched >= 0.8 * linked
     both = [r for r in ops if r["a"] and r["b"]]
     assert len(both) >= 15 and max(r["a"]["dur_us"] for r in both) < 0.6 * sum(r["a"]["dur_us"] for r in both)
+
+
+def test_gpu_activity_without_device_id_is_reported_under_minus_one(tmp_path):
+    """A kernel whose args carry no device must still be counted (under device -1)."""
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k_nodev", "pid": 0, "tid": 7, "ts": 100.0, "dur": 5.0,
+         "args": {"stream": 7, "correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "k_dev0", "pid": 0, "tid": 7, "ts": 110.0, "dur": 5.0,
+         "args": {"device": 0, "stream": 7, "correlation": 2}},
+    ]
+    path = tmp_path / "nodev.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    p = subprocess.run([sys.executable, "-m", "pipeline", "analyze", str(path), "--format", "json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    devices = {d["device"]: [k["name"] for k in d["kernels"]] for d in json.loads(p.stdout)["devices"]}
+    assert devices == {-1: ["k_nodev"], 0: ["k_dev0"]}
