@@ -16,6 +16,7 @@ import polars as pl
 
 from . import devices as device_specs_mod
 from . import formulas, store
+from .categories import category_expr
 from .link import link_gpu_ops
 
 SIGNATURE_KEYS = formulas.ARGS_READ
@@ -111,6 +112,7 @@ def kernel_costs(g: pl.DataFrame, ops: pl.DataFrame, devs: pl.DataFrame) -> pl.D
         bytes=pl.when(is_kernel).then(pl.col("op_bytes") * share)
         .otherwise(pl.col("copy_bytes").cast(pl.Float64)),
         cost_family=pl.when(is_kernel).then(pl.col("cost_family")).otherwise(pl.col("kind")),
+        category=category_expr(pl.col("name"), pl.col("cpu_op_name"), pl.col("kind")),
         unmodelled_reason=pl.when(~is_kernel).then(None)
         .when(pl.col("cpu_op_event_idx").is_null()).then(pl.lit("no_cpu_op"))
         .otherwise(pl.col("op_reason")),

@@ -49,12 +49,16 @@ EXAMPLES: dict[str, tuple[str, str]] = {
                SUM(flops_pct * dur_ns) / SUM(CASE WHEN flops_pct IS NOT NULL THEN dur_ns END) AS achieved_flops_pct,
                SUM(bw_pct * dur_ns) / SUM(CASE WHEN bw_pct IS NOT NULL THEN dur_ns END) AS achieved_bw_pct
         FROM k GROUP BY device_type ORDER BY kernel_us DESC"""),
-    "time_by_category": ("total duration of complete events by category, for each run (all its ranks)", f"""
-        SELECT {_RUN} AS run, e.cat AS category, COUNT(DISTINCT e.trace_id) AS traces, COUNT(*) AS events,
-               SUM(e.dur_ns) / 1e3 AS total_us
-        FROM events e JOIN trace t ON e.trace_id = t.trace_id
-        WHERE e.ph = 'X'
-        GROUP BY run, category ORDER BY run, total_us DESC"""),
+    "time_by_category": ("GPU time by kernel category (gemm, attention, triton_*, communication, ...) for each "
+                         "run (all its ranks), with its share of the run's GPU time", f"""
+        WITH c AS (
+            SELECT {_RUN} AS run, g.category, COUNT(DISTINCT g.trace_id) AS traces, COUNT(*) AS ops,
+                   SUM(g.dur_ns) / 1e3 AS total_us
+            FROM gpu_ops g JOIN trace t ON g.trace_id = t.trace_id
+            GROUP BY run, g.category)
+        SELECT run, category, traces, ops, total_us,
+               100.0 * total_us / SUM(total_us) OVER (PARTITION BY run) AS pct
+        FROM c ORDER BY run, total_us DESC"""),
 }
 
 

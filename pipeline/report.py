@@ -38,6 +38,7 @@ import polars as pl
 
 from . import schema, store
 from .errors import BadTrace, DatasetError, UsageError
+from .categories import CATEGORIES, OTHER, Category, category_expr  # noqa: F401 (re-exported)
 from .link import ANNOTATION_CAT, CPU_OP_CAT, STEP_NAME, link_gpu_ops
 
 NS_PER_US = 1_000.0
@@ -50,53 +51,6 @@ STACK_TRANSLATE = {" ": "_", ";": "_", "\t": "_", "\n": "_"}  # as torch's expor
 
 
 # ------------------------------------------------------------------ declarative tables
-@dataclass(frozen=True)
-class Category:
-    """One kernel category. A GPU op gets the first category whose `kind` equals its kind or whose
-    `kernel` regex matches its name; if none, the first whose `op` regex matches its CPU op's name;
-    else `other`. (The kernel name is the stronger evidence: an elementwise kernel launched by
-    aten::addmm stays elementwise.)"""
-
-    name: str
-    kernel: str | None = None
-    op: str | None = None
-    kind: str | None = None
-
-
-_ELEMENTWISE_OPS = ("add|add_|sub|sub_|mul|mul_|div|div_|pow|neg|exp|log|sqrt|rsqrt|reciprocal|sin|cos|"
-                    "tanh|sigmoid|silu|gelu|relu|relu_|threshold_backward|clamp|clamp_|where|copy_|_to_copy|"
-                    "to|fill_|zero_|zeros|ones|cat|stack|index|index_select|index_put_|masked_fill|eq|ne|lt|"
-                    "gt|le|ge|abs|arange|embedding|dropout|lerp_|addcmul_|addcdiv_|_foreach_\\w+")
-CATEGORIES: tuple[Category, ...] = (
-    Category("memcpy", kind="memcpy"),
-    Category("memset", kind="memset"),
-    Category("communication",
-             kernel=r"(?i)nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv|cross_device_reduce",
-             op=r"(?i)^(?:nccl|rccl|gloo|c10d)[:]|record_param_comms|all_?reduce|all_?gather|reduce_scatter|all_?to_?all|broadcast"),
-    Category("triton_persistent_reduction", kernel=r"^triton_per_"),
-    Category("triton_reduction", kernel=r"^triton_red_"),
-    Category("triton_pointwise", kernel=r"^triton_poi_"),
-    Category("inductor_cpp", kernel=r"^cpp_fused_"),
-    Category("embedding", kernel=r"(?i)split_embedding|embedding_bag|pooled_embs|bounds_check_indices",
-             op=r"(?i)^fbgemm::|SplitLookup|embedding_bag"),
-    Category("attention", kernel=r"(?i)flash|fmha|attn|attention|sdpa", op=r"(?i)attention|sdpa"),
-    Category("normalization", kernel=r"(?i)_norm|norm_|layernorm|rmsnorm|batchnorm|groupnorm|bn_fw|bn_bw|softmax",
-             op=r"(?i)norm|softmax"),
-    Category("conv", kernel=r"(?i)convol|conv[123]d|fprop|dgrad|wgrad|implicit_?gemm|winograd|^triton_tem_fused_convolution",
-             op=r"(?i)convolution|conv[123]d|conv_transpose"),
-    Category("gemm", kernel=r"(?i)gemm|gemv|Cijk_|xmma|wgmma|nvjet|matmul|splitKreduce|^bmm_|^triton_tem_fused_(?:addmm|mm|bmm)",
-             op=r"^aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|dot|_addmm_activation)$"),
-    Category("triton_other", kernel=r"^triton_"),  # templates (tem_) matched above; old `triton__0d1d2d...`
-    Category("pooling", kernel=r"(?i)pool(?:ing)?_?(?:forward|backward|2d|3d|1d|nchw|nhwc|kernel)|avg_pool|max_pool",
-             op=r"(?i)pool[123]d|_pool"),
-    Category("sort", kernel=r"(?i)radixsort|bitonic|sort_kernel|segmented_?sort", op=r"^aten::(?:sort|argsort|unique\w*)$"),
-    Category("reduction", kernel=r"(?i)reduce|reduction|argmax|argmin|topk|cumsum|scan",
-             op=r"^aten::(?:sum|mean|max|min|amax|amin|argmax|argmin|prod|std|var|all|any|cumsum|topk|norm)$"),
-    Category("elementwise",
-             kernel=r"(?i)elementwise|pointwise|unrolled|vectorized|copy|fill|cat_?array|index|gather|scatter|multi_tensor_apply|where|masked",
-             op=rf"^aten::(?:{_ELEMENTWISE_OPS})$"),
-)
-OTHER = "other"
 
 # Op names that mean the same operation across vendors and libraries, applied in order to the
 # name (after an optional overload suffix `.Tensor`, `.out`, ... is dropped) as (regex, key).
@@ -355,14 +309,6 @@ def _paths(frames: pl.DataFrame) -> pl.DataFrame:
 
 
 # ------------------------------------------------------------------ categories and names
-def category_expr(name: pl.Expr, op: pl.Expr, kind: pl.Expr) -> pl.Expr:
-    """The category of a GPU op (see `Category`) from its kernel name, CPU op name and kind."""
-    first = [pl.when(kind == c.kind if c.kind else name.str.contains(c.kernel)).then(pl.lit(c.name))
-             for c in CATEGORIES if c.kind or c.kernel]
-    fallback = [pl.when(op.str.contains(c.op)).then(pl.lit(c.name)) for c in CATEGORIES if c.op]
-    return pl.coalesce(*first, *fallback, pl.lit(OTHER))
-
-
 def normalize_op(name: pl.Expr) -> pl.Expr:
     """An op name as a cross-vendor key: overload suffix dropped, `OP_ALIASES` applied."""
     out = name.str.replace(OVERLOAD_SUFFIX, "$1")

@@ -438,3 +438,18 @@ def test_real_traces_batch_and_rerun(shared_traces, tmp_path):
     before = snapshot(ds)
     p = batch(listing, "-o", ds)
     assert p.returncode == 0 and f"{len(picks)} already present" in p.stdout and snapshot(ds) == before
+
+
+def test_time_by_category_example_uses_kernel_categories(tmp_path):
+    """The example answers by kernel category (gemm, elementwise, ...), and its shares add to 100 per run."""
+    make_src(tmp_path / "src", n=2)
+    B.run_batch(tmp_path / "src", tmp_path / "ds", jobs=1)
+    import polars as pl
+
+    from pipeline import query as Q
+    from pipeline.categories import CATEGORIES, OTHER
+
+    df = Q.run(tmp_path / "ds", Q.example("time_by_category"))
+    assert df.height > 0 and set(df["category"]) <= {c.name for c in CATEGORIES} | {OTHER}
+    for total in df.group_by("run").agg(pl.col("pct").sum())["pct"]:
+        assert abs(total - 100.0) < 1e-6
