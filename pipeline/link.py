@@ -142,8 +142,10 @@ def _enclosing_named(points, slices, name_col: str, outermost: bool):
 def link_gpu_ops(flat_dir: Path) -> tuple[pl.DataFrame, dict]:
     """gpu_ops of a flattened trace with link columns added, and link counts by reason."""
     flat_dir = Path(flat_dir)
-    gpu_corr = pl.scan_parquet(flat_dir / "gpu_ops.parquet").select("correlation").drop_nulls().unique().collect()
-    events = cpu_slices(pl.scan_parquet(flat_dir / "events.parquet"), gpu_corr["correlation"]).lazy()
+    corr = pl.scan_parquet(flat_dir / "gpu_ops.parquet").select("correlation").collect()["correlation"]
+    # runtime calls are filtered by correlation only when every GPU op has one (else flows must decide)
+    keep = corr.unique() if corr.null_count() == 0 else None
+    events = cpu_slices(pl.scan_parquet(flat_dir / "events.parquet"), keep).lazy()
     of_kind = lambda k: events.filter(pl.col("kind") == k)  # noqa: E731
     # only the flattened columns: linking an already linked directory again gives the same result
     gpu = pl.scan_parquet(flat_dir / "gpu_ops.parquet").select(schema.table("gpu_ops").names(("flatten",)))

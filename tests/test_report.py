@@ -419,3 +419,29 @@ def test_gpu_activity_without_device_id_is_reported_under_minus_one(tmp_path):
     assert p.returncode == 0, p.stderr
     devices = {d["device"]: [k["name"] for k in d["kernels"]] for d in json.loads(p.stdout)["devices"]}
     assert devices == {-1: ["k_nodev"], 0: ["k_dev0"]}
+
+
+def test_kernel_without_correlation_still_links_to_its_launch_by_flow(tmp_path):
+    """A GPU op with no correlation id links through its ac2g flow, even when others have one."""
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 50.0, "args": {}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 20.0, "dur": 3.0,
+         "args": {"correlation": 5}},
+        {"ph": "s", "id": 5, "pid": 1, "tid": 1, "ts": 20.0, "cat": "ac2g", "name": "ac2g"},
+        {"ph": "X", "cat": "kernel", "name": "k_nocorr", "pid": 0, "tid": 7, "ts": 40.0, "dur": 5.0,
+         "args": {"device": 0, "stream": 7}},
+        {"ph": "f", "id": 5, "pid": 0, "tid": 7, "ts": 40.0, "cat": "ac2g", "name": "ac2g", "bp": "e"},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 30.0, "dur": 3.0,
+         "args": {"correlation": 6}},
+        {"ph": "X", "cat": "kernel", "name": "k_corr", "pid": 0, "tid": 7, "ts": 50.0, "dur": 5.0,
+         "args": {"device": 0, "stream": 7, "correlation": 6}},
+    ]
+    path = tmp_path / "nocorr.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    from pipeline import flatten
+
+    r = flatten(path, tmp_path / "out")
+    g = pl.read_parquet(r.out_dir / "gpu_ops.parquet").sort("event_idx")
+    assert g["launch_event_idx"].to_list() == [1, 5]
+    assert g["launch_link"].to_list() == ["flow", "correlation"]
+    assert g["cpu_op_name"].to_list() == ["aten::mm", "aten::mm"]
