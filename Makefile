@@ -14,6 +14,7 @@ help:            ## list the targets
 
 install:         ## install tracepipe and its test tools (editable)
 	$(PIP) install -q -e '.[dev]'
+	@command -v pyenv >/dev/null 2>&1 && pyenv rehash || true   # make the `tracepipe` script visible under pyenv
 
 demo: install    ## install, generate the bundled example trace, flatten and analyze it
 	$(PY) -m pipeline demo-trace $(DEMO)/example_trace.json.gz

@@ -104,10 +104,10 @@ def bench_file(path: Path, work: Path) -> dict:
     t_ijson, m_ijson, _ = measure([py, "-c", f"import ijson, gzip; print(sum(1 for _ in ijson.items({opener}({str(path)!r},'rb'), 'traceEvents.item', use_float=True)))"])
     out = work / "flat"
     shutil.rmtree(out, ignore_errors=True)
-    t_flat, m_flat, _ = measure(["tracepipe", "flatten", str(path), "-o", str(out), "-q"])
+    t_flat, m_flat, _ = measure([sys.executable, "-m", "pipeline", "flatten", str(path), "-o", str(out), "-q"])
     flat_dir = next(out.iterdir())
     parquet_mb = sum(f.stat().st_size for f in flat_dir.glob("*.parquet")) / 1e6
-    t_analyze, m_analyze, _ = measure(["tracepipe", "analyze", str(flat_dir), "--format", "json", "-o", str(work / "a.json")])
+    t_analyze, m_analyze, _ = measure([sys.executable, "-m", "pipeline", "analyze", str(flat_dir), "--format", "json", "-o", str(work / "a.json")])
     events = int(n.strip())
     return {"file": path.name, "MB": size_mb, "events": events, "orjson_s": t_orjson, "orjson_MB": m_orjson,
             "ijson_s": t_ijson, "flatten_s": t_flat, "flatten_MB": m_flat, "x_orjson": t_flat / t_orjson,
@@ -125,8 +125,8 @@ def bench_batch(work: Path, n: int = 24, mb: float = 8.0, jobs: int = 2) -> str:
             write_synthetic(src / f"rank{i:03d}.json.gz", mb, seed=i)
     total_mb = sum(f.stat().st_size for f in src.iterdir()) / 1e6
     raw_mb = n * mb
-    t1, m1, _ = measure(["tracepipe", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
-    t2, _, _ = measure(["tracepipe", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
+    t1, m1, _ = measure([sys.executable, "-m", "pipeline", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
+    t2, _, _ = measure([sys.executable, "-m", "pipeline", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
     return (f"batch -j {jobs}: {n} traces ({total_mb:.0f} MB gzip, ~{raw_mb:.0f} MB JSON) in {t1:.1f}s = "
             f"{n / t1:.2f} traces/s, {raw_mb / t1:.1f} MB/s of JSON, peak {m1:.0f} MB (all processes); "
             f"re-run {t2:.1f}s (incremental, nothing to do)")

@@ -5,6 +5,7 @@ import gzip
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -102,7 +103,7 @@ def assert_augmented(src: dict, out: dict, flops_by_idx: dict):
 
 
 def tp(*args):
-    return subprocess.run(["tracepipe", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], capture_output=True, text=True)
 
 
 def assert_one_line_error(p, out: Path):
