@@ -141,7 +141,7 @@ def _find_events_array(buf: bytes) -> tuple[str, int, int] | None:
     after the array's `[` and key_pos at the key's quote; None when more bytes are needed.
     Raises BadTrace when the document cannot be a trace.
     """
-    i = 0
+    i = 3 if buf[:3] == b"\xef\xbb\xbf" else 0  # a UTF-8 byte-order mark is not content
     while i < len(buf) and buf[i] in _WS:
         i += 1
     if i == len(buf):

@@ -316,3 +316,18 @@ def test_not_a_trace_inputs_raise_badtrace(tmp_path):
         p.write_bytes(data)
         with pytest.raises(BadTrace):
             read_all(p)
+
+
+def test_utf8_byte_order_mark_before_the_document_is_accepted(tmp_path):
+    """Some tools write a BOM; it is not content, and the trace must still read."""
+    import json as _json
+
+    from pipeline.reader import TraceSource, parse_chunk
+
+    doc = {"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}], "traceName": "t"}
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + _json.dumps(doc).encode())
+    with TraceSource(str(path)) as src:
+        events = [e for p in src.pieces() for e in parse_chunk(p)]
+        assert events == doc["traceEvents"]
+        assert src.metadata == {"schemaVersion": 1, "traceName": "t"}
