@@ -6,18 +6,26 @@ is dropped silently (the raw value always stays in `args_json` / `extra_json`).
 """
 from __future__ import annotations
 
+import datetime as _dt
+import gc
+import hashlib
 import math
+import multiprocessing as _mp
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Callable
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import schema
-from .reader import NeedsExactParse, parse_chunk, parse_chunk_exact
+from . import __version__, schema, store
+from .errors import BadTrace
+from .reader import NeedsExactParse, TraceSource, _run_local, ordered_results, parse_chunk, parse_chunk_exact
 
 # cat -> kind of GPU/accelerator activity (case as written; old layouts capitalise)
 GPU_KINDS = {
@@ -400,20 +408,6 @@ def build_from_text(text: bytes) -> ChunkTables:
 
 
 # ====================================================================== the driver
-import datetime as _dt
-import gc
-import hashlib
-import multiprocessing as _mp
-import os
-import re
-from pathlib import Path
-from typing import Callable
-
-import pyarrow.compute as pc
-
-from . import __version__, store
-from .errors import BadTrace
-from .reader import Salvaged, TraceSource, ordered_results
 
 PARALLEL_MIN_BYTES = 48 << 20
 SECRET_KEY = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|COOKIE|AUTH|(^|[_\-. ])(API|ACCESS)?_?KEY([_\-. ]|$)", re.I)
@@ -613,7 +607,6 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
 
 
 def _run_chunk(text: bytes):
-    from .reader import _run_local
     return _run_local(build_from_text, text)
 
 
