@@ -66,3 +66,20 @@ def category_expr(name: pl.Expr, op: pl.Expr, kind: pl.Expr) -> pl.Expr:
              for c in CATEGORIES if c.kind or c.kernel]
     fallback = [pl.when(op.str.contains(c.op)).then(pl.lit(c.name)) for c in CATEGORIES if c.op]
     return pl.coalesce(*first, *fallback, pl.lit(OTHER))
+
+
+def with_category(frame: pl.DataFrame, name: str = "name", op: str = "cpu_op_name", kind: str = "kind") -> pl.DataFrame:
+    """`frame` with a `category` column from its `name`, `op` and `kind` columns (`category_expr`).
+
+    The regexes are the cost, and a trace has hundreds of thousands of GPU ops but a few hundred
+    distinct (name, op, kind): they are categorised once each and joined back (a null op or kind
+    matching null), on the keys as categoricals (small ids rather than long kernel names), beside
+    the frame's columns rather than copying them.
+    """
+    keys = list(dict.fromkeys([name, op, kind]))  # a CPU-only trace uses the op name as kernel name
+    as_keys = frame.select(pl.col(k).cast(pl.Categorical) if t == pl.String else pl.col(k)
+                           for k, t in frame.select(keys).schema.items())
+    text = lambda c: pl.col(c).cast(pl.String)  # noqa: E731
+    named = as_keys.unique().with_columns(category=category_expr(text(name), text(op), text(kind)))
+    category = as_keys.join(named, on=keys, how="left", nulls_equal=True, maintain_order="left")["category"]
+    return frame.with_columns(category)

@@ -15,9 +15,8 @@ import orjson
 import polars as pl
 
 from . import devices as device_specs_mod
-from . import formulas, store
-from .categories import category_expr
-from .link import link_gpu_ops
+from . import formulas, link, schema, store
+from .categories import with_category
 
 SIGNATURE_KEYS = formulas.ARGS_READ
 PEAK_COLS = device_specs_mod.PEAK_COLS
@@ -27,25 +26,39 @@ DTYPE_PEAK = device_specs_mod.DTYPE_PEAK
 def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None) -> pl.DataFrame:
     """(cpu_op_event_idx, op_flops, op_bytes, cost_family, cost_dtype, op_reason) for the given ops.
 
-    Only ops whose name has a formula have their shape args extracted, and each distinct
-    signature is evaluated once.
+    The events are read with the streaming engine, only the given ops' rows decoded. Only ops
+    whose name has a formula have their shape args extracted, and each distinct signature is
+    evaluated once.
     """
     key = pl.col("name").str.split(" ").list.first()
+    wanted = op_idx.unique().drop_nulls().implode()
+    # a predicate rather than a semi-join: the Parquet reader filters each row group by event_idx
+    # before it decodes the other columns (a streaming semi-join holds far more)
     ops = (events.select("event_idx", "name", "args_json")
-           .join(pl.DataFrame({"event_idx": op_idx.unique().drop_nulls()}).lazy(), on="event_idx", how="semi")
-           .select(pl.col("event_idx").alias("cpu_op_event_idx"), "name", "args_json",
-                   modelled=pl.col("name").is_in(formulas.MODELLED_OPS) | key.is_in(formulas.MODELLED_OPS))
-           .collect())
-    sig = [pl.col("args_json").str.json_path_match(f"$['{k}']").alias(k) for k in SIGNATURE_KEYS]
-    modelled = ops.filter("modelled").select("cpu_op_event_idx", "name", *sig)
+           .filter(pl.col("event_idx").is_in(wanted))
+           .with_columns(modelled=pl.col("name").is_in(formulas.MODELLED_OPS) | key.is_in(formulas.MODELLED_OPS))
+           .select(pl.col("event_idx").alias("cpu_op_event_idx"), "modelled", pl.col("name").cast(pl.Categorical),
+                   *_signature(pl.when("modelled").then(pl.col("args_json"))))
+           .collect(engine="streaming"))
+    modelled = ops.filter("modelled")
     keys = ["name", *SIGNATURE_KEYS]
     rows = [_evaluate(r, dtype) for r in modelled.select(keys).unique().iter_rows(named=True)]
     schema = {**{k: pl.String for k in keys}, "op_flops": pl.Float64, "op_bytes": pl.Float64,
               "cost_family": pl.String, "cost_dtype": pl.String, "op_reason": pl.String}
-    costed = modelled.join(pl.DataFrame(rows, schema=schema), on=keys, how="left", nulls_equal=True)
+    costs = pl.DataFrame(rows, schema=schema).with_columns(pl.col(keys).cast(pl.Categorical))
+    costed = modelled.join(costs, on=keys, how="left", nulls_equal=True)
     unmodelled = ops.filter(~pl.col("modelled")).select("cpu_op_event_idx", op_reason=pl.lit("no_formula"))
     return pl.concat([costed.select("cpu_op_event_idx", "op_flops", "op_bytes", "cost_family", "cost_dtype",
                                     "op_reason"), unmodelled], how="diagonal")
+
+
+def _signature(args: pl.Expr) -> list[pl.Expr]:
+    """SIGNATURE_KEYS of each op's args as polars' json_path_match gives them (categoricals: they
+    repeat). Each lookup parses the whole JSON text, so a key is looked up only in the args that
+    contain it as text (args_json is written by orjson: keys appear verbatim); the others are null,
+    as json_path_match would give."""
+    return [pl.when(args.str.contains(f'"{k}"', literal=True)).then(args).str.json_path_match(f"$['{k}']")
+            .cast(pl.Categorical).alias(k) for k in SIGNATURE_KEYS]
 
 
 def _json_value(text: str):
@@ -97,7 +110,13 @@ def annotate_devices(flat_dir: Path, extra_specs: str | None, force: str | None)
 
 
 def kernel_costs(g: pl.DataFrame, ops: pl.DataFrame, devs: pl.DataFrame) -> pl.DataFrame:
-    """Add flops/bytes/achieved columns to linked gpu_ops."""
+    """Add flops/bytes/achieved columns to linked gpu_ops (columns used: kind, name, device,
+    dur_ns, copy_bytes, cpu_op_event_idx, cpu_op_name; the others are carried along).
+
+    Eager on purpose: the in-memory engine divides by a column that holds one value throughout
+    (the peaks of a one-device trace) by multiplying with its reciprocal, the streaming engine
+    does not, and the last bits of the results must not depend on the engine.
+    """
     is_kernel = pl.col("kind") == "kernel"
     dur_s = pl.col("dur_ns") / 1e9
     share = (pl.when(pl.col("op_dur_ns") > 0).then(pl.col("dur_ns") / pl.col("op_dur_ns"))
@@ -107,12 +126,11 @@ def kernel_costs(g: pl.DataFrame, ops: pl.DataFrame, devs: pl.DataFrame) -> pl.D
              op_kernels=pl.when(is_kernel & pl.col("cpu_op_event_idx").is_not_null())
              .then(pl.len().over("cpu_op_event_idx", "kind")),
              op_dur_ns=pl.when(is_kernel).then(pl.col("dur_ns").fill_null(0).sum().over("cpu_op_event_idx", "kind"))))
-    g = g.with_columns(
+    g = with_category(g).with_columns(
         flops=pl.when(is_kernel).then(pl.col("op_flops") * share).otherwise(pl.lit(0.0)),
         bytes=pl.when(is_kernel).then(pl.col("op_bytes") * share)
         .otherwise(pl.col("copy_bytes").cast(pl.Float64)),
         cost_family=pl.when(is_kernel).then(pl.col("cost_family")).otherwise(pl.col("kind")),
-        category=category_expr(pl.col("name"), pl.col("cpu_op_name"), pl.col("kind")),
         unmodelled_reason=pl.when(~is_kernel).then(None)
         .when(pl.col("cpu_op_event_idx").is_null()).then(pl.lit("no_cpu_op"))
         .otherwise(pl.col("op_reason")),
@@ -148,22 +166,54 @@ def cost_counts(g: pl.DataFrame) -> dict:
             "gpu_time_modelled_pct": 100.0 * modelled / total if total else None, "problems": out}
 
 
+COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  # the gpu_ops columns kernel_costs reads
+
+
+def _costs(gpu_ops: Path, links: pl.DataFrame, ops: pl.DataFrame, devs: pl.DataFrame) -> pl.DataFrame:
+    """(event_idx, cost columns) of every GPU op: `kernel_costs` of the columns it reads only, kernel
+    names as categoricals (long strings repeated on every launch)."""
+    g = (pl.scan_parquet(gpu_ops).select(COST_INPUTS).with_columns(pl.col("name").cast(pl.Categorical)).collect()
+         .join(links.select("event_idx", "cpu_op_event_idx", "cpu_op_name"), on="event_idx", how="left"))
+    costed = kernel_costs(g, ops, devs)
+    return costed.select("event_idx", *[c for c in costed.columns if c not in g.columns])
+
+
+def _write_gpu_ops(flat_dir: Path, added: pl.DataFrame):
+    """Rewrite gpu_ops.parquet with the link and cost columns `added` (one row per GPU op, in file
+    order), sorted by event_idx. Flatten writes GPU ops in that order, so the file is extended
+    batch by batch; otherwise the whole table is joined and sorted in memory."""
+    gpu_ops = flat_dir / "gpu_ops.parquet"
+    with store.atomic_file(gpu_ops) as tmp:  # gpu_ops.parquet is read while the new one is written
+        if added["event_idx"].is_sorted():
+            store.write_extended(gpu_ops, added, tmp, "gpu_ops")
+        else:
+            g = pl.scan_parquet(gpu_ops).select(schema.table("gpu_ops").names(("flatten",))).collect()
+            g = g.join(added, on="event_idx", how="left").sort("event_idx")
+            store.write_table(g.to_arrow(), tmp, "gpu_ops")
+
+
 def enrich(flat_dir, row: dict, device_specs: str | None = None, device: str | None = None,
            dtype: str | None = None) -> list[str]:
-    """Link and cost a freshly flattened directory in place; update the trace row. Returns warnings."""
+    """Link and cost a freshly flattened directory in place; update the trace row. Returns warnings.
+
+    Linking and costing read only the GPU ops' columns they need (`link.gpu_links`, `_costs`); the
+    wide table is then read, joined with their results and written back batch by batch, never
+    whole in memory.
+    """
     flat_dir = Path(flat_dir)
-    g, link_problems = link_gpu_ops(flat_dir)
+    links = link.gpu_links(flat_dir)
+    link_problems = link.link_counts(links)
     devs, warnings = annotate_devices(flat_dir, device_specs, device)
-    events = pl.scan_parquet(flat_dir / "events.parquet")
-    ops = op_costs(events, g["cpu_op_event_idx"], dtype)
-    g = kernel_costs(g, ops, devs)
-    store.write_table(g.to_arrow(), flat_dir / "gpu_ops.parquet", "gpu_ops")
+    ops = op_costs(pl.scan_parquet(flat_dir / "events.parquet"), links["cpu_op_event_idx"], dtype)
+    gpu_ops = flat_dir / "gpu_ops.parquet"
+    costs = _costs(gpu_ops, links, ops, devs)
+    _write_gpu_ops(flat_dir, pl.concat([links.drop("correlation"), costs.drop("event_idx")], how="horizontal"))
     store.write_table(devs.to_arrow(), flat_dir / "devices.parquet", "devices")
-    counts = cost_counts(g)
+    counts = cost_counts(pl.scan_parquet(gpu_ops).select("kind", "dur_ns", "flops", "unmodelled_reason").collect())
     problems = orjson.loads(row["problems_json"])
     problems.update({k: v for k, v in {**link_problems, **counts.pop("problems")}.items() if v})
     row.update(counts)
-    row["n_launch_linked"] = int(g["launch_event_idx"].is_not_null().sum())
-    row["n_cpu_op_linked"] = int(g["cpu_op_event_idx"].is_not_null().sum())
+    row["n_launch_linked"] = int(links["launch_event_idx"].is_not_null().sum())
+    row["n_cpu_op_linked"] = int(links["cpu_op_event_idx"].is_not_null().sum())
     row["problems_json"] = orjson.dumps(problems).decode()
     return warnings

@@ -7,14 +7,18 @@ is dropped silently (the raw value always stays in `args_json` / `extra_json`).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import gc
 import hashlib
 import math
 import multiprocessing as _mp
 import os
 import re
+import shutil
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import repeat
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Callable
@@ -25,7 +29,8 @@ import pyarrow.compute as pc
 
 from . import __version__, schema, store
 from .errors import BadTrace
-from .reader import NeedsExactParse, TraceSource, _run_local, ordered_results, parse_chunk, parse_chunk_exact
+from .reader import (NeedsExactParse, TraceSource, _run_local, ordered_results, parse_chunk, parse_chunk_exact,
+                     text_of)
 
 # cat -> kind of GPU/accelerator activity (case as written; old layouts capitalise)
 GPU_KINDS = {
@@ -199,20 +204,204 @@ class TimestampTexts:
 def build_chunk(events: list, text: bytes | None = None) -> ChunkTables:
     """Typed tables for one chunk of parsed events; event_idx is local (0-based) to the chunk.
 
-    One pass over the events; the common types take the first branch of each test, odd values
-    go through the coercing helpers, which count every coercion or drop by reason.
-    (A column-at-a-time variant with Arrow conversions measured slower: dict lookups dominate.)
+    The common case (every value of the type its column wants) is built column by column by
+    C-level loops (`_events_by_column`); a chunk with any odd value is built event by event by
+    `_events_by_event`, which coerces and counts every such value. Both give the same tables.
     """
     problems = Problems()
+    ev_table = _events_by_column(events, text)
+    if ev_table is None:
+        ev_table = _events_by_event(events, text, problems)
+    ph, cat = ev_table.column("ph"), ev_table.column("cat")
+    flow_rows = pc.indices_nonzero(pc.fill_null(pc.is_in(ph, _FLOW_PHASES_ARRAY), False)).to_pylist()
+    is_gpu = pc.and_(pc.equal(ph, "X"), pc.is_in(cat, _GPU_CATS_ARRAY))
+    gpu_rows = pc.indices_nonzero(pc.fill_null(is_gpu, False)).to_pylist()
+    gpu_table, device_ids = _gpu_ops(events, gpu_rows, ev_table, problems)
+    flows_table = _flows(events, flow_rows, ev_table)
+    return ChunkTables(ev_table, gpu_table, flows_table, problems, device_ids)
+
+
+_FLOW_PHASES_ARRAY = pa.array(sorted(FLOW_PHASES), pa.string())
+_GPU_CATS_ARRAY = pa.array(sorted(GPU_KINDS), pa.string())
+_NONE = type(None)
+_INT_OR_NONE, _STR_OR_NONE, _DICT_OR_NONE = {int, _NONE}, {str, _NONE}, {dict, _NONE}
+_NUMBER_OR_NONE = {int, float, _NONE}
+_EMPTY: dict = {}
+
+
+def _events_table(cols: dict) -> pa.Table:
+    n = len(cols["ph"])
+    return pa.table({"event_idx": pa.array(range(n), pa.int64()), **cols})
+
+
+def _events_by_column(events: list, text: bytes | None) -> pa.Table | None:
+    """The events table built a column at a time with C-level loops (map, Arrow compute).
+
+    Returns None as soon as any value is not of its column's plain type (a non-object event,
+    a non-string name, a float id, an out-of-range integer, ...): such chunks go through
+    `_events_by_event`, which counts each coercion.
+    """
+    if set(map(type, events)) - {dict}:
+        return None
+    get = dict.get
+    raw = {k: list(map(get, events, repeat(k))) for k in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")}
+    cols = {}
+    for k in ("ph", "cat", "name"):
+        if set(map(type, raw[k])) - _STR_OR_NONE:
+            return None
+        cols[k] = pa.array(raw[k], pa.string())
+    for k in ("pid", "tid"):
+        split = _int_or_str_columns(raw[k])
+        if split is None:
+            return None
+        cols[k], cols[f"{k}_str"] = split
+    ts = _ns_column(raw["ts"], events, text)
+    dur = _ns_column(raw["dur"], None, None)
+    ids = _int_or_str_columns(raw["id"])
+    args = raw["args"]
+    if ts is None or dur is None or ids is None or set(map(type, args)) - _DICT_OR_NONE:
+        return None
+    cols["ts_ns"], cols["dur_ns"] = ts, dur
+    cols["id"], cols["id_str"] = ids
+    arg_dicts = [a or _EMPTY for a in args]
+    corr = _int_column(list(map(get, arg_dicts, repeat("correlation"))))
+    ext = _int_column(list(map(get, arg_dicts, repeat("External id"))))
+    if text is None or b'"external id"' in text:
+        lower = _int_column(list(map(get, arg_dicts, repeat("external id"))))
+        ext = None if ext is None or lower is None else pc.coalesce(ext, lower)
+    if corr is None or ext is None:
+        return None
+    cols["correlation"], cols["external_id"] = corr, ext
+    args_text = pa.array(list(map(bytes.decode, map(_dumps_exact, args))), pa.string())
+    cols["args_json"] = pc.if_else(pc.equal(args_text, "null"), pa.scalar(None, pa.string()), args_text)
+    cols["extra_json"] = _extra_json(events, cols)
+    return _events_table({k: cols[k] for k in _EVENT_COLUMNS})
+
+
+_EVENT_COLUMNS = ("ph", "cat", "name", "pid", "pid_str", "tid", "tid_str", "ts_ns", "dur_ns", "id", "id_str",
+                  "correlation", "external_id", "args_json", "extra_json")
+_INT64_MIN = -(2**63)
+
+
+_dumps_exact = functools.partial(orjson.dumps, default=_json_default)  # C-level: no Python frame per event
+
+
+def _extra_json(events: list, cols: dict) -> pa.Array:
+    """Keys other than the known ones, as a JSON object per event (null when there are none).
+
+    An event's key count against the known columns it filled tells, without looking at its
+    keys, that it has no other key, or only `bp` (flow ends); only the rest are looked at.
+    """
+    bp = list(map(dict.get, events, repeat("bp")))
+    filled = [pc.is_valid(cols[k]) for k in ("ph", "cat", "name", "ts_ns", "dur_ns", "args_json")]
+    filled += [pc.or_(pc.is_valid(cols[k]), pc.is_valid(cols[f"{k}_str"])) for k in ("pid", "tid", "id")]
+    bp_text = pa.array(list(map(bytes.decode, map(_dumps_exact, bp))), pa.string())
+    has_bp = pc.not_equal(bp_text, "null")
+    count = functools.reduce(pc.add, [pc.cast(f, pa.int32()) for f in filled + [has_bp]])
+    odd = pc.not_equal(pa.array(list(map(len, events)), pa.int32()), count)
+    out = pc.if_else(has_bp, pc.binary_join_element_wise('{"bp":', bp_text, "}", ""), pa.scalar(None, pa.string()))
+    odd_rows = pc.indices_nonzero(odd).to_pylist()
+    if not odd_rows:
+        return out
+    texts = []
+    for i in odd_rows:
+        extra = {k: v for k, v in events[i].items() if k not in KNOWN_KEYS}
+        texts.append(dumps(extra).decode() if extra else None)
+    return pc.replace_with_mask(out, odd, pa.array(texts, pa.string()))
+
+
+def _int_column(values: list) -> pa.Array | None:
+    """int64 Array of ints/None, or None if any value is another type or outside ±INT64_MAX."""
+    if set(map(type, values)) - _INT_OR_NONE:
+        return None
+    try:
+        arr = pa.array(values, pa.int64())
+    except OverflowError:
+        return None
+    low = pc.min(arr).as_py()
+    return None if low == _INT64_MIN else arr
+
+
+def _int_or_str_columns(values: list) -> tuple[pa.Array, pa.Array] | None:
+    """(int64 column, string column) of values that are ints, strings or None; else None."""
+    types = set(map(type, values))
+    if not types - _INT_OR_NONE:
+        ints = _int_column(values)
+        return None if ints is None else (ints, pa.nulls(len(values), pa.string()))
+    if types - {int, str, _NONE}:
+        return None
+    ints = _int_column([v if type(v) is int else None for v in values])
+    strs = pa.array([v if type(v) is str else None for v in values], pa.string())
+    return None if ints is None else (ints, strs)
+
+
+def _ns_column(values: list, events: list | None, text: bytes | None) -> pa.Array | None:
+    """µs values (int/float/None) as int64 ns, exactly as `us_to_ns`; None if that needs coercion.
+
+    Floats below FLOAT_EXACT_US: round(v * 1000) (Arrow rounds half to even, as Python does).
+    Larger floats (epoch-based timestamps) take their exact decimal text from the chunk
+    (`_exact_ns_from_text`); without text they are left to the event-by-event path.
+    """
+    types = set(map(type, values))
+    if types - _NUMBER_OR_NONE:
+        return None
+    if float not in types:
+        ints = _int_column(values)
+        if ints is None:
+            return None
+        try:
+            return pc.multiply_checked(ints, pa.scalar(1000, pa.int64()))
+        except pa.ArrowInvalid:
+            return None
+    arr = pa.array(values, pa.float64())
+    if pc.all(pc.less(pc.abs(arr), FLOAT_EXACT_US)).as_py() is not False:
+        return pc.cast(pc.round(pc.multiply(arr, 1000.0)), pa.int64())
+    if events is None or text is None or int in types:
+        return None
+    return _exact_ns_from_text(arr, events, text)
+
+
+_EXACT_TS_TEXT = r"^-?[0-9]+\.[0-9]{1,3}$"
+
+
+def _exact_ns_from_text(values: pa.Array, events: list, text: bytes) -> pa.Array | None:
+    """int64 ns of float timestamps from their decimal text in the chunk (see TimestampTexts).
+
+    The k-th `"ts":` text belongs to the k-th event with a `ts` key; that alignment and every
+    value are verified (the text parses to the same float) or None is returned.
+    """
+    if not pc.all(pc.less(pc.abs(values), 9.2e15)).as_py():
+        return None
+    texts = _TS_TEXT.findall(text)
+    has_ts = pa.array(list(map(dict.__contains__, events, repeat("ts"))), pa.bool_())
+    if len(texts) != pc.sum(has_ts).as_py() or values.null_count:
+        return None  # a ts key inside args or a null ts: leave it to the careful path
+    s = pa.array(texts, pa.binary()).cast(pa.string())
+    if not pc.all(pc.match_substring_regex(s, _EXACT_TS_TEXT)).as_py():
+        return None
+    if not pc.all(pc.equal(pc.cast(s, pa.float64()), values)).as_py():
+        return None
+    negative = pc.starts_with(s, "-")
+    parts = pc.split_pattern(pc.utf8_ltrim(s, "-"), ".")
+    whole = pc.cast(pc.list_element(parts, 0), pa.int64())
+    frac = pc.cast(pc.utf8_rpad(pc.list_element(parts, 1), 3, "0"), pa.int64())
+    ns = pc.add(pc.multiply(whole, 1000), frac)
+    return pc.if_else(negative, pc.negate(ns), ns)
+
+
+def _events_by_event(events: list, text: bytes | None, problems: Problems) -> pa.Table:
+    """The events table built one event at a time: every odd value is coerced and counted.
+
+    The common types take the first branch of each test; odd values go through the coercing
+    helpers, which count every coercion or drop by reason.
+    """
     exact_ts = TimestampTexts(text, events)
     n = len(events)
     ph_c, cat_c, name_c = [None] * n, [None] * n, [None] * n
     pid_c, pid_s, tid_c, tid_s = [None] * n, [None] * n, [None] * n, [None] * n
     ts_c, dur_c, id_c, id_s = [None] * n, [None] * n, [None] * n, [None] * n
     corr_c, ext_c, args_c, extra_c = [None] * n, [None] * n, [None] * n, [None] * n
-    gpu_rows, flow_rows = [], []
     known = KNOWN_KEYS
-    gpu_kinds = GPU_KINDS
     dumps_, odumps, default = dumps, orjson.dumps, _json_default
     for i, e in enumerate(events):
         if type(e) is not dict:
@@ -283,105 +472,78 @@ def build_chunk(events: list, text: bytes | None = None) -> ChunkTables:
                 problems.coerced["args_not_object"] += 1
         if not known.issuperset(e):
             extra_c[i] = odumps({k: v for k, v in e.items() if k not in known}, default=default).decode()
-        if ph in FLOW_PHASES:
-            flow_rows.append(i)
-        elif ph == "X" and cat in gpu_kinds:
-            gpu_rows.append(i)
-    ev_table = pa.table(
-        {
-            "event_idx": pa.array(range(n), pa.int64()),
-            "ph": pa.array(ph_c, pa.string()),
-            "cat": pa.array(cat_c, pa.string()),
-            "name": pa.array(name_c, pa.string()),
-            "pid": pa.array(pid_c, pa.int64()),
-            "pid_str": pa.array(pid_s, pa.string()),
-            "tid": pa.array(tid_c, pa.int64()),
-            "tid_str": pa.array(tid_s, pa.string()),
-            "ts_ns": pa.array(ts_c, pa.int64()),
-            "dur_ns": pa.array(dur_c, pa.int64()),
-            "id": pa.array(id_c, pa.int64()),
-            "id_str": pa.array(id_s, pa.string()),
-            "correlation": pa.array(corr_c, pa.int64()),
-            "external_id": pa.array(ext_c, pa.int64()),
-            "args_json": pa.array(args_c, pa.string()),
-            "extra_json": pa.array(extra_c, pa.string()),
-        }
-    )
-    gpu_table, device_ids = _gpu_ops(events, gpu_rows, ev_table, problems)
-    flows_table = _flows(events, flow_rows, ev_table)
-    return ChunkTables(ev_table, gpu_table, flows_table, problems, device_ids)
+    return _events_table({
+        "ph": pa.array(ph_c, pa.string()), "cat": pa.array(cat_c, pa.string()),
+        "name": pa.array(name_c, pa.string()),
+        "pid": pa.array(pid_c, pa.int64()), "pid_str": pa.array(pid_s, pa.string()),
+        "tid": pa.array(tid_c, pa.int64()), "tid_str": pa.array(tid_s, pa.string()),
+        "ts_ns": pa.array(ts_c, pa.int64()), "dur_ns": pa.array(dur_c, pa.int64()),
+        "id": pa.array(id_c, pa.int64()), "id_str": pa.array(id_s, pa.string()),
+        "correlation": pa.array(corr_c, pa.int64()), "external_id": pa.array(ext_c, pa.int64()),
+        "args_json": pa.array(args_c, pa.string()), "extra_json": pa.array(extra_c, pa.string()),
+    })
 
 
 def _gpu_ops(events, rows, ev, problems):
-    cols = {k: [] for k in (
-        "kind", "device", "stream", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
-        "registers_per_thread", "shared_memory", "warps_per_sm", "occupancy_pct", "copy_bytes",
-        "copy_bw_gbps")}
-    device_ids = set()
-    for i in rows:
-        e = events[i]
-        a = e.get("args")
-        if type(a) is not dict:
-            a = {}
-        kind = GPU_KINDS[e["cat"]]
-        cols["kind"].append(kind)
-        dev = a.get("device")
-        if dev is None and e["cat"] == "mtia_ccp_events":
-            dev = e.get("pid")  # MTIA device activity lives in the device's process
-        dev = dev if type(dev) is int else as_int(dev, "device", problems)
-        if dev is not None:
-            device_ids.add(dev)
-        cols["device"].append(dev)
-        s = a.get("stream")
-        cols["stream"].append(s if type(s) is int else as_int(s, "stream", problems))
-        g, b = a.get("grid"), a.get("block")
-        cols["grid_x"].append(_dim(g, 0))
-        cols["grid_y"].append(_dim(g, 1))
-        cols["grid_z"].append(_dim(g, 2))
-        cols["block_x"].append(_dim(b, 0))
-        cols["block_y"].append(_dim(b, 1))
-        cols["block_z"].append(_dim(b, 2))
-        r = a.get("registers per thread")
-        cols["registers_per_thread"].append(r if type(r) is int else None)
-        sm = a.get("shared memory")
-        cols["shared_memory"].append(sm if type(sm) is int else None)
-        cols["warps_per_sm"].append(_as_float(a.get("warps per SM")))
-        cols["occupancy_pct"].append(_as_float(a.get("est. achieved occupancy %")))
-        nb = a.get("bytes")
-        cols["copy_bytes"].append(nb if type(nb) is int else None)
-        cols["copy_bw_gbps"].append(_as_float(a.get("memory bandwidth (GB/s)")))
+    """The gpu_ops rows of a chunk: launch geometry and copy sizes from each GPU event's args."""
+    gpu_events = [events[i] for i in rows]
+    args = [a if type(a) is dict else _EMPTY for a in map(dict.get, gpu_events, repeat("args"))]
+    arg = lambda key: list(map(dict.get, args, repeat(key)))  # noqa: E731
+    cats = [e["cat"] for e in gpu_events]
+    devices = arg("device")
+    for j, cat in enumerate(cats):
+        if devices[j] is None and cat == "mtia_ccp_events":
+            devices[j] = gpu_events[j].get("pid")  # MTIA device activity lives in the device's process
+    device = _ints(devices, "device", problems)
+    grid, block = arg("grid"), arg("block")
     idx = pa.array(rows, pa.int64())
     take = ev.take(idx)
-    table = pa.table(
-        {
-            "event_idx": idx,
-            "kind": pa.array(cols["kind"], pa.string()),
-            "cat": take.column("cat"),
-            "name": take.column("name"),
-            "device": pa.array(cols["device"], pa.int64()),
-            "stream": pa.array(cols["stream"], pa.int64()),
-            "pid": take.column("pid"),
-            "tid": take.column("tid"),
-            "correlation": take.column("correlation"),
-            "external_id": take.column("external_id"),
-            "ts_ns": take.column("ts_ns"),
-            "dur_ns": take.column("dur_ns"),
-            **{k: pa.array(cols[k], pa.int64()) for k in (
-                "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
-                "registers_per_thread", "shared_memory", "copy_bytes")},
-            **{k: pa.array(cols[k], pa.float64()) for k in ("warps_per_sm", "occupancy_pct", "copy_bw_gbps")},
-        }
-    )
-    return schema.conform(table, "gpu_ops", ("flatten",)), device_ids
+    table = pa.table({
+        "event_idx": idx,
+        "kind": pa.array([GPU_KINDS[c] for c in cats], pa.string()),
+        "cat": take.column("cat"),
+        "name": take.column("name"),
+        "device": device,
+        "stream": _ints(arg("stream"), "stream", problems),
+        "pid": take.column("pid"),
+        "tid": take.column("tid"),
+        "correlation": take.column("correlation"),
+        "external_id": take.column("external_id"),
+        "ts_ns": take.column("ts_ns"),
+        "dur_ns": take.column("dur_ns"),
+        **{f"grid_{d}": pa.array([_dim(g, i) for g in grid], pa.int64()) for i, d in enumerate("xyz")},
+        **{f"block_{d}": pa.array([_dim(b, i) for b in block], pa.int64()) for i, d in enumerate("xyz")},
+        "registers_per_thread": _plain_ints(arg("registers per thread")),
+        "shared_memory": _plain_ints(arg("shared memory")),
+        "copy_bytes": _plain_ints(arg("bytes")),
+        "warps_per_sm": pa.array(list(map(_as_float, arg("warps per SM"))), pa.float64()),
+        "occupancy_pct": pa.array(list(map(_as_float, arg("est. achieved occupancy %"))), pa.float64()),
+        "copy_bw_gbps": pa.array(list(map(_as_float, arg("memory bandwidth (GB/s)"))), pa.float64()),
+    })
+    return schema.conform(table, "gpu_ops", ("flatten",)), set(pc.unique(device.drop_null()).to_pylist())
+
+
+def _ints(values: list, what: str, problems: Problems) -> pa.Array:
+    """int64 Array of id-like values; anything but an in-range int is coerced by `as_int` (and counted)."""
+    arr = _int_column(values)
+    if arr is None:
+        arr = pa.array([v if type(v) is int and -INT64_MAX <= v <= INT64_MAX else as_int(v, what, problems)
+                        for v in values], pa.int64())
+    return arr
+
+
+def _plain_ints(values: list) -> pa.Array:
+    """int64 Array of the values that are in-range ints; other values are null."""
+    arr = _int_column(values)
+    if arr is None:
+        arr = pa.array([v if type(v) is int and -INT64_MAX <= v <= INT64_MAX else None for v in values], pa.int64())
+    return arr
 
 
 def _flows(events, rows, ev):
     idx = pa.array(rows, pa.int64())
     take = ev.take(idx)
-    bp = []
-    for i in rows:
-        v = events[i].get("bp")
-        bp.append(v if type(v) is str else None)
+    bp = [v if type(v) is str else None for v in map(dict.get, (events[i] for i in rows), repeat("bp"))]
     table = pa.table({
         "event_idx": idx,
         "id": take.column("id"),
@@ -562,6 +724,8 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
     """Read one trace and write events/gpu_ops/flows/devices/trace Parquet files into `tmp`.
 
     Returns (trace_row dict, Problems, Tail). Link and cost run afterwards over these files.
+    With workers, chunks go to them as file positions where the file is uncompressed (they read
+    the bytes themselves) and come back as Arrow files in shared memory (see `_spill`).
     """
     workers = default_workers(path) if workers is None else max(1, workers)
     _return_memory_promptly()
@@ -571,14 +735,15 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
     writers = {n: store.TableWriter(tmp / f"{n}.parquet", n) for n in ("events", "gpu_ops", "flows")}
     device_ids: set = set()
     pool = _pool(workers) if workers > 1 else None
+    spill_dir = tempfile.mkdtemp(prefix="tracepipe-", dir=_SHARED_MEMORY if os.access(_SHARED_MEMORY, os.W_OK) else tmp)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        submit = (lambda text: pool.apply_async(_run_chunk, (text,))) if pool else None
-        results = ordered_results(src.pieces(), build_from_text, build_chunk, submit=submit,
-                                  max_inflight=workers + 1, on_corrupt=corrupt.append)
+        submit = (lambda piece: pool.apply_async(_run_chunk, (piece, spill_dir))) if pool else None
+        results = ordered_results(src.pieces(spans=pool is not None), build_from_text, build_chunk, submit=submit,
+                                  max_inflight=4 * workers, on_corrupt=corrupt.append)
         offset = 0
-        for ct in results:
+        for ct in map(_unspill, results):
             writers["events"].write(_offset(ct.events, offset))
             writers["gpu_ops"].write(_offset(ct.gpu_ops, offset))
             writers["flows"].write(_offset(ct.flows, offset))
@@ -593,6 +758,7 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
         for w in writers.values():
             w.close()
         src.close()
+        shutil.rmtree(spill_dir, ignore_errors=True)
         if was_enabled:
             gc.enable()
     tail = src.tail
@@ -606,8 +772,46 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
     return row, problems, tail
 
 
-def _run_chunk(text: bytes):
-    return _run_local(build_from_text, text)
+_SHARED_MEMORY = "/dev/shm"
+_CHUNK_TABLES = ("events", "gpu_ops", "flows")
+
+
+@dataclass
+class SpilledChunk:
+    """A worker's ChunkTables with the tables in Arrow IPC files: the parent maps them without
+    copying (pickling tables through the result pipe cost more than building them)."""
+
+    paths: dict
+    problems: Problems
+    device_ids: set
+
+
+def _spill(ct: ChunkTables, spill_dir: str) -> SpilledChunk:
+    fd, base = tempfile.mkstemp(dir=spill_dir)
+    os.close(fd)
+    paths = {}
+    for name in _CHUNK_TABLES:
+        tbl = getattr(ct, name)
+        paths[name] = f"{base}.{name}.arrow"
+        with pa.OSFile(paths[name], "wb") as f, pa.ipc.new_file(f, tbl.schema) as w:
+            w.write_table(tbl)
+    os.remove(base)
+    return SpilledChunk(paths, ct.problems, ct.device_ids)
+
+
+def _unspill(ct: ChunkTables | SpilledChunk) -> ChunkTables:
+    if isinstance(ct, ChunkTables):
+        return ct
+    tables = {}
+    for name, p in ct.paths.items():
+        tables[name] = pa.ipc.open_file(pa.memory_map(p)).read_all()
+        os.remove(p)  # the mapping stays valid; the memory goes when the table does
+    return ChunkTables(tables["events"], tables["gpu_ops"], tables["flows"], ct.problems, ct.device_ids)
+
+
+def _run_chunk(piece, spill_dir: str):
+    ok, value = _run_local(build_from_text, text_of(piece))
+    return ok, (_spill(value, spill_dir) if ok else value)
 
 
 def write_trace_table(row: dict, tmp: Path):

@@ -1,6 +1,9 @@
 """link: GPU activity -> CPU launch -> CPU op, and their context (step, annotation, module).
 
-All joins are polars lazy queries over the flattened Parquet files; no Python loops over events.
+All joins are polars queries over the flattened Parquet files; no Python loops over events (the
+nesting of rule 3 loops over threads). Memory: the events are read with the streaming engine,
+only the CPU slices linking needs kept (`cpu_slices`), and GPU ops are linked on their few
+columns linking reads (`gpu_links`); the wide table is joined afterwards (`with_links`).
 
 Rules (see README, "Link rules"):
 1. launch, by flow: a flow's `s` endpoint binds to the runtime/driver slice that starts at the
@@ -10,20 +13,22 @@ Rules (see README, "Link rules"):
 2. launch, by correlation: GPU activity still unlinked joins the first runtime/driver slice with
    the same `args.correlation`.
 3. cpu_op, by nesting: the innermost `cpu_op` on the launch's thread whose interval contains the
-   launch start. Innermost is found without loops: the nesting depth at every point of a thread
-   is a running count of interval starts minus ends; the innermost op containing a launch at
-   depth d is the last op at depth d that started before it (an as-of join). Identical
-   intervals nest in file order (the later event is the inner one).
+   launch start. Innermost is found without loops over events: the nesting depth at every point
+   of a thread is the count of interval starts minus ends before it (binary searches in the
+   thread's sorted starts and ends); the innermost op containing a launch at depth d is the last
+   op at depth d that started before it (`pipeline.nesting`). Identical intervals nest in file
+   order (the later event is the inner one).
 4. cpu_op, by External id: only for launches no cpu_op contains, and only in layouts where a
    kernel's External id is not simply its correlation id (older traces).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from . import schema
+from . import nesting, schema
 
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime", "hip_driver", "mtia_runtime",
                "xpu_runtime", "privateuse1_runtime")
@@ -46,11 +51,32 @@ _EVENT_COLS = ["event_idx", "ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns"
 
 
 LAUNCH, CPU_OP, ANNOTATION, MODULE = 0, 1, 2, 3
+# GPU op columns linking reads, and the columns it adds (in this order)
+GPU_LINK_INPUTS = ["event_idx", "pid", "tid", "ts_ns", "correlation", "external_id"]
+LINK_COLUMNS = ["launch_event_idx", "launch_link", "launch_name", "launch_ts_ns", "launch_dur_ns",
+                "cpu_op_event_idx", "cpu_op_link", "annotation", "module", "cpu_op_name", "step"]
+_SLICE_COLS = {  # what each kind of CPU slice keeps
+    LAUNCH: ["event_idx", "name", "pid", "tid", "ts_ns", "dur_ns", "correlation", "external_id"],
+    CPU_OP: ["event_idx", "name", "pid", "tid", "ts_ns", "end_ns", "external_id"],
+    ANNOTATION: ["event_idx", "name", "pid", "tid", "ts_ns", "end_ns"],
+    MODULE: ["event_idx", "name", "pid", "tid", "ts_ns", "end_ns"],
+}
 
 
-def cpu_slices(events: pl.LazyFrame, gpu_correlations: pl.Series | None = None) -> pl.DataFrame:
-    """The CPU slices linking needs, read once and kept compact: a `kind` code instead of the
-    category and names as categoricals (launch and op names repeat millions of times). With
+@dataclass(frozen=True)
+class CpuSlices:
+    """The CPU slices linking needs, one frame per kind, each with only the columns it is used for
+    (`_SLICE_COLS`); names are categoricals (launch and op names repeat millions of times)."""
+
+    launches: pl.DataFrame
+    ops: pl.DataFrame
+    annotations: pl.DataFrame
+    modules: pl.DataFrame
+
+
+def cpu_slices(events: pl.LazyFrame, gpu_correlations: pl.Series | None = None) -> CpuSlices:
+    """The CPU slices of `events`, read with the streaming engine: rows are filtered batch by batch,
+    so the event columns (names, categories) are never all in memory at once. With
     `gpu_correlations`, only runtime calls that share a correlation id with some GPU activity
     are kept (most runtime calls launch nothing)."""
     kind = (pl.when(pl.col("cat").str.contains(LAUNCH_CAT)).then(LAUNCH)
@@ -58,17 +84,24 @@ def cpu_slices(events: pl.LazyFrame, gpu_correlations: pl.Series | None = None) 
             .when(pl.col("cat").str.contains(ANNOTATION_CAT)).then(ANNOTATION)
             .when(pl.col("cat").str.contains(_cat_regex(*MODULE_CATS))
                   & pl.col("name").str.starts_with(MODULE_PREFIX)).then(MODULE))
-    return (events.select(_EVENT_COLS)
-            .filter((pl.col("ph") == "X") & pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
-                    & pl.col("ts_ns").is_not_null())
-            .with_columns(kind=kind.cast(pl.Int8))
-            .filter(pl.col("kind").is_not_null())
-            .filter(pl.lit(True) if gpu_correlations is None else
-                    (pl.col("kind") != LAUNCH) | pl.col("correlation").is_in(gpu_correlations.implode()))
-            .select("event_idx", "kind", pl.col("name").cast(pl.Categorical), "pid", "tid", "ts_ns",
-                    end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0), dur_ns="dur_ns",
-                    correlation="correlation", external_id="external_id")
-            .collect())
+    query = (events.select(_EVENT_COLS)
+             .filter((pl.col("ph") == "X") & pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
+                     & pl.col("ts_ns").is_not_null())
+             .with_columns(kind=kind.cast(pl.Int8))
+             .filter(pl.col("kind").is_not_null())
+             .filter(pl.lit(True) if gpu_correlations is None else
+                     (pl.col("kind") != LAUNCH) | pl.col("correlation").is_in(gpu_correlations.implode()))
+             .select("event_idx", "kind", pl.col("name").cast(pl.Categorical), "pid", "tid", "ts_ns", "dur_ns",
+                     end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0), correlation="correlation",
+                     external_id="external_id"))
+    # each batch is split by kind as it arrives, so all kinds together are never held (nor copied);
+    # every kind starts with an empty frame: it has its columns even when no slice has that kind
+    parts = {k: [query.clear().select(cols).collect()] for k, cols in _SLICE_COLS.items()}
+    for batch in query.collect_batches(engine="streaming"):
+        for k, cols in _SLICE_COLS.items():
+            parts[k].append(batch.filter(pl.col("kind") == k).select(cols))
+    of_kind = {k: pl.concat(frames, rechunk=False) for k, frames in parts.items()}
+    return CpuSlices(of_kind[LAUNCH], of_kind[CPU_OP], of_kind[ANNOTATION], of_kind[MODULE])
 
 
 def launch_links(launch_slices: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyFrame) -> pl.LazyFrame:
@@ -76,13 +109,15 @@ def launch_links(launch_slices: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyF
     launches = launch_slices.select(
         pl.col("event_idx").alias("launch_event_idx"), "pid", "tid", "ts_ns",
         pl.col("correlation").alias("launch_corr"))
-    fl = (flows.filter(pl.col("cat").is_in(LINK_FLOW_CATS) & pl.col("id").is_not_null())
-          .select("cat", "id", "ph", "pid", "tid", "ts_ns"))
-    starts = (fl.filter(pl.col("ph") == "s")
+    # one scan per endpoint: a filtered frame shared by both would be held whole (all the flows)
+    fl = lambda ph: (flows.filter((pl.col("ph") == ph) & pl.col("cat").is_in(LINK_FLOW_CATS)  # noqa: E731
+                                  & pl.col("id").is_not_null())
+                     .select("cat", "id", "pid", "tid", "ts_ns"))
+    starts = (fl("s")
               .join(launches, on=["pid", "tid", "ts_ns"], how="inner")
               .group_by("cat", "id").agg(pl.col("launch_event_idx").min(), pl.col("launch_corr").first()))
     g = gpu.select("event_idx", "pid", "tid", "ts_ns", "correlation")
-    ends = (fl.filter(pl.col("ph") == "f")
+    ends = (fl("f")
             .join(g, on=["pid", "tid", "ts_ns"], how="inner")
             .select("cat", "id", "event_idx", "correlation"))
     by_flow = (ends.join(starts, on=["cat", "id"], how="inner")
@@ -98,109 +133,101 @@ def launch_links(launch_slices: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyF
     return pl.concat([by_flow.select("event_idx", "launch_event_idx", "launch_link"), by_corr])
 
 
-def innermost_enclosing(points: pl.LazyFrame, intervals: pl.LazyFrame, outermost: bool = False) -> pl.LazyFrame:
+def innermost_enclosing(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.DataFrame,
+                        outermost: bool = False) -> pl.LazyFrame:
     """For each point (point_id, pid, tid, t) the innermost (or outermost) interval containing it.
 
     intervals: (iv_idx, pid, tid, ts_ns, end_ns) properly nested per thread. Returns
-    (point_id, iv_idx) for points inside at least one interval.
+    (point_id, iv_idx) for points inside at least one interval. Identical intervals nest in file
+    order: starts at one instant are taken by ascending index (see `pipeline.nesting`).
     """
-    iv = intervals.select("iv_idx", "pid", "tid", "ts_ns", "end_ns")
-    zero_len = pl.col("ts_ns") == pl.col("end_ns")
-    boundary = pl.concat([
-        iv.select("pid", "tid", t=pl.col("ts_ns"), order=pl.lit(1), tie=pl.col("iv_idx"),
-                  delta=pl.lit(1), iv_idx="iv_idx", point_id=pl.lit(None, pl.Int64)),
-        iv.select("pid", "tid", t=pl.col("end_ns"), order=pl.when(zero_len).then(3).otherwise(0),
-                  tie=-pl.col("iv_idx"), delta=pl.lit(-1), iv_idx=pl.lit(None, pl.Int64),
-                  point_id=pl.lit(None, pl.Int64)),
-        points.select("pid", "tid", t=pl.col("t"), order=pl.lit(2), tie=pl.lit(0, pl.Int64),
-                      delta=pl.lit(0), iv_idx=pl.lit(None, pl.Int64), point_id="point_id"),
-    ], how="vertical_relaxed")
-    # every interval adds +1 and -1 on its own thread, so after sorting by thread the running sum
-    # over the whole frame equals the per-thread running sum: no window over groups is needed
-    swept = (boundary.sort("pid", "tid", "t", "order", "tie")
-             .with_columns(depth=pl.col("delta").cum_sum()))
-    starts = (swept.filter(pl.col("iv_idx").is_not_null())
-              .select("pid", "tid", "depth", "iv_idx", start=pl.col("t")))
-    pts = swept.filter(pl.col("point_id").is_not_null() & (pl.col("depth") > 0)).select(
-        "pid", "tid", "point_id", "t", depth=pl.lit(1, pl.Int64) if outermost else pl.col("depth").cast(pl.Int64))
-    starts = starts.with_columns(pl.col("depth").cast(pl.Int64)).sort("start")
-    found = pts.sort("t").join_asof(starts, left_on="t", right_on="start", by=["pid", "tid", "depth"],
-                                    strategy="backward", check_sortedness=False)
-    return (found.join(iv.select("iv_idx", "end_ns"), on="iv_idx", how="inner")
-            .filter(pl.col("end_ns") >= pl.col("t"))
-            .select("point_id", "iv_idx"))
+    return nesting.enclosing(points, intervals, nesting.FILE_ORDER, outermost).lazy()
 
 
-def _enclosing_named(points, slices, name_col: str, outermost: bool):
+def _enclosing_named(points: pl.DataFrame, slices: pl.DataFrame, name_col: str, outermost: bool) -> pl.LazyFrame:
     iv = slices.select(pl.col("event_idx").alias("iv_idx"), "pid", "tid", "ts_ns", "end_ns")
     return (innermost_enclosing(points, iv, outermost)
-            .join(slices.select(pl.col("event_idx").alias("iv_idx"), pl.col("name").cast(pl.String).alias(name_col)),
+            .join(slices.lazy().select(pl.col("event_idx").alias("iv_idx"), pl.col("name").alias(name_col)),
                   on="iv_idx", how="left")
             .select("point_id", name_col))
 
 
-def link_gpu_ops(flat_dir: Path) -> tuple[pl.DataFrame, dict]:
-    """gpu_ops of a flattened trace with link columns added, and link counts by reason."""
+def gpu_links(flat_dir: Path) -> pl.DataFrame:
+    """(event_idx, correlation, *LINK_COLUMNS) of every GPU op of a flattened trace, in the order of
+    its gpu_ops.parquet. Only the GPU ops' `GPU_LINK_INPUTS` are read: the wide table is joined
+    afterwards (`with_links`)."""
     flat_dir = Path(flat_dir)
-    corr = pl.scan_parquet(flat_dir / "gpu_ops.parquet").select("correlation").collect()["correlation"]
+    gpu = pl.scan_parquet(flat_dir / "gpu_ops.parquet").select(GPU_LINK_INPUTS).collect()
+    corr = gpu["correlation"]
     # runtime calls are filtered by correlation only when every GPU op has one (else flows must decide)
     keep = corr.unique() if corr.null_count() == 0 else None
-    events = cpu_slices(pl.scan_parquet(flat_dir / "events.parquet"), keep).lazy()
-    of_kind = lambda k: events.filter(pl.col("kind") == k)  # noqa: E731
-    # only the flattened columns: linking an already linked directory again gives the same result
-    gpu = pl.scan_parquet(flat_dir / "gpu_ops.parquet").select(schema.table("gpu_ops").names(("flatten",)))
+    slices = cpu_slices(pl.scan_parquet(flat_dir / "events.parquet"), keep)
     flows = pl.scan_parquet(flat_dir / "flows.parquet")
-    launch = launch_links(of_kind(LAUNCH), gpu, flows)
-    launches = of_kind(LAUNCH).select(pl.col("event_idx").alias("launch_event_idx"),
-                             pl.col("name").cast(pl.String).alias("launch_name"), pl.col("pid").alias("launch_pid"),
-                             pl.col("tid").alias("launch_tid"), pl.col("ts_ns").alias("launch_ts_ns"),
-                             pl.col("dur_ns").alias("launch_dur_ns"),
-                             pl.col("external_id").alias("launch_external_id"))
-    linked = (gpu.join(launch, on="event_idx", how="left")
-              .join(launches, on="launch_event_idx", how="left")).collect()
+    launch = launch_links(slices.launches.lazy(), gpu.lazy(), flows)
+    launches = slices.launches.lazy().select(
+        launch_event_idx="event_idx", launch_name="name", launch_pid="pid", launch_tid="tid",
+        launch_ts_ns="ts_ns", launch_dur_ns="dur_ns", launch_external_id="external_id")
+    linked = (gpu.lazy().select("event_idx", "correlation")
+              .join(launch, on="event_idx", how="left", maintain_order="left")
+              .join(launches, on="launch_event_idx", how="left", maintain_order="left")).collect()
 
-    points = (linked.lazy().filter(pl.col("launch_event_idx").is_not_null())
+    points = (linked.filter(pl.col("launch_event_idx").is_not_null())
               .select(point_id=pl.col("event_idx"), pid=pl.col("launch_pid"), tid=pl.col("launch_tid"),
                       t=pl.col("launch_ts_ns")))
-    ops = of_kind(CPU_OP)
+    ops = slices.ops
     op_iv = ops.select(pl.col("event_idx").alias("iv_idx"), "pid", "tid", "ts_ns", "end_ns")
     by_nesting = innermost_enclosing(points, op_iv).select(
         pl.col("point_id").alias("event_idx"), pl.col("iv_idx").alias("cpu_op_event_idx"),
         cpu_op_link=pl.lit("nesting"))
-    annotations = of_kind(ANNOTATION).with_columns(pl.col("name").cast(pl.String))
+    annotations = slices.annotations.with_columns(pl.col("name").cast(pl.String))
     steps = annotations.filter(pl.col("name").str.contains(STEP_NAME))
     user = annotations.filter(~pl.col("name").str.contains(STEP_NAME))
-    modules = of_kind(MODULE)
     step = _enclosing_named(points, steps, "step_name", outermost=False)
     ann = _enclosing_named(points, user, "annotation", outermost=True)
-    mod = _enclosing_named(points, modules, "module", outermost=True)
+    mod = _enclosing_named(points, slices.modules, "module", outermost=True)
 
-    out = (linked.lazy()
-           .join(by_nesting, on="event_idx", how="left")
-           .join(step, left_on="event_idx", right_on="point_id", how="left")
-           .join(ann, left_on="event_idx", right_on="point_id", how="left")
-           .join(mod, left_on="event_idx", right_on="point_id", how="left"))
-    out = _external_id_fallback(out, ops, gpu)
-    op_names = ops.select(pl.col("event_idx").alias("cpu_op_event_idx"), pl.col("name").cast(pl.String).alias("cpu_op_name"))
-    out = (out.join(op_names, on="cpu_op_event_idx", how="left")
-           .with_columns(step=pl.col("step_name").str.extract(STEP_NAME, 1).cast(pl.Int64),
-                         module=pl.col("module").str.strip_prefix(MODULE_PREFIX))
-           .drop("step_name", "launch_pid", "launch_tid", "launch_external_id")
-           .sort("event_idx")
-           .collect())
+    def left_join(lf, other, **on):
+        return lf.join(other, how="left", maintain_order="left", **on)
+
+    out = left_join(linked.lazy(), by_nesting, on="event_idx")
+    for named in (step, ann, mod):
+        out = left_join(out, named, left_on="event_idx", right_on="point_id")
+    out = _external_id_fallback(out.collect(), ops, gpu)
+    op_names = ops.select(pl.col("event_idx").alias("cpu_op_event_idx"), pl.col("name").alias("cpu_op_name"))
+    return (left_join(out.lazy(), op_names.lazy(), on="cpu_op_event_idx")
+            .with_columns(pl.col("launch_name", "annotation", "cpu_op_name").cast(pl.String),
+                          step=pl.col("step_name").str.extract(STEP_NAME, 1).cast(pl.Int64),
+                          module=pl.col("module").cast(pl.String).str.strip_prefix(MODULE_PREFIX))
+            .select("event_idx", "correlation", *LINK_COLUMNS)
+            .collect())
+
+
+def with_links(flat_dir: Path, links: pl.DataFrame) -> pl.LazyFrame:
+    """The flattened gpu_ops of `flat_dir` with the link columns of `links` (`gpu_links`), sorted by
+    event_idx. Flatten writes GPU ops in file order, so the scan is sorted already and the query
+    streams; it sorts (holding the whole table) only if it is not."""
+    gpu = pl.scan_parquet(Path(flat_dir) / "gpu_ops.parquet").select(schema.table("gpu_ops").names(("flatten",)))
+    out = gpu.join(links.drop("correlation").lazy(), on="event_idx", how="left", maintain_order="left")
+    return out if links["event_idx"].is_sorted() else out.sort("event_idx")
+
+
+def link_gpu_ops(flat_dir: Path) -> tuple[pl.DataFrame, dict]:
+    """gpu_ops of a flattened trace with link columns added, and link counts by reason."""
+    # only the flattened columns are read: linking an already linked directory again gives the same result
+    out = with_links(flat_dir, gpu_links(flat_dir)).collect()
     return out, link_counts(out)
 
 
-def _external_id_fallback(out: pl.LazyFrame, ops: pl.LazyFrame, gpu: pl.LazyFrame) -> pl.LazyFrame:
+def _external_id_fallback(out: pl.DataFrame, ops: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     """cpu_op by External id for launches no op contains, where External id is trustworthy."""
     trust = (gpu.filter(pl.col("external_id").is_not_null() & pl.col("correlation").is_not_null())
-             .select((pl.col("external_id") != pl.col("correlation")).mean().fill_null(False).alias("t"))
-             .collect().item())
+             .select((pl.col("external_id") != pl.col("correlation")).mean().fill_null(False).alias("t")).item())
     if not trust or trust < 0.5:
         return out
-    by_ext = ops.filter(pl.col("external_id").is_not_null()).group_by("external_id").agg(
+    wanted = out.filter(pl.col("cpu_op_event_idx").is_null())["launch_external_id"].drop_nulls().implode()
+    by_ext = ops.filter(pl.col("external_id").is_in(wanted)).group_by("external_id").agg(
         pl.col("event_idx").max().alias("ext_op_idx"))
-    return (out.join(by_ext, left_on="launch_external_id", right_on="external_id", how="left")
+    return (out.join(by_ext, left_on="launch_external_id", right_on="external_id", how="left", maintain_order="left")
             .with_columns(
                 cpu_op_link=pl.when(pl.col("cpu_op_event_idx").is_null() & pl.col("ext_op_idx").is_not_null())
                 .then(pl.lit("external_id")).otherwise(pl.col("cpu_op_link")),

@@ -40,7 +40,7 @@ def _save(fig, out_dir: Path, stem: str) -> list[Path]:
 
 def _peaks(f: Flat) -> pl.DataFrame:
     """(device, peak_tflops, peak_bw_gbps): the device's most used peak and its bandwidth."""
-    return (f.gpu.filter(pl.col("kind") == "kernel")
+    return (f.gpu.select("device", "kind", "peak_tflops", "peak_bw_gbps").filter(pl.col("kind") == "kernel")
             .group_by("device").agg(peak_tflops=pl.col("peak_tflops").drop_nulls().mode().first(),
                                     peak_bw_gbps=pl.col("peak_bw_gbps").drop_nulls().first()))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import re
 import zlib
 from collections import deque
@@ -301,12 +302,37 @@ class Salvaged:
     text: bytes = b""  # the stretch they come from (to salvage again with an unparsed carry before it)
 
 
+@dataclass(frozen=True)
+class FileSpan:
+    """A chunk of an uncompressed trace file, by position: the process that parses it reads
+    the bytes itself, so a chunk's text never passes through a pipe."""
+
+    path: str
+    start: int
+    end: int
+
+    def read(self) -> bytes:
+        out = bytearray()
+        with open(self.path, "rb") as f:
+            while len(out) < self.end - self.start:
+                block = os.pread(f.fileno(), self.end - self.start - len(out), self.start + len(out))
+                if not block:
+                    raise ChunkParseError("the file shrank while it was being read")
+                out += block
+        return bytes(out)
+
+
+def text_of(piece: bytes | FileSpan) -> bytes:
+    return piece.read() if isinstance(piece, FileSpan) else piece
+
+
 class TraceSource:
     """A trace as a stream of traceEvents chunks plus its top-level metadata.
 
-    Iterate `pieces()` for raw chunk bytes (and, at the end of a truncated trace, a Salvaged
-    piece); `metadata` holds the top-level keys found before and after traceEvents once
-    iteration is done; `tail` says whether the trace was truncated.
+    Iterate `pieces()` for raw chunk bytes (`pieces(spans=True)`: FileSpans where the file is
+    uncompressed) and, at the end of a truncated trace, a Salvaged piece; `metadata` holds the
+    top-level keys found before and after traceEvents once iteration is done; `tail` says
+    whether the trace was truncated.
     """
 
     def __init__(self, path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
@@ -323,6 +349,9 @@ class TraceSource:
             raise
         self._problem = problem
         self.metadata.update(self.header.metadata)
+        # file offset of header.rest[0], when the stream is the file itself (not decompressed)
+        self._rest_offset = (self._stream.tell() - len(self.header.rest)
+                             if isinstance(self._stream, io.BufferedReader) else None)
 
     def close(self):
         self._stream.close()
@@ -333,11 +362,12 @@ class TraceSource:
     def __exit__(self, *exc):
         self.close()
 
-    def pieces(self) -> Iterator[bytes | Salvaged]:
+    def pieces(self, spans: bool = False) -> Iterator[bytes | FileSpan | Salvaged]:
         buf = self.header.rest
         problem = self._problem
         eof = problem is not None
         at_end = False  # traceEvents may close in buf: cut no more, the rest is the tail
+        offset = self._rest_offset if spans else None  # file offset of buf[0]
         while True:
             while not at_end and len(buf) >= self.chunk_bytes:
                 cut = self._cut(buf)
@@ -346,7 +376,11 @@ class TraceSource:
                 if cut < 0:
                     at_end = True
                     break
-                chunk = bytes(buf[:cut])
+                if offset is None:
+                    chunk = bytes(buf[:cut])
+                else:
+                    chunk = FileSpan(self.path, offset, offset + cut)
+                    offset += cut + 1
                 del buf[: cut + 1]
                 yield chunk
             if eof:
@@ -397,7 +431,7 @@ class TraceSource:
 
 # ------------------------------------------------------------------ ordered, fault-tolerant map
 def ordered_results(
-    pieces: Iterator[bytes | Salvaged],
+    pieces: Iterator[bytes | FileSpan | Salvaged],
     work_text: Callable[[bytes], object],
     work_events: Callable[[list], object],
     submit: Callable[[bytes], object] | None = None,
@@ -429,7 +463,7 @@ def ordered_results(
         ok, value = outcome
         if carry is None and ok:
             return [value]
-        carry = raw if carry is None else carry + b"," + raw
+        carry = text_of(raw) if carry is None else carry + b"," + text_of(raw)
         carried += 1
         if carried > 1 and len(carry) >= next_try:
             done = retry()
@@ -454,7 +488,7 @@ def ordered_results(
                     yield work_events(piece.events)
                 continue
             if submit is None:
-                inflight.append((piece, _run_local(work_text, piece)))
+                inflight.append((piece, _run_local(work_text, text_of(piece))))
             else:
                 inflight.append((piece, submit(piece)))
             while len(inflight) > max_inflight:

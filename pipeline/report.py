@@ -38,7 +38,8 @@ import polars as pl
 
 from . import schema, store
 from .errors import BadTrace, DatasetError, UsageError
-from .categories import CATEGORIES, OTHER, Category, category_expr  # noqa: F401 (re-exported)
+from .categories import CATEGORIES, OTHER, Category, category_expr, with_category  # noqa: F401 (re-exported)
+from .nesting import LONGER_FIRST, nesting as _nest
 from .link import ANNOTATION_CAT, CPU_OP_CAT, STEP_NAME, link_gpu_ops
 
 NS_PER_US = 1_000.0
@@ -122,9 +123,9 @@ class Flat:
         return (g.filter(pl.col("ts_ns").is_not_null())
                 # GPU activity without args.device is reported under device -1, not lost
                 .with_columns(pl.col("dur_ns").fill_null(0), pl.col("device").fill_null(CPU_DEVICE))
-                .with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
-                              category=category_expr(pl.col("name"), pl.col("cpu_op_name"), pl.col("kind")))
-                .collect())
+                .with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
+                .collect()
+                .pipe(with_category))
 
     @cached_property
     def has_gpu(self) -> bool:
@@ -136,7 +137,7 @@ class Flat:
         devs = self.scan("devices").select("device", pl.col("name").alias("dev_name")).collect()
         listed = devs["dev_name"].drop_nulls().unique()
         only = listed[0] if listed.len() == 1 else None  # unlisted ids of a one-model machine
-        ids = self.gpu.group_by("device").agg(pl.col("spec_name").drop_nulls().first())
+        ids = self.gpu.lazy().group_by("device").agg(pl.col("spec_name").drop_nulls().first()).collect()
         return (ids.join(devs, on="device", how="left")
                 .select("device", name=pl.coalesce("dev_name", pl.lit(only, pl.String), "spec_name",
                                                    pl.lit("unknown")))
@@ -155,11 +156,16 @@ class Flat:
 
     @cached_property
     def launch_threads(self) -> pl.DataFrame:
-        """GPU ops with launch_pid / launch_tid: the thread of their launch call."""
-        ev = self.scan("events").select(pl.col("event_idx").alias("launch_event_idx"),
-                                        pl.col("pid").alias("launch_pid"), pl.col("tid").alias("launch_tid"))
-        g = self.gpu.lazy().filter(pl.col("launch_event_idx").is_not_null())
-        return g.join(ev, on="launch_event_idx", how="inner").collect()
+        """GPU ops linked to a launch (the columns CPU-side accounting uses) with launch_pid /
+        launch_tid: the thread of their launch call."""
+        g = (self.gpu.select("event_idx", "device", "kind", "name", "dur_ns", "flops", "cpu_op_event_idx",
+                             "launch_event_idx", "launch_ts_ns", "launch_dur_ns")
+             .filter(pl.col("launch_event_idx").is_not_null()))
+        # a predicate, not a join against every event: the reader decodes only the launches' rows
+        ev = (self.scan("events").filter(pl.col("event_idx").is_in(g["launch_event_idx"].implode()))
+              .select(pl.col("event_idx").alias("launch_event_idx"), pl.col("pid").alias("launch_pid"),
+                      pl.col("tid").alias("launch_tid")))
+        return g.lazy().join(ev, on="launch_event_idx", how="inner").collect()
 
     @cached_property
     def activity(self) -> pl.DataFrame:
@@ -172,7 +178,7 @@ class Flat:
             "event_idx", "name", "ts_ns", "end_ns", "pid", "tid", device=pl.lit(CPU_DEVICE, pl.Int64),
             stream=pl.col("tid"), kind=pl.lit("cpu_op"), dur_ns=pl.col("self_ns"),
             cpu_op_event_idx="event_idx", cpu_op_name="name")
-        cpu = cpu.with_columns(category=category_expr(pl.col("name"), pl.col("name"), pl.col("kind")))
+        cpu = with_category(cpu, "name", "name", "kind")
         return pl.concat([self.gpu.clear(), cpu], how="diagonal_relaxed")
 
     @cached_property
@@ -209,8 +215,7 @@ def _slices(events: pl.LazyFrame, cat_regex: str) -> pl.LazyFrame:
     return (events.filter((pl.col("ph") == "X") & pl.col("cat").str.contains(cat_regex)
                           & pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
                           & pl.col("ts_ns").is_not_null())
-            .select("event_idx", "cat", "name", "pid", "tid", "ts_ns", "args_json",
-                    dur_ns=pl.col("dur_ns").fill_null(0))
+            .select("event_idx", "cat", "name", "pid", "tid", "ts_ns", dur_ns=pl.col("dur_ns").fill_null(0))
             .with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns")))
 
 
@@ -257,39 +262,32 @@ def range_sum(points: pl.LazyFrame, ranges: pl.LazyFrame, by: list[str], values:
                             for v in values).drop(*(f"_{s}_{v}" for s in ("hi", "lo") for v in values))
 
 
-def nesting(iv: pl.LazyFrame) -> pl.LazyFrame:
+def nesting(iv: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
     """(iv_idx, depth, parent_idx) of intervals (iv_idx, pid, tid, ts_ns, end_ns) nested per thread.
 
-    Sweep order at one instant: ends, then starts (longer first, then file order: identical
-    intervals nest in file order), then the ends of zero-length intervals.
+    Order at one instant: ends, then starts (longer first, then file order: identical
+    intervals nest in file order), then the ends of zero-length intervals (see `pipeline.nesting`).
     """
-    zero = pl.col("end_ns") == pl.col("ts_ns")
-    bounds = pl.concat([
-        iv.select("pid", "tid", t=pl.col("ts_ns"), order=pl.lit(1, pl.Int8), k=-pl.col("end_ns"),
-                  tie=pl.col("iv_idx"), delta=pl.lit(1, pl.Int64), iv_idx="iv_idx"),
-        iv.select("pid", "tid", t=pl.col("end_ns"), order=pl.when(zero).then(pl.lit(3, pl.Int8)).otherwise(pl.lit(0, pl.Int8)),
-                  k=-pl.col("ts_ns"), tie=-pl.col("iv_idx"), delta=pl.lit(-1, pl.Int64),
-                  iv_idx=pl.lit(None, pl.Int64)),
-    ])
-    starts = (bounds.sort("pid", "tid", "t", "order", "k", "tie")
-              .with_columns(depth=pl.col("delta").cum_sum().over("pid", "tid"), seq=pl.int_range(pl.len()))
-              .filter(pl.col("iv_idx").is_not_null())
-              .select("pid", "tid", "seq", "depth", "iv_idx"))
-    parents = starts.select("pid", "tid", "seq", pl.col("depth").alias("pd"), pl.col("iv_idx").alias("parent_idx"))
-    return (starts.with_columns(pd=pl.col("depth") - 1)
-            .join_asof(parents, on="seq", by=["pid", "tid", "pd"], strategy="backward", allow_exact_matches=False,
-                       check_sortedness=False)
-            .select("iv_idx", "depth", "parent_idx"))
+    return _nest(iv, LONGER_FIRST).lazy()
+
+
+def _beside(frame: pl.DataFrame, other: pl.DataFrame, left_on: str, right_on: str | None = None) -> pl.DataFrame:
+    """frame with the other columns of `other` (at most one row per key) added by a left join in
+    which only the key column takes part: the frame's own columns are not copied."""
+    added = frame.select(left_on).join(other, left_on=left_on, right_on=right_on or left_on, how="left",
+                                       maintain_order="left")
+    return frame.with_columns(added.drop(left_on))
 
 
 def _with_self_time(slices: pl.LazyFrame) -> pl.DataFrame:
     """slices with depth, parent_idx and self_ns = dur_ns minus the durations of direct children."""
-    nest = nesting(slices.select(pl.col("event_idx").alias("iv_idx"), "pid", "tid", "ts_ns", "end_ns"))
-    s = slices.join(nest.rename({"iv_idx": "event_idx"}), on="event_idx", how="left")
-    children = s.group_by("parent_idx").agg(child_ns=pl.col("dur_ns").sum())
-    return (s.join(children, left_on="event_idx", right_on="parent_idx", how="left")
-            .with_columns(self_ns=pl.col("dur_ns") - pl.col("child_ns").fill_null(0))
-            .drop("child_ns").sort("event_idx").collect())
+    s = slices.collect()
+    s = s if s["event_idx"].is_sorted() else s.sort("event_idx")  # a scan in file order is sorted
+    nest = nesting(s.select(pl.col("event_idx").alias("iv_idx"), "pid", "tid", "ts_ns", "end_ns")).collect()
+    s = _beside(s, nest, "event_idx", "iv_idx")
+    children = s.lazy().group_by("parent_idx").agg(child_ns=pl.col("dur_ns").sum()).collect()
+    s = _beside(s, children, "event_idx", "parent_idx")
+    return s.with_columns(self_ns=pl.col("dur_ns") - pl.col("child_ns").fill_null(0)).drop("child_ns")
 
 
 def _paths(frames: pl.DataFrame) -> pl.DataFrame:
@@ -387,19 +385,27 @@ def _name_table(rows: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
             .sort("device", "dur_us", descending=[False, True]))
 
 
+def _name_rows(f: Flat) -> pl.DataFrame:
+    """The activity columns `_name_table` reads. Reports select the columns they use before
+    filtering or grouping (eagerly: the in-memory engine's float results are the reference ones):
+    a filter or group-by of the whole GPU-op table would copy every column."""
+    return f.activity.select("device", "kind", "name", "category", "dur_ns", "flops", "bytes", "achieved_flops_pct",
+                             "achieved_bw_pct", "peak_tflops", "peak_bw_gbps", "cpu_op_name")
+
+
 def kernel_table(flat, kinds: tuple[str, ...] = ("kernel",)) -> pl.DataFrame:
     """Per device, per kernel name: count (every launch), dur_us, mean/min/max, pct of the device's
     kernel time, flops, bytes, achieved TFLOP/s and GB/s, achieved % of peak, arithmetic
     intensity, roofline bound, category, most common launching op. CPU-only traces: per CPU op."""
     f = as_flat(flat)
-    rows = f.activity.filter(pl.col("kind").is_in(list(kinds) + ["cpu_op"]))
+    rows = _name_rows(f).filter(pl.col("kind").is_in(list(kinds) + ["cpu_op"]))
     return _name_table(rows, ["device", "name"])
 
 
 def transfer_table(flat) -> pl.DataFrame:
     """kernel_table of memcpy / memset activity (with its kind)."""
     f = as_flat(flat)
-    rows = f.activity.filter(pl.col("kind").is_in(["memcpy", "memset"]))
+    rows = _name_rows(f).filter(pl.col("kind").is_in(["memcpy", "memset"]))
     return _name_table(rows, ["device", "kind", "name"])
 
 
@@ -434,7 +440,8 @@ def busy(flat, per_stream: bool = False) -> pl.DataFrame:
 def categories(flat) -> pl.DataFrame:
     """Per device and category: ops, dur_us and pct of the device's summed activity time."""
     f = as_flat(flat)
-    return (f.activity.group_by("device", "category").agg(count=pl.len(), dur_us=_us("dur_ns").sum())
+    return (f.activity.select("device", "category", "dur_ns")
+            .group_by("device", "category").agg(count=pl.len(), dur_us=_us("dur_ns").sum())
             .with_columns(pct=100 * pl.col("dur_us") / pl.col("dur_us").sum().over("device"))
             .sort("device", "dur_us", descending=[False, True]))
 
@@ -443,22 +450,33 @@ def categories(flat) -> pl.DataFrame:
 GROUPINGS = {None: [], "input-shape": ["input_shape"], "stack": ["stack"], "overload": ["overload"]}
 
 
+def _op_args(f: Flat, ops: pl.DataFrame, **from_args: pl.Expr) -> pl.DataFrame:
+    """ops with columns computed from their events' args_json (`ARGS`), evaluated while the events
+    are read: only these ops' rows are decoded, and their args are never all in memory."""
+    values = (f.scan("events").filter(pl.col("event_idx").is_in(ops["event_idx"].implode()))
+              .select("event_idx", **from_args).collect(engine="streaming"))
+    return ops.join(values, on="event_idx", how="left", maintain_order="left")
+
+
+ARGS = pl.col("args_json")
+
+
 def _op_keys(f: Flat, ops: pl.DataFrame, group_by: str | None, stack_n: int) -> pl.DataFrame:
     check_options("table", group_by=group_by)
     if group_by == "input-shape":
-        return ops.with_columns(input_shape=pl.col("args_json").str.json_path_match("$['Input Dims']").fill_null(""))
+        return _op_args(f, ops, input_shape=ARGS.str.json_path_match("$['Input Dims']").fill_null(""))
     if group_by == "overload":
-        listed = pl.col("args_json").str.json_path_match("$['Overload Name']")
         suffix = pl.col("name").str.extract(r"^\w[\w.]*::\w+\.(\w+)$", 1)
-        return ops.with_columns(overload=pl.coalesce(listed, suffix, pl.lit("")))
+        return (_op_args(f, ops, listed=ARGS.str.json_path_match("$['Overload Name']"))
+                .with_columns(overload=pl.coalesce("listed", suffix, pl.lit(""))).drop("listed"))
     if group_by == "stack":
-        recorded = pl.col("args_json").str.json_path_match("$['Call stack']").str.split(";").list.head(stack_n)
+        recorded = ARGS.str.json_path_match("$['Call stack']").str.split(";").list.head(stack_n)
         parents = f.frames.select("event_idx", nested=pl.col("path").str.split(";"))
         nested = (pl.col("nested").list.slice(0, pl.col("nested").list.len() - 1)
                   .list.reverse().list.head(stack_n))  # innermost enclosing frames first
-        return (ops.join(parents, on="event_idx", how="left")
-                .with_columns(stack=pl.coalesce(recorded, nested).list.join(" <- ").fill_null(""))
-                .drop("nested"))
+        return (_op_args(f, ops, recorded=recorded).join(parents, on="event_idx", how="left")
+                .with_columns(stack=pl.coalesce("recorded", nested).list.join(" <- ").fill_null(""))
+                .drop("nested", "recorded"))
     return ops.with_columns(name=pl.col("name").str.replace(OVERLOAD_SUFFIX, "$1"))
 
 
@@ -471,8 +489,7 @@ def _device_time(f: Flat, ops: pl.DataFrame) -> pl.DataFrame:
                              kernels=pl.lit(1, pl.Int64))
     incl = range_sum(points, ops.lazy().select("event_idx", "pid", "tid", "ts_ns", "end_ns"),
                      ["pid", "tid"], ["device_ns", "kernels"]).select("event_idx", "device_ns", "kernels")
-    return (ops.join(own, left_on="event_idx", right_on="cpu_op_event_idx", how="left")
-            .join(incl.collect(), on="event_idx", how="left")
+    return (_beside(_beside(ops, own, "event_idx", "cpu_op_event_idx"), incl.collect(), "event_idx")
             .with_columns(pl.col("self_device_ns", "device_ns", "kernels").fill_null(0)))
 
 
@@ -486,6 +503,7 @@ def op_table(flat, group_by: str | None = None, sort: str | None = None, stack_n
     f = as_flat(flat)
     keys = ["name", *GROUPINGS.get(group_by, [])]
     ops = _device_time(f, _op_keys(f, f.ops, group_by, stack_n))
+    ops = ops.select(*keys, "self_ns", "dur_ns", "self_device_ns", "device_ns", "kernels", "flops")
     out = (ops.group_by(keys).agg(
         calls=pl.len(),
         self_cpu_us=_us("self_ns").sum(),
@@ -515,7 +533,7 @@ def collapsed_stacks(flat, metric: str = "self_cpu_time_total") -> pl.DataFrame:
     f = as_flat(flat)
     fr = f.frames
     if metric == "self_device_time_total":
-        dev = f.gpu.group_by("cpu_op_event_idx").agg(v=pl.col("dur_ns").sum())
+        dev = f.gpu.select("cpu_op_event_idx", "dur_ns").group_by("cpu_op_event_idx").agg(v=pl.col("dur_ns").sum())
         fr = fr.join(dev, left_on="event_idx", right_on="cpu_op_event_idx", how="inner")
     else:
         fr = fr.with_columns(v=pl.col("self_ns"))
@@ -539,7 +557,8 @@ def launch_overhead(flat) -> pl.DataFrame:
     from the launch call's start to the kernel's start (p50/p90/p99/max), and the share of
     kernels that ran shorter than their launch call took."""
     f = as_flat(flat)
-    k = f.gpu.filter((pl.col("kind") == "kernel") & pl.col("launch_ts_ns").is_not_null())
+    k = (f.gpu.select("device", "kind", "ts_ns", "dur_ns", "launch_ts_ns", "launch_dur_ns")
+         .filter((pl.col("kind") == "kernel") & pl.col("launch_ts_ns").is_not_null()))
     return (k.with_columns(delay_ns=pl.col("ts_ns") - pl.col("launch_ts_ns"))
             .group_by("device").agg(
                 kernels=pl.len(),
@@ -680,9 +699,12 @@ def diff_side(flat) -> pl.DataFrame:
     f = as_flat(flat)
     act = f.activity
     by_op = pl.col("cpu_op_name").is_not_null() & (pl.col("kind").is_in(["kernel", "cpu_op"]))
-    keyed = act.with_columns(
+    keyed = (act.lazy().with_columns(
         key=pl.when(by_op).then(normalize_op(pl.col("cpu_op_name"))).otherwise(normalize_kernel(pl.col("name"))),
         key_kind=pl.when(by_op).then(pl.lit("op")).otherwise(pl.col("kind")))
+        .select("key", "key_kind", "name", "kind", "cpu_op_name", "cpu_op_event_idx", "device", "dur_ns", "flops",
+                "bytes", "achieved_flops_pct", "achieved_bw_pct", "peak_tflops", "peak_bw_gbps")
+        .collect())  # the columns used only: grouping the whole table would copy every column
     top = (keyed.group_by("key", "key_kind", "name").agg(n=pl.len(), d=pl.col("dur_ns").sum())
            .sort("d", descending=True)
            .group_by("key", "key_kind", maintain_order=True)

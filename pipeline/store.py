@@ -70,6 +70,28 @@ def write_table(tbl: pa.Table, path: Path, name: str, stages=schema.ALL_STAGES):
                    use_dictionary=_dictionary_columns(name, stages), **PARQUET_OPTIONS)
 
 
+def write_extended(source: Path, extra: pl.DataFrame, path: Path, name: str, key: str = "event_idx"):
+    """Write table `name` (all stages) to `path`: the flatten columns of the Parquet file `source`
+    with the columns of `extra` beside them, read and written batch by batch, so the wide table is
+    never whole in memory. `extra` has one row per row of `source`, in the same order (checked on
+    `key`); the columns of `source` that `extra` also has are taken from `extra`."""
+    columns = [c for c in schema.table(name).names(("flatten",)) if c not in extra.columns or c == key]
+    writer = TableWriter(path, name, schema.ALL_STAGES)
+    offset = 0
+    for batch in pq.ParquetFile(source).iter_batches(batch_size=BUFFER_ROWS, columns=columns):
+        beside = extra.slice(offset, batch.num_rows)
+        if not beside[key].to_arrow().equals(batch.column(key)):
+            raise ValueError(f"{source}: rows {offset}.. do not line up with the {key} of the columns to add")
+        tbl = pa.Table.from_batches([batch])
+        for col in beside.drop(key):
+            tbl = tbl.append_column(col.name, col.to_arrow())
+        writer.write(tbl)
+        offset += batch.num_rows
+    if offset != extra.height:
+        raise ValueError(f"{source}: {offset} rows, but {extra.height} rows of columns to add")
+    writer.close()
+
+
 @contextmanager
 def atomic_dir(final: Path):
     """Yield a temporary directory beside `final`; on success it replaces `final` by rename.

@@ -1,0 +1,73 @@
+"""pipeline.nesting against a direct sweep: boundaries sorted together, depth counted one by one."""
+from __future__ import annotations
+
+import random
+
+import polars as pl
+import pytest
+
+from pipeline import nesting
+
+END, START, POINT, ZERO_END = 0, 1, 2, 3  # order of boundaries at one instant
+
+
+def _sweep(intervals, points, start_key):
+    """Per thread, walk the boundaries in order: returns depth and parent of every interval, and
+    for each point the (innermost, outermost) interval open at it whose end is not before it."""
+    depth, parent, found = {}, {}, {}
+    for thread in {(p, t) for _, p, t, _, _ in intervals}:
+        iv = [r for r in intervals if (r[1], r[2]) == thread]
+        end_of = {i: e for i, _, _, _, e in iv}
+        rows = [(s, START, start_key(i, s, e), i) for i, _, _, s, e in iv]
+        rows += [(e, ZERO_END if e == s else END, 0, i) for i, _, _, s, e in iv]
+        rows += [(t, POINT, 0, pid) for pid, p, tt, t in points if (p, tt) == thread]
+        d, last_start_at = 0, {}  # depth -> interval that started last at that depth
+        for t, kind, _, i in sorted(rows):
+            if kind == START:
+                d += 1
+                depth[i], parent[i] = d, last_start_at.get(d - 1)
+                last_start_at[d] = i
+            elif kind == POINT and d > 0:
+                found[i] = tuple(c if end_of[c] >= t else None for c in (last_start_at[d], last_start_at[1]))
+            elif kind in (END, ZERO_END):
+                d -= 1
+    return depth, parent, found
+
+
+def _case(rng: random.Random):
+    intervals, points = [], []
+    for i in range(rng.randint(0, 25)):
+        a = rng.randint(0, 40)
+        r = rng.random()
+        if r < 0.15:
+            b = a  # zero length
+        elif r < 0.3 and intervals:
+            a, b = intervals[-1][3], intervals[-1][4]  # identical to the previous one
+        else:
+            b = a + rng.randint(0, 20)
+        intervals.append((i * 2 + rng.randint(0, 1), 1, rng.randint(1, 2), a, b))
+    for j in range(rng.randint(0, 15)):
+        points.append((100 + j, 1, rng.randint(1, 2), rng.randint(-1, 60)))
+    return intervals, points
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_nesting_and_enclosing_match_a_direct_sweep(seed):
+    rng = random.Random(seed)
+    for _ in range(20):
+        intervals, points = _case(rng)
+        iv = pl.DataFrame(intervals, schema=["iv_idx", "pid", "tid", "ts_ns", "end_ns"], orient="row")
+        pts = pl.DataFrame(points, schema=["point_id", "pid", "tid", "t"], orient="row")
+        if not points:
+            pts = pts.cast(pl.Int64)
+        if not intervals:
+            iv = iv.cast(pl.Int64)
+        # longer first, then file order (the reports); file order only (linking)
+        depth, parent, _ = _sweep(intervals, points, lambda i, s, e: (-e, i))
+        got = nesting.nesting(iv, nesting.LONGER_FIRST)
+        assert {r[0]: (r[1], r[2]) for r in got.iter_rows()} == {i: (depth[i], parent[i]) for i in depth}
+        _, _, found = _sweep(intervals, points, lambda i, s, e: (i,))
+        for outermost, k in ((False, 0), (True, 1)):
+            got = nesting.enclosing(pts, iv, nesting.FILE_ORDER, outermost)
+            want = {p: c[k] for p, c in found.items() if c[k] is not None}
+            assert dict(got.iter_rows()) == want
