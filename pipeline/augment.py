@@ -16,7 +16,8 @@ import polars as pl
 
 from . import store
 from .errors import DatasetError, UsageError
-from .flatten import GPU_KINDS, flatten, sampled_content_id
+from .columns import GPU_KINDS
+from .flatten import flatten, sampled_content_id
 from .jsonout import TraceWriter, metadata_after, open_trace, read_events
 
 # args key -> expression over gpu_ops

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from . import store
 from .errors import UsageError
-from .flatten import FLOAT_EXACT_US, Problems, us_to_ns
+from .columns import FLOAT_EXACT_US, Problems, us_to_ns
 from .jsonout import TraceWriter, open_trace, read_events
 
 ALIGNS = ("none", "start")

@@ -19,7 +19,7 @@ from typing import Iterator
 
 from . import store
 from .errors import BadTrace, UsageError
-from .flatten import FLOAT_EXACT_US, dumps
+from .columns import FLOAT_EXACT_US, dumps
 from .reader import TraceSource, ordered_results, parse_chunk, parse_chunk_exact
 
 GZIP_LEVEL = 6

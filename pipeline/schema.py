@@ -81,12 +81,19 @@ def table(name: str) -> Table:
 ALL_STAGES = ("flatten", "link", "cost")
 
 
+@lru_cache(maxsize=None)
+def _arrow_schema(name: str, stages: tuple) -> pa.Schema:
+    return table(name).arrow_schema(stages)
+
+
 def conform(tbl: pa.Table, name: str, stages=ALL_STAGES) -> pa.Table:
     """Cast a table to its declared schema: declared columns in order, missing ones null.
 
     Columns that the schema does not declare are an error: every column is declared once.
     """
-    schema = table(name).arrow_schema(stages)
+    schema = _arrow_schema(name, tuple(stages))
+    if tbl.schema.equals(schema, check_metadata=False):
+        return tbl  # built to the schema already (the flatten workers' tables)
     extra = set(tbl.column_names) - set(schema.names)
     if extra:
         raise ValueError(f"table {name} has undeclared columns {sorted(extra)}: add them to schemas/{name}.toml")
