@@ -59,7 +59,21 @@ def _json_default(v):
 
 
 def dumps(v) -> bytes:
-    return orjson.dumps(v, default=_json_default)
+    """JSON text of a parsed value, exact: Decimals as their text, integers beyond 64 bits too."""
+    try:
+        return orjson.dumps(v, default=_json_default)
+    except TypeError:  # orjson writes no integer beyond 64 bits
+        return orjson.dumps(_big_ints_as_text(v), default=_json_default)
+
+
+def _big_ints_as_text(v):
+    if type(v) is int and not -(2**63) <= v < 2**64:
+        return orjson.Fragment(str(v).encode())
+    if type(v) is dict:
+        return {k: _big_ints_as_text(x) for k, x in v.items()}
+    if type(v) is list:
+        return [_big_ints_as_text(x) for x in v]
+    return v
 
 
 @dataclass
@@ -447,7 +461,7 @@ def _raw_args(text: bytes) -> list | None:
         pass
     try:
         elements = _DECODE_RAW_LIST.decode(b"[" + text + b"]")
-        return [_DECODE_ONE_ARGS_ONLY.decode(e).args if bytes(e[:1]) == b"{" else None for e in elements]
+        return [_DECODE_ONE_ARGS_ONLY.decode(e).args if memoryview(e)[:1] == b"{" else None for e in elements]
     except (msgspec.MsgspecError, ValueError):
         return None
 
@@ -504,7 +518,7 @@ def _events_by_column(events: list, text: bytes | None, raw_args: list | None = 
     if corr is None or ext is None:
         return None
     cols["correlation"], cols["external_id"] = corr, ext
-    cols["args_json"] = _args_json(raw_args if raw_args is not None else list(map(_dumps_exact, args)))
+    cols["args_json"] = _args_json(raw_args if raw_args is not None else _dump_all(args))
     cols["extra_json"] = _extra_json(events, cols)
     return _events_table({k: cols[k] for k in _EVENT_COLUMNS})
 
@@ -517,6 +531,14 @@ _INT64_MIN = -(2**63)
 _dumps_exact = functools.partial(orjson.dumps, default=_json_default)  # C-level: no Python frame per event
 
 
+def _dump_all(values: list) -> list:
+    """`dumps` of each value, by the C-level partial unless a value needs `dumps`' big-int care."""
+    try:
+        return list(map(_dumps_exact, values))
+    except TypeError:
+        return list(map(dumps, values))
+
+
 def _extra_json(events: list, cols: dict) -> pa.Array:
     """Keys other than the known ones, as a JSON object per event (null when there are none).
 
@@ -526,7 +548,7 @@ def _extra_json(events: list, cols: dict) -> pa.Array:
     bp = list(map(dict.get, events, repeat("bp")))
     filled = [pc.is_valid(cols[k]) for k in ("ph", "cat", "name", "ts_ns", "dur_ns", "args_json")]
     filled += [pc.or_(pc.is_valid(cols[k]), pc.is_valid(cols[f"{k}_str"])) for k in ("pid", "tid", "id")]
-    bp_text = pa.array(list(map(bytes.decode, map(_dumps_exact, bp))), pa.string())
+    bp_text = pa.array(list(map(bytes.decode, _dump_all(bp))), pa.string())
     has_bp = pc.not_equal(bp_text, "null")
     count = functools.reduce(pc.add, [pc.cast(f, pa.int32()) for f in filled + [has_bp]])
     odd = pc.not_equal(pa.array(list(map(len, events)), pa.int32()), count)
@@ -656,7 +678,7 @@ def _events_by_event(events: list, text: bytes | None, raw_args: list | None, pr
     ts_c, dur_c, id_c, id_s = [None] * n, [None] * n, [None] * n, [None] * n
     corr_c, ext_c, args_c, extra_c = [None] * n, [None] * n, [None] * n, [None] * n
     known = KNOWN_KEYS
-    dumps_, odumps, default = dumps, orjson.dumps, _json_default
+    dumps_ = dumps
     for i, e in enumerate(events):
         if type(e) is not dict:
             extra_c[i] = dumps_(e).decode()
@@ -712,7 +734,7 @@ def _events_by_event(events: list, text: bytes | None, raw_args: list | None, pr
         args = e.get("args")
         if args is not None:
             # .decode(): a small bytes from orjson.dumps holds a 4 KB buffer; the str is exact-sized
-            args_c[i] = odumps(args, default=default).decode()
+            args_c[i] = dumps_(args).decode()
             if type(args) is dict:
                 c = args.get("correlation")
                 if c is not None:
@@ -725,7 +747,7 @@ def _events_by_event(events: list, text: bytes | None, raw_args: list | None, pr
             else:
                 problems.coerced["args_not_object"] += 1
         if not known.issuperset(e):
-            extra_c[i] = odumps({k: v for k, v in e.items() if k not in known}, default=default).decode()
+            extra_c[i] = dumps_({k: v for k, v in e.items() if k not in known}).decode()
     return _events_table({
         "ph": pa.array(ph_c, pa.string()), "cat": pa.array(cat_c, pa.string()),
         "name": pa.array(name_c, pa.string()),

@@ -1,0 +1,179 @@
+"""The three chunk builders of `pipeline.columns` give the same tables.
+
+`_tables_by_struct` (msgspec, the fast path) must either decline a chunk or build exactly what
+the dict builders build from orjson's parse of the same text (`build_chunk` with the raw args),
+and `build_from_text` must always equal the dict builders' result.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import synth
+from pipeline.reader import TraceSource, parse_chunk
+
+C = importlib.import_module("pipeline.columns")
+
+
+def by_dicts(text: bytes) -> C.ChunkTables:
+    """The tables of the dict builders (orjson parse), args as raw text like the struct builder."""
+    return C.build_chunk(parse_chunk(text), text, C._raw_args(text))
+
+
+def assert_same(a: C.ChunkTables, b: C.ChunkTables):
+    for name in ("events", "gpu_ops", "flows"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.schema == y.schema, name
+        assert x.to_pylist() == y.to_pylist(), name
+    assert a.problems == b.problems
+    assert a.device_ids == b.device_ids
+
+
+def chunk(events: list, indent: int | None = None) -> bytes:
+    """traceEvents text of `events` as a chunk (elements separated by commas, no brackets)."""
+    return json.dumps(events, indent=indent).encode()[1:-1]
+
+
+PLAIN = [
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 8, "ts": 1.5, "dur": 2.25,
+     "args": {"External id": 3, "Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 7, "tid": 8, "ts": 2, "dur": 1,
+     "args": {"External id": 3, "correlation": 11}},
+    {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 11, "pid": 7, "tid": 8, "ts": 2},
+    {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 11, "pid": 0, "tid": 7, "ts": 5, "bp": "e"},
+    {"ph": "X", "cat": "kernel", "name": "sgemm", "pid": 0, "tid": 7, "ts": 5, "dur": 3.5,
+     "args": {"device": 0, "stream": 7, "correlation": 11, "External id": 3, "grid": [4, 1, 1],
+              "block": [128, 1, 1], "registers per thread": 32, "shared memory": 0,
+              "warps per SM": 1.5, "est. achieved occupancy %": 12}},
+    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": 7, "ts": 9, "dur": 1,
+     "args": {"device": 0, "stream": 7, "correlation": 12, "bytes": 4096, "memory bandwidth (GB/s)": 4.1}},
+    {"ph": "i", "cat": "cpu_instant_event", "name": "mark", "pid": 7, "tid": 8, "ts": 3, "s": "t"},
+    {"ph": "M", "name": "process_name", "pid": "Spans", "args": {"name": "python"}},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 7, "tid": 8, "ts": 4, "dur": 1, "args": None},
+    {"ph": "X", "cat": "Kernel", "name": "old", "pid": 0, "tid": 7, "ts": 6, "dur": 1,
+     "args": {"device": 0, "external id": 5, "correlation": 13}},
+]
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_plain_events_take_the_struct_path_and_match_the_dict_path(indent):
+    text = chunk(PLAIN, indent)
+    fast = C._tables_by_struct(text)
+    assert fast is not None
+    assert_same(fast, by_dicts(text))
+    assert fast.events.num_rows == len(PLAIN) and fast.gpu_ops.num_rows == 3 and fast.flows.num_rows == 2
+    rows = fast.events.to_pylist()
+    assert [json.loads(r["args_json"]) if r["args_json"] else None for r in rows] == [e.get("args") for e in PLAIN]
+    assert rows[3]["extra_json"] == '{"bp":"e"}' and rows[6]["extra_json"] == '{"s":"t"}'
+    assert rows[9]["external_id"] == 5  # the oldest layout's lower-case key
+
+
+ODD = {  # chunks the struct path must decline (the dict path coerces or keeps them)
+    "unknown key": {"ph": "X", "name": "a", "tts": 5},
+    "numeric bp": {"ph": "f", "id": 1, "bp": 3},
+    "escaped bp": {"ph": "f", "id": 1, "bp": 'a"b'},
+    "two extra keys": {"ph": "i", "bp": "e", "s": "t"},
+    "string correlation": {"ph": "X", "args": {"correlation": "12"}},
+    "float pid": {"ph": "X", "pid": 1.0},
+    "bool tid": {"ph": "X", "tid": True},
+    "list name": {"ph": "X", "name": ["a"]},
+    "args list": {"ph": "X", "args": [1, 2]},
+    "not an object": 5,
+    "huge id": {"ph": "s", "id": 2**70},
+    "string grid": {"ph": "X", "cat": "kernel", "args": {"grid": "4,1,1"}},
+    "short grid": {"ph": "X", "cat": "kernel", "args": {"grid": [4]}},
+    "ts too long for a float": {"ph": "X", "ts": 1712195495519695.8},
+    "ts as a string": {"ph": "X", "ts": "12.5"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(ODD))
+def test_odd_values_take_the_dict_path(case):
+    text = chunk([PLAIN[0], ODD[case], PLAIN[3]])
+    if case == "ts too long for a float":
+        text = text.replace(b"1712195495519695.8", b"1712195495519695.812")
+    assert C._tables_by_struct(text) is None
+    assert_same(C.build_from_text(text), by_dicts(text))
+
+
+def test_null_extra_key_is_kept_by_the_struct_path():
+    text = chunk([PLAIN[0], {"ph": "f", "id": 1, "bp": None}, PLAIN[3]])
+    fast = C._tables_by_struct(text)
+    assert fast is not None
+    assert_same(fast, by_dicts(text))
+    assert fast.events.column("extra_json").to_pylist()[1] == '{"bp":null}'
+    assert fast.flows.column("bp").to_pylist() == [None, "e"]
+
+
+def test_invalid_utf8_is_never_kept_undecoded():
+    text = chunk([PLAIN[0]]).replace(b"aten::mm", b"aten::\xff")
+    assert C._tables_by_struct(text) is None
+    text = chunk([PLAIN[0]]).replace(b'"float"', b'"\xfe\xff"', 1)
+    assert C._tables_by_struct(text) is None
+
+
+def test_real_traces_take_the_struct_path(shared_traces):
+    """Every chunk of every real trace is built by the struct path, identically to the dict path."""
+    for path in sorted(shared_traces.glob("*/*.json.gz")):
+        pieces = [p for p in TraceSource(str(path), chunk_bytes=256 << 10).pieces() if isinstance(p, bytes)][:8]
+        for text in pieces:
+            fast = C._tables_by_struct(text)
+            assert fast is not None, path.name
+            assert_same(fast, by_dicts(text))
+
+
+# ------------------------------------------------------------------ random events
+_ids = st.one_of(st.none(), st.integers(-(2**63), 2**64), st.text(max_size=3), st.floats(allow_nan=False))
+_times = st.one_of(st.none(), st.integers(-(10**16), 10**16), st.floats(-1e13, 1e13), st.text(max_size=3))
+_strings = st.one_of(st.none(), st.sampled_from(["X", "s", "f", "i", "kernel", "cpu_op", "ac2g", "é\"\\"]),
+                     st.integers(0, 3))
+_arg_values = st.one_of(st.none(), st.integers(-(2**63), 2**63), st.floats(allow_nan=False, allow_infinity=False),
+                        st.text(max_size=4), st.lists(st.integers(0, 9), max_size=4))
+_args = st.one_of(st.none(), st.dictionaries(
+    st.sampled_from(["correlation", "External id", "external id", "device", "stream", "grid", "block",
+                     "bytes", "warps per SM", "Input Dims", "x"]), _arg_values, max_size=5),
+    st.lists(st.integers(), max_size=2))
+_event = st.fixed_dictionaries({}, optional={
+    "ph": _strings, "cat": st.one_of(_strings, st.sampled_from(sorted(C.GPU_KINDS))), "name": _strings,
+    "pid": _ids, "tid": _ids, "ts": _times, "dur": _times, "id": _ids, "args": _args,
+    "bp": st.one_of(st.none(), st.sampled_from(["e", "s", 'q"'])), "s": st.sampled_from(["t", "p"]),
+    "tts": st.integers(0, 5)})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(_event, st.integers(), st.just(None)), min_size=1, max_size=12),
+       st.sampled_from([None, 1]))
+def test_build_from_text_equals_the_dict_builders(events, indent):
+    text = chunk(events, indent)
+    try:
+        expected = by_dicts(text)
+    except C.NeedsExactParse:
+        return  # floats too long for a float64: parsed again with Decimals (tests/test_reader.py)
+    assert_same(C.build_from_text(text), expected)
+
+
+_plain_event = st.fixed_dictionaries({"ph": st.sampled_from(["X", "s", "f", "i", "M"])}, optional={
+    "cat": st.sampled_from(["cpu_op", "kernel", "gpu_memcpy", "ac2g", "cuda_runtime", "Kernel"]),
+    "name": st.text(max_size=6), "pid": st.one_of(st.integers(0, 2**31), st.text(max_size=3)),
+    "tid": st.integers(-(2**31), 2**31), "ts": st.one_of(st.integers(0, 4 * 10**12), st.floats(0, 4e12)),
+    "dur": st.floats(0, 1e6), "id": st.integers(0, 2**40),
+    "args": st.fixed_dictionaries({}, optional={
+        "correlation": st.integers(0, 2**40), "External id": st.integers(0, 2**40), "device": st.integers(0, 8),
+        "stream": st.integers(0, 99), "grid": st.lists(st.integers(1, 2**20), min_size=3, max_size=3),
+        "block": st.lists(st.integers(1, 1024), min_size=3, max_size=3), "bytes": st.integers(0, 2**40),
+        "warps per SM": st.floats(0, 64), "Input Dims": st.lists(st.lists(st.integers(0, 9), max_size=3)),
+        "Concrete Inputs": st.lists(st.text(max_size=4), max_size=3)}),
+    "bp": st.sampled_from(["e", "s"])})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_plain_event, min_size=1, max_size=12), st.sampled_from([None, 2]))
+def test_plain_events_always_take_the_struct_path(events, indent):
+    text = chunk(events, indent)
+    fast = C._tables_by_struct(text)
+    assert fast is not None
+    assert_same(fast, by_dicts(text))
