@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -104,7 +104,8 @@ def bench_file(path: Path, work: Path) -> dict:
     t_ijson, m_ijson, _ = measure([py, "-c", f"import ijson, gzip; print(sum(1 for _ in ijson.items({opener}({str(path)!r},'rb'), 'traceEvents.item', use_float=True)))"])
     out = work / "flat"
     shutil.rmtree(out, ignore_errors=True)
-    t_flat, m_flat, _ = measure([sys.executable, "-m", "pipeline", "flatten", str(path), "-o", str(out), "-q"])
+    t_flat, m_flat, summary = measure([sys.executable, "-m", "pipeline", "flatten", str(path), "-o", str(out)])
+    stages = {k: float(v) for k, v in re.findall(r"([a-z+]+) ([0-9.]+) s\b", summary.rsplit("(", 1)[-1])}
     flat_dir = next(out.iterdir())
     parquet_mb = sum(f.stat().st_size for f in flat_dir.glob("*.parquet")) / 1e6
     t_analyze, m_analyze, _ = measure([sys.executable, "-m", "pipeline", "analyze", str(flat_dir), "--format", "json", "-o", str(work / "a.json")])
@@ -112,7 +113,9 @@ def bench_file(path: Path, work: Path) -> dict:
     return {"file": path.name, "MB": size_mb, "events": events, "orjson_s": t_orjson, "orjson_MB": m_orjson,
             "ijson_s": t_ijson, "flatten_s": t_flat, "flatten_MB": m_flat, "x_orjson": t_flat / t_orjson,
             "x_ijson": t_flat / t_ijson, "Mevents_s": events / t_flat / 1e6, "parquet_MB": parquet_mb,
-            "analyze_s": t_analyze}
+            "analyze_s": t_analyze, "read_s": stages.get("flatten", float("nan")),
+            "link_s": stages.get("link+cost", float("nan")),
+            "link_analyze_s": stages.get("link+cost", float("nan")) + t_analyze}
 
 
 def bench_batch(work: Path, n: int = 24, mb: float = 8.0, jobs: int = 2) -> str:
@@ -135,7 +138,8 @@ def bench_batch(work: Path, n: int = 24, mb: float = 8.0, jobs: int = 2) -> str:
 def markdown(rows: list[dict]) -> str:
     cols = [("file", "{}"), ("MB", "{:.0f}"), ("events", "{:,}"), ("flatten_s", "{:.1f}"), ("orjson_s", "{:.1f}"),
             ("ijson_s", "{:.1f}"), ("x_orjson", "{:.2f}"), ("x_ijson", "{:.2f}"), ("flatten_MB", "{:.0f}"),
-            ("orjson_MB", "{:.0f}"), ("Mevents_s", "{:.3f}"), ("parquet_MB", "{:.0f}"), ("analyze_s", "{:.1f}")]
+            ("orjson_MB", "{:.0f}"), ("Mevents_s", "{:.3f}"), ("parquet_MB", "{:.0f}"), ("read_s", "{:.1f}"),
+            ("link_s", "{:.1f}"), ("analyze_s", "{:.1f}"), ("link_analyze_s", "{:.1f}")]
     head = "| " + " | ".join(c for c, _ in cols) + " |"
     sep = "|" + "---|" * len(cols)
     body = ["| " + " | ".join(f.format(r[c]) for c, f in cols) + " |" for r in rows]

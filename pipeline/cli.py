@@ -100,8 +100,9 @@ def flatten(
             err(f"{t}: truncated ({r.truncation_reason}); kept the {r.n_events} complete events")
             code = max(code, EXIT_PROBLEMS)
         if not quiet:
+            took = ", ".join(f"{stage.replace('_', '+')} {s:.1f} s" for stage, s in r.seconds.items())
             typer.echo(f"{t.name}: {r.n_events} events, {r.n_gpu_ops} gpu ops, {r.n_flows} flow endpoints, "
-                       f"{r.n_devices} devices -> {r.out_dir}")
+                       f"{r.n_devices} devices -> {r.out_dir} ({took})")
     raise typer.Exit(code)
 
 

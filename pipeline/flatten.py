@@ -15,7 +15,8 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -44,6 +45,7 @@ class FlattenResult:
     truncation_reason: str | None
     problems: dict
     warnings: list
+    seconds: dict = field(default_factory=dict)  # wall seconds by stage: "flatten", "link_cost"
 
     @property
     def ok(self) -> bool:
@@ -301,11 +303,16 @@ def flatten(path: str | os.PathLike, out: str | os.PathLike, *, workers: int | N
         raise BadTrace(f"{path}: no such file")
     final = Path(out) / store.trace_stem(path)
     warnings: list = []
+    seconds = {}
     with store.atomic_dir(final) as tmp:
+        t0 = time.perf_counter()
         row, problems, tail = flatten_into(path, tmp, workers, chunk_bytes, progress)
+        seconds["flatten"] = time.perf_counter() - t0
         if link:
             from .cost import enrich
+            t0 = time.perf_counter()
             warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype)
+            seconds["link_cost"] = time.perf_counter() - t0
         write_trace_table(row, tmp)
     return FlattenResult(final, row["n_events"], row["n_gpu_ops"], row["n_flows"], row["n_devices"],
-                         tail.truncated, tail.reason, orjson.loads(row["problems_json"]), warnings)
+                         tail.truncated, tail.reason, orjson.loads(row["problems_json"]), warnings, seconds)
