@@ -60,6 +60,16 @@ def _step_events(step: int, t0: float, corr0: int, rng: random.Random) -> tuple[
     return ev, t, corr
 
 
+def kineto_text(event: dict) -> bytes:
+    """One event laid out the way Kineto writes it: the top-level keys on one line, args one per
+    line, indented (real traces carry this whitespace, and parsing speed depends on it)."""
+    pairs = lambda d, sep: sep.join(orjson.dumps(k) + b": " + orjson.dumps(v) for k, v in d.items())  # noqa: E731
+    text = b"  {\n    " + pairs({k: v for k, v in event.items() if k != "args"}, b", ")
+    if "args" in event:
+        text += b',\n    "args": {\n      ' + pairs(event["args"], b",\n      ") + b"\n    }"
+    return text + b"\n  }"
+
+
 def write_synthetic(path: Path, target_mb: float, seed: int = 0):
     """Write a trace of about target_mb MB (gzip-compressed when the name ends in .gz)."""
     rng = random.Random(seed)
@@ -73,7 +83,7 @@ def write_synthetic(path: Path, target_mb: float, seed: int = 0):
         written, step, t, corr, first = 0, 0, 1_712_000_000_000.0, 1, True
         while written < target_mb * 1e6:
             evs, t, corr = _step_events(step, t, corr, rng)
-            blob = b",\n".join(orjson.dumps(e) for e in evs)
+            blob = b",\n".join(map(kineto_text, evs))
             f.write(blob if first else b",\n" + blob)
             first = False
             written += len(blob)
