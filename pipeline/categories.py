@@ -68,18 +68,32 @@ def category_expr(name: pl.Expr, op: pl.Expr, kind: pl.Expr) -> pl.Expr:
     return pl.coalesce(*first, *fallback, pl.lit(OTHER))
 
 
-def with_category(frame: pl.DataFrame, name: str = "name", op: str = "cpu_op_name", kind: str = "kind") -> pl.DataFrame:
+class CategoryMemo:
+    """The categories of the (name, op, kind) seen so far, when a table is categorised batch by
+    batch: each distinct key is then categorised once over all batches."""
+
+    def __init__(self):
+        self.named: pl.DataFrame | None = None
+
+
+def with_category(frame: pl.DataFrame, name: str = "name", op: str = "cpu_op_name", kind: str = "kind",
+                  memo: CategoryMemo | None = None) -> pl.DataFrame:
     """`frame` with a `category` column from its `name`, `op` and `kind` columns (`category_expr`).
 
     The regexes are the cost, and a trace has hundreds of thousands of GPU ops but a few hundred
-    distinct (name, op, kind): they are categorised once each and joined back (a null op or kind
-    matching null), on the keys as categoricals (small ids rather than long kernel names), beside
-    the frame's columns rather than copying them.
+    distinct (name, op, kind): they are categorised once each (once over all the batches sharing
+    a `memo`) and joined back (a null op or kind matching null), on the keys as categoricals
+    (small ids rather than long kernel names), beside the frame's columns rather than copying them.
     """
     keys = list(dict.fromkeys([name, op, kind]))  # a CPU-only trace uses the op name as kernel name
     as_keys = frame.select(pl.col(k).cast(pl.Categorical) if t == pl.String else pl.col(k)
                            for k, t in frame.select(keys).schema.items())
     text = lambda c: pl.col(c).cast(pl.String)  # noqa: E731
-    named = as_keys.unique().with_columns(category=category_expr(text(name), text(op), text(kind)))
+    new = as_keys.unique()
+    if memo is not None and memo.named is not None:
+        new = new.join(memo.named, on=keys, how="anti", nulls_equal=True)
+    named = new.with_columns(category=category_expr(text(name), text(op), text(kind)))
+    if memo is not None:
+        named = memo.named = named if memo.named is None else pl.concat([memo.named, named])
     category = as_keys.join(named, on=keys, how="left", nulls_equal=True, maintain_order="left")["category"]
     return frame.with_columns(category)

@@ -9,40 +9,52 @@ Kernels whose op has no formula keep null cost with a reason (`unmodelled_reason
 from __future__ import annotations
 
 import math
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
 import polars as pl
+import pyarrow as pa
 
 from . import devices as device_specs_mod
 from . import formulas, link, schema, store
-from .categories import with_category
+from .categories import CategoryMemo, with_category
 
 SIGNATURE_KEYS = formulas.ARGS_READ
 PEAK_COLS = device_specs_mod.PEAK_COLS
 DTYPE_PEAK = device_specs_mod.DTYPE_PEAK
 
 
-def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None) -> pl.DataFrame:
+def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None,
+             evaluated: dict | None = None) -> pl.DataFrame:
     """(cpu_op_event_idx, op_flops, op_bytes, cost_family, cost_dtype, op_reason) for the given ops.
 
     The events are read with the streaming engine, only the given ops' rows decoded. Only ops
     whose name has a formula have their shape args extracted, and each distinct signature is
-    evaluated once.
+    evaluated once (`evaluated` keeps the results across calls: batches of one trace share most
+    signatures).
     """
+    evaluated = {} if evaluated is None else evaluated
     key = pl.col("name").str.split(" ").list.first()
-    wanted = op_idx.unique().drop_nulls().implode()
+    wanted = op_idx.unique().drop_nulls()
+    in_range = (pl.col("event_idx").is_between(wanted.min(), wanted.max()) if wanted.len() else pl.lit(False))
     # a predicate rather than a semi-join: the Parquet reader filters each row group by event_idx
-    # before it decodes the other columns (a streaming semi-join holds far more)
+    # (skipping those outside the range) before it decodes the other columns
     ops = (events.select("event_idx", "name", "args_json")
-           .filter(pl.col("event_idx").is_in(wanted))
+           .filter(in_range & pl.col("event_idx").is_in(wanted.implode()))
            .with_columns(modelled=pl.col("name").is_in(formulas.MODELLED_OPS) | key.is_in(formulas.MODELLED_OPS))
            .select(pl.col("event_idx").alias("cpu_op_event_idx"), "modelled", pl.col("name").cast(pl.Categorical),
                    *_signature(pl.when("modelled").then(pl.col("args_json"))))
            .collect(engine="streaming"))
     modelled = ops.filter("modelled")
     keys = ["name", *SIGNATURE_KEYS]
-    rows = [_evaluate(r, dtype) for r in modelled.select(keys).unique().iter_rows(named=True)]
+    rows = []
+    for sig in modelled.select(keys).unique().iter_rows(named=True):
+        known = tuple(sig.values())
+        if known not in evaluated:
+            evaluated[known] = _evaluate(sig, dtype)
+        rows.append(evaluated[known])
     schema = {**{k: pl.String for k in keys}, "op_flops": pl.Float64, "op_bytes": pl.Float64,
               "cost_family": pl.String, "cost_dtype": pl.String, "op_reason": pl.String}
     costs = pl.DataFrame(rows, schema=schema).with_columns(pl.col(keys).cast(pl.Categorical))
@@ -109,9 +121,18 @@ def annotate_devices(flat_dir: Path, extra_specs: str | None, force: str | None)
     return out, warnings
 
 
-def kernel_costs(g: pl.DataFrame, ops: pl.DataFrame, devs: pl.DataFrame) -> pl.DataFrame:
+OP_COST_COLUMNS = ["op_flops", "op_bytes", "cost_family", "cost_dtype", "op_reason"]  # of `op_costs`, per op
+
+
+def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame,
+                 memo: CategoryMemo | None = None) -> pl.DataFrame:
     """Add flops/bytes/achieved columns to linked gpu_ops (columns used: kind, name, device,
-    dur_ns, copy_bytes, cpu_op_event_idx, cpu_op_name; the others are carried along).
+    dur_ns, copy_bytes, cpu_op_event_idx, cpu_op_name and their op's OP_COST_COLUMNS from
+    `op_costs`; the others are carried along).
+
+    `op_kernels` is the count and time of each op's kernels over the whole trace (`OpKernels`):
+    `g` may be one batch of the GPU ops (sharing `memo`), and an op's FLOPs and bytes are split
+    over all its kernels.
 
     Eager on purpose: the in-memory engine divides by a column that holds one value throughout
     (the peaks of a one-device trace) by multiplying with its reciprocal, the streaming engine
@@ -121,12 +142,10 @@ def kernel_costs(g: pl.DataFrame, ops: pl.DataFrame, devs: pl.DataFrame) -> pl.D
     dur_s = pl.col("dur_ns") / 1e9
     share = (pl.when(pl.col("op_dur_ns") > 0).then(pl.col("dur_ns") / pl.col("op_dur_ns"))
              .otherwise(1.0 / pl.col("op_kernels")))
-    g = (g.join(ops, on="cpu_op_event_idx", how="left")
-         .with_columns(
-             op_kernels=pl.when(is_kernel & pl.col("cpu_op_event_idx").is_not_null())
-             .then(pl.len().over("cpu_op_event_idx", "kind")),
-             op_dur_ns=pl.when(is_kernel).then(pl.col("dur_ns").fill_null(0).sum().over("cpu_op_event_idx", "kind"))))
-    g = with_category(g).with_columns(
+    g = (g.join(op_kernels, on="cpu_op_event_idx", how="left", maintain_order="left")
+         .with_columns(op_kernels=pl.when(is_kernel).then(pl.col("op_kernels")),
+                       op_dur_ns=pl.when(is_kernel).then(pl.col("op_dur_ns"))))
+    g = with_category(g, memo=memo).with_columns(
         flops=pl.when(is_kernel).then(pl.col("op_flops") * share).otherwise(pl.lit(0.0)),
         bytes=pl.when(is_kernel).then(pl.col("op_bytes") * share)
         .otherwise(pl.col("copy_bytes").cast(pl.Float64)),
@@ -156,64 +175,148 @@ def kernel_costs(g: pl.DataFrame, ops: pl.DataFrame, devs: pl.DataFrame) -> pl.D
     return g.drop("op_flops", "op_bytes", "op_reason", "op_dur_ns", *[c for c in PEAK_COLS if c != "peak_bw_gbps"])
 
 
-def cost_counts(g: pl.DataFrame) -> dict:
-    k = g.filter(pl.col("kind") == "kernel")
-    total = k["dur_ns"].fill_null(0).sum()
-    modelled = k.filter(pl.col("flops").is_not_null())["dur_ns"].fill_null(0).sum()
-    reasons = k.filter(pl.col("flops").is_null())["unmodelled_reason"].value_counts()
-    out = {f"unmodelled:{r['unmodelled_reason']}": r["count"] for r in reasons.iter_rows(named=True)}
-    return {"n_kernels": k.height, "n_costed": k.filter(pl.col("flops").is_not_null()).height,
-            "gpu_time_modelled_pct": 100.0 * modelled / total if total else None, "problems": out}
+class OpKernels:
+    """Per CPU op, the count and total duration of the kernels it launched (`op_kernels`,
+    `op_dur_ns`), gathered batch by batch."""
+
+    def __init__(self):
+        self._parts: list[pl.DataFrame] = []
+
+    def add(self, links: pl.DataFrame):
+        """Count a batch of linked GPU ops (kind, dur_ns, cpu_op_event_idx)."""
+        kernels = links.filter((pl.col("kind") == "kernel") & pl.col("cpu_op_event_idx").is_not_null())
+        self._parts.append(kernels.group_by("cpu_op_event_idx").agg(
+            op_kernels=pl.len(), op_dur_ns=pl.col("dur_ns").fill_null(0).sum()))
+
+    def table(self) -> pl.DataFrame:
+        """(cpu_op_event_idx, op_kernels, op_dur_ns), one row per op, sorted by cpu_op_event_idx."""
+        empty = pl.DataFrame(schema={"cpu_op_event_idx": pl.Int64, "op_kernels": pl.UInt32, "op_dur_ns": pl.Int64})
+        return (pl.concat([empty, *self._parts]).group_by("cpu_op_event_idx")
+                .agg(pl.col("op_kernels").sum(), pl.col("op_dur_ns").sum()).sort("cpu_op_event_idx"))
+
+    @staticmethod
+    def of(table: pl.DataFrame, ops: pl.Series) -> pl.DataFrame:
+        """The rows of `table` from the first to the last of `ops` (a slice found by binary search:
+        a batch's ops are a narrow range, and joining the whole table per batch costs more)."""
+        ops = ops.drop_nulls()
+        if ops.is_empty():
+            return table.clear()
+        lo, hi = table["cpu_op_event_idx"].search_sorted(pl.Series([ops.min(), ops.max()]), side="left")
+        return table.slice(lo, hi - lo + 1)
+
+
+class Tally:
+    """Counts summed over batches: link counts (`link.link_counts`), linked ops, and what the cost
+    model covered (kernels, costed kernels, kernel time modelled, why the rest is not)."""
+
+    def __init__(self):
+        self.links: Counter = Counter()
+        self.n_launch_linked = self.n_cpu_op_linked = 0
+        self.n_kernels = self.n_costed = self.kernel_ns = self.modelled_ns = 0
+        self.unmodelled: Counter = Counter()
+
+    def add_links(self, links: pl.DataFrame):
+        self.links.update(link.link_counts(links))
+        self.n_launch_linked += int(links["launch_event_idx"].is_not_null().sum())
+        self.n_cpu_op_linked += int(links["cpu_op_event_idx"].is_not_null().sum())
+
+    def add_costs(self, g: pl.DataFrame):
+        k = g.filter(pl.col("kind") == "kernel")
+        costed = pl.col("flops").is_not_null()
+        self.n_kernels += k.height
+        self.n_costed += k.filter(costed).height
+        self.kernel_ns += k["dur_ns"].fill_null(0).sum()
+        self.modelled_ns += k.filter(costed)["dur_ns"].fill_null(0).sum()
+        for reason, n in k.filter(~costed)["unmodelled_reason"].value_counts().iter_rows():
+            self.unmodelled[f"unmodelled:{reason}"] += n
+
+    def row_update(self, row: dict):
+        """Write the counts into the trace row (and its problems_json)."""
+        problems = orjson.loads(row["problems_json"])
+        unmodelled = sorted(self.unmodelled.items(), key=lambda kv: (-kv[1], kv[0]))
+        problems.update({k: v for k, v in [*self.links.items(), *unmodelled] if v})
+        row.update(n_kernels=self.n_kernels, n_costed=self.n_costed,
+                   gpu_time_modelled_pct=100.0 * self.modelled_ns / self.kernel_ns if self.kernel_ns else None,
+                   n_launch_linked=self.n_launch_linked, n_cpu_op_linked=self.n_cpu_op_linked,
+                   problems_json=orjson.dumps(problems).decode())
 
 
 COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  # the gpu_ops columns kernel_costs reads
+COST_COLUMNS = schema.table("gpu_ops").names(("cost",))  # the columns it adds
+LINK_SPILL = "gpu_links"  # the temporary file of pass 1 (see `enrich`)
+WRITE_BATCH_ROWS = 1 << 14  # GPU ops costed together in pass 2 (the wide rows are the memory)
 
 
-def _costs(gpu_ops: Path, links: pl.DataFrame, ops: pl.DataFrame, devs: pl.DataFrame) -> pl.DataFrame:
-    """(event_idx, cost columns) of every GPU op: `kernel_costs` of the columns it reads only, kernel
-    names as categoricals (long strings repeated on every launch)."""
-    g = (pl.scan_parquet(gpu_ops).select(COST_INPUTS).with_columns(pl.col("name").cast(pl.Categorical)).collect()
-         .join(links.select("event_idx", "cpu_op_event_idx", "cpu_op_name"), on="event_idx", how="left"))
-    costed = kernel_costs(g, ops, devs)
-    return costed.select("event_idx", *[c for c in costed.columns if c not in g.columns])
+def _link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally) -> pl.DataFrame:
+    """Link the GPU ops batch by batch and cost their ops (everything that reads the events) into
+    `spill`: event_idx, the link columns and OP_COST_COLUMNS. Returns the per-op kernel counts
+    (`OpKernels`).
+
+    A batch's ops are costed in a second thread while the next batch is linked (polars works
+    without the GIL): the two share no data, and a batch's links are the only thing held twice."""
+    op_kernels, evaluated = OpKernels(), {}
+    events = pl.scan_parquet(flat_dir / "events.parquet")
+    op_cost_types = {"op_flops": pa.float64(), "op_bytes": pa.float64()}
+    fields = [pa.field("event_idx", pa.int64()), *schema.table("gpu_ops").arrow_schema(("link",)),
+              *(pa.field(c, op_cost_types.get(c, pa.string())) for c in OP_COST_COLUMNS)]
+
+    def cost_and_spill(links: pl.DataFrame):
+        ops = op_costs(events, links["cpu_op_event_idx"], dtype, evaluated)
+        out.write(links.join(ops, on="cpu_op_event_idx", how="left", maintain_order="left"))
+
+    with store.SpillWriter(spill, fields) as out, ThreadPoolExecutor(1) as costing:
+        costed = None
+        for links in link.link_batches(flat_dir, carry=("kind", "dur_ns")):
+            tally.add_links(links)
+            op_kernels.add(links)
+            if costed is not None:
+                costed.result()  # in order, and one batch ahead at most
+            costed = costing.submit(cost_and_spill, links)
+        if costed is not None:
+            costed.result()
+    return op_kernels.table()
 
 
-def _write_gpu_ops(flat_dir: Path, added: pl.DataFrame):
-    """Rewrite gpu_ops.parquet with the link and cost columns `added` (one row per GPU op, in file
-    order), sorted by event_idx. Flatten writes GPU ops in that order, so the file is extended
-    batch by batch; otherwise the whole table is joined and sorted in memory."""
-    gpu_ops = flat_dir / "gpu_ops.parquet"
-    with store.atomic_file(gpu_ops) as tmp:  # gpu_ops.parquet is read while the new one is written
-        if added["event_idx"].is_sorted():
-            store.write_extended(gpu_ops, added, tmp, "gpu_ops")
-        else:
-            g = pl.scan_parquet(gpu_ops).select(schema.table("gpu_ops").names(("flatten",))).collect()
-            g = g.join(added, on="event_idx", how="left").sort("event_idx")
-            store.write_table(g.to_arrow(), tmp, "gpu_ops")
+class BatchCoster:
+    """The link and cost columns of one batch of gpu_ops rows (`store.write_extended`'s `extend`):
+    link columns and op costs from the spill of pass 1, kernel costs from `kernel_costs`."""
+
+    def __init__(self, links: store.SpillReader, op_kernels: pl.DataFrame, devs: pl.DataFrame, tally: Tally):
+        self.links, self.op_kernels, self.devs, self.tally = links, op_kernels, devs, tally
+        self.memo = CategoryMemo()  # kernel categories, shared by the batches
+
+    def __call__(self, batch: pl.DataFrame) -> pl.DataFrame:
+        spilled = self.links.take(batch.height)
+        g = batch.select(COST_INPUTS).with_columns(pl.col("name").cast(pl.Categorical)).hstack(
+            spilled.select("cpu_op_event_idx", "cpu_op_name", *OP_COST_COLUMNS))
+        op_kernels = OpKernels.of(self.op_kernels, g["cpu_op_event_idx"])
+        costed = kernel_costs(g, op_kernels, self.devs, self.memo)
+        self.tally.add_costs(costed)
+        return spilled.select("event_idx", *link.LINK_COLUMNS).hstack(costed.select(COST_COLUMNS))
 
 
 def enrich(flat_dir, row: dict, device_specs: str | None = None, device: str | None = None,
            dtype: str | None = None) -> list[str]:
     """Link and cost a freshly flattened directory in place; update the trace row. Returns warnings.
 
-    Linking and costing read only the GPU ops' columns they need (`link.gpu_links`, `_costs`); the
-    wide table is then read, joined with their results and written back batch by batch, never
-    whole in memory.
+    Two passes over the GPU ops, batch by batch, so that memory does not grow with the trace:
+    1. link them (`link.link_batches`) and cost their CPU ops (`op_costs`) into a temporary Arrow
+       file beside the tables, counting per CPU op its kernels and their time: the only thing
+       the cost of a batch needs from the other batches (an op's FLOPs are split over all its
+       kernels);
+    2. rewrite gpu_ops.parquet batch by batch (`store.write_extended`) with the columns of pass 1
+       read back and the kernels' costs (`BatchCoster`).
     """
     flat_dir = Path(flat_dir)
-    links = link.gpu_links(flat_dir)
-    link_problems = link.link_counts(links)
-    devs, warnings = annotate_devices(flat_dir, device_specs, device)
-    ops = op_costs(pl.scan_parquet(flat_dir / "events.parquet"), links["cpu_op_event_idx"], dtype)
     gpu_ops = flat_dir / "gpu_ops.parquet"
-    costs = _costs(gpu_ops, links, ops, devs)
-    _write_gpu_ops(flat_dir, pl.concat([links.drop("correlation"), costs.drop("event_idx")], how="horizontal"))
+    devs, warnings = annotate_devices(flat_dir, device_specs, device)
+    store.sort_by_key(gpu_ops, "gpu_ops")  # flatten writes it sorted already
+    tally = Tally()
+    with store.arrow_memory_returned_promptly(), store.spill_file(flat_dir, LINK_SPILL) as spill:
+        op_kernels = _link_pass(flat_dir, spill, dtype, tally)
+        with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
+            coster = BatchCoster(links, op_kernels, devs, tally)
+            store.write_extended(gpu_ops, tmp, "gpu_ops", coster, inputs=COST_INPUTS, batch_rows=WRITE_BATCH_ROWS)
     store.write_table(devs.to_arrow(), flat_dir / "devices.parquet", "devices")
-    counts = cost_counts(pl.scan_parquet(gpu_ops).select("kind", "dur_ns", "flops", "unmodelled_reason").collect())
-    problems = orjson.loads(row["problems_json"])
-    problems.update({k: v for k, v in {**link_problems, **counts.pop("problems")}.items() if v})
-    row.update(counts)
-    row["n_launch_linked"] = int(links["launch_event_idx"].is_not_null().sum())
-    row["n_cpu_op_linked"] = int(links["cpu_op_event_idx"].is_not_null().sum())
-    row["problems_json"] = orjson.dumps(problems).decode()
+    tally.row_update(row)
     return warnings

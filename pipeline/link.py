@@ -1,9 +1,7 @@
 """link: GPU activity -> CPU launch -> CPU op, and their context (step, annotation, module).
 
 All joins are polars queries over the flattened Parquet files; no Python loops over events (the
-nesting of rule 3 loops over threads). Memory: the events are read with the streaming engine,
-only the CPU slices linking needs kept (`cpu_slices`), and GPU ops are linked on their few
-columns linking reads (`gpu_links`); the wide table is joined afterwards (`with_links`).
+nesting of rule 3 loops over threads, batches loop over GPU ops and time cells).
 
 Rules (see README, "Link rules"):
 1. launch, by flow: a flow's `s` endpoint binds to the runtime/driver slice that starts at the
@@ -16,19 +14,41 @@ Rules (see README, "Link rules"):
    launch start. Innermost is found without loops over events: the nesting depth at every point
    of a thread is the count of interval starts minus ends before it (binary searches in the
    thread's sorted starts and ends); the innermost op containing a launch at depth d is the last
-   op at depth d that started before it (`pipeline.nesting`). Identical intervals nest in file
-   order (the later event is the inner one).
+   op at depth d that started before it (`pipeline.nesting`). Slices starting at one instant nest
+   longer first (a zero-length op at the start of a longer one is inside it), identical ones in
+   file order (the later event is the inner one).
 4. cpu_op, by External id: only for launches no cpu_op contains, and only in layouts where a
    kernel's External id is not simply its correlation id (older traces).
+
+Memory does not grow with the trace. GPU ops are linked BATCH_ROWS at a time, in file order
+(`link_batches`), and for each batch only the rows it needs are read, by predicates that the
+Parquet reader applies row group by row group (skipping those its statistics rule out):
+- the flows ending at its ops (`f` at their (pid, tid, ts)) and the flows starting those (`s`
+  with the same (cat, id)), and the runtime calls sharing a correlation id with its ops:
+  `_flows_and_calls`; the runtime calls at those flow starts: `_launch_candidates`;
+- the CPU slices (ops, annotations, modules) on the launching threads that run at the launch
+  times, one time cell of about CELL_SLICES slices at a time (`windows.TimeCells`): `_context`.
+Only a few facts are kept for the whole trace (`LinkSources`).
+
+Reading the slices of a window [a, b] (the first and last launch of a cell) rather than all of
+them gives the same answer wherever slices nest properly (on every real trace we test, with the
+tie rule above): a slice that ended before a counts as started and as ended at every point of
+the window, and cannot overlap the start of a slice still running at a without containing it,
+so no depth changes; slices starting after b are counted nowhere. Where slices overlap without
+nesting, the innermost is decided among the slices the window reads.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from . import nesting, schema
+from .windows import EventReach, TimeBins, TimeCells
 
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime", "hip_driver", "mtia_runtime",
                "xpu_runtime", "privateuse1_runtime")
@@ -47,61 +67,203 @@ LINK_FLOW_CATS = ("ac2g", "async_cpu_to_gpu", "async_gpu")
 STEP_NAME = r"^ProfilerStep#(\d+)$"
 MODULE_PREFIX = "nn.Module: "
 
-_EVENT_COLS = ["event_idx", "ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "correlation", "external_id"]
-
+BATCH_ROWS = 1 << 15  # GPU ops linked together
+CELL_SLICES = 1 << 17  # CPU slices starting in one time cell (read together), about
 
 LAUNCH, CPU_OP, ANNOTATION, MODULE = 0, 1, 2, 3
+KIND_CATS = {LAUNCH: LAUNCH_CATS, CPU_OP: CPU_OP_CATS, ANNOTATION: ANNOTATION_CATS, MODULE: MODULE_CATS}
+CONTEXT_KINDS = (CPU_OP, ANNOTATION, MODULE)  # the slices that launches are nested in
 # GPU op columns linking reads, and the columns it adds (in this order)
 GPU_LINK_INPUTS = ["event_idx", "pid", "tid", "ts_ns", "correlation", "external_id"]
 LINK_COLUMNS = ["launch_event_idx", "launch_link", "launch_name", "launch_ts_ns", "launch_dur_ns",
                 "cpu_op_event_idx", "cpu_op_link", "annotation", "module", "cpu_op_name", "step"]
-_SLICE_COLS = {  # what each kind of CPU slice keeps
-    LAUNCH: ["event_idx", "name", "pid", "tid", "ts_ns", "dur_ns", "correlation", "external_id"],
-    CPU_OP: ["event_idx", "name", "pid", "tid", "ts_ns", "end_ns", "external_id"],
-    ANNOTATION: ["event_idx", "name", "pid", "tid", "ts_ns", "end_ns"],
-    MODULE: ["event_idx", "name", "pid", "tid", "ts_ns", "end_ns"],
-}
+_FLOW_COLS = ["ph", "cat", "id", "pid", "tid", "ts_ns"]
+_LAUNCH_COLUMNS = ["event_idx", pl.col("name").cast(pl.Categorical), "pid", "tid", "ts_ns", "dur_ns", "correlation",
+                   "external_id"]
+_THREAD_TIME = ["pid", "tid", "ts_ns"]
 
 
 @dataclass(frozen=True)
-class CpuSlices:
-    """The CPU slices linking needs, one frame per kind, each with only the columns it is used for
-    (`_SLICE_COLS`); names are categoricals (launch and op names repeat millions of times)."""
+class LinkSources:
+    """The files linking reads, and the few facts about the whole trace that every batch needs."""
 
-    launches: pl.DataFrame
-    ops: pl.DataFrame
-    annotations: pl.DataFrame
-    modules: pl.DataFrame
+    events: Path
+    flows: Path
+    gpu_ops: Path
+    cats: dict[int, tuple[str, ...]]  # the trace's own category strings of each slice kind
+    # every GPU op has a correlation id: runtime calls sharing none with a GPU op launched nothing
+    launches_share_gpu_correlation: bool
+    trust_external_id: bool  # kernels' External ids are not just their correlation ids (rule 4)
+    reach: EventReach
+    cells: TimeCells
+
+    @classmethod
+    def of(cls, flat_dir: Path) -> "LinkSources":
+        """One streaming pass over the events (categories, slice starts over time) and one over
+        the GPU ops' correlation ids; the rest comes from the Parquet statistics."""
+        flat_dir = Path(flat_dir)
+        events, gpu_ops = flat_dir / "events.parquet", flat_dir / "gpu_ops.parquet"
+        reach = EventReach.of(events)
+        bins = TimeBins.over(reach.span)
+        starts = (pl.scan_parquet(events).filter((pl.col("ph") == "X") & pl.col("ts_ns").is_not_null())
+                  .group_by("cat", bin=bins.of(pl.col("ts_ns"))).agg(n=pl.len()).collect(engine="streaming"))
+        present = starts["cat"].unique().drop_nulls()
+        cats = {kind: tuple(present.filter(present.str.contains(_cat_regex(*of_kind))).sort())
+                for kind, of_kind in KIND_CATS.items()}
+        context_cats = [c for k in CONTEXT_KINDS for c in cats[k]]
+        histogram = starts.filter(pl.col("cat").is_in(context_cats)).group_by("bin").agg(pl.col("n").sum())
+        gpu = (pl.scan_parquet(gpu_ops)
+               .select(missing=pl.col("correlation").null_count(),
+                       differ=(pl.col("external_id") != pl.col("correlation")).mean())
+               .collect(engine="streaming").row(0, named=True))
+        return cls(events, flat_dir / "flows.parquet", gpu_ops, cats,
+                   launches_share_gpu_correlation=gpu["missing"] == 0,
+                   trust_external_id=gpu["differ"] is not None and gpu["differ"] >= 0.5,
+                   reach=reach, cells=TimeCells.of(histogram, bins, CELL_SLICES))
+
+    def is_slice(self, *kinds: int) -> pl.Expr:
+        """Events that are CPU slices of these kinds (complete events with a thread and a start)."""
+        cats = [c for k in kinds for c in self.cats[k]]
+        where = (_one_of("cat", cats) & (pl.col("ph") == "X") & pl.col("pid").is_not_null()
+                 & pl.col("tid").is_not_null() & pl.col("ts_ns").is_not_null())
+        if MODULE in kinds and self.cats[MODULE]:  # of python functions, only nn.Module calls
+            where &= ~_one_of("cat", self.cats[MODULE]) | pl.col("name").str.starts_with(MODULE_PREFIX)
+        return where
+
+    def kind(self) -> pl.Expr:
+        """The slice kind (LAUNCH, CPU_OP, ...) of an event from its category."""
+        out = pl.lit(None, pl.Int8)
+        for k in reversed(KIND_CATS):
+            out = pl.when(_one_of("cat", self.cats[k])).then(pl.lit(k, pl.Int8)).otherwise(out)
+        return out
 
 
-def cpu_slices(events: pl.LazyFrame, gpu_correlations: pl.Series | None = None) -> CpuSlices:
-    """The CPU slices of `events`, read with the streaming engine: rows are filtered batch by batch,
-    so the event columns (names, categories) are never all in memory at once. With
-    `gpu_correlations`, only runtime calls that share a correlation id with some GPU activity
-    are kept (most runtime calls launch nothing)."""
-    kind = (pl.when(pl.col("cat").str.contains(LAUNCH_CAT)).then(LAUNCH)
-            .when(pl.col("cat").str.contains(CPU_OP_CAT)).then(CPU_OP)
-            .when(pl.col("cat").str.contains(ANNOTATION_CAT)).then(ANNOTATION)
-            .when(pl.col("cat").str.contains(_cat_regex(*MODULE_CATS))
-                  & pl.col("name").str.starts_with(MODULE_PREFIX)).then(MODULE))
-    query = (events.select(_EVENT_COLS)
-             .filter((pl.col("ph") == "X") & pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
-                     & pl.col("ts_ns").is_not_null())
-             .with_columns(kind=kind.cast(pl.Int8))
-             .filter(pl.col("kind").is_not_null())
-             .filter(pl.lit(True) if gpu_correlations is None else
-                     (pl.col("kind") != LAUNCH) | pl.col("correlation").is_in(gpu_correlations.implode()))
-             .select("event_idx", "kind", pl.col("name").cast(pl.Categorical), "pid", "tid", "ts_ns", "dur_ns",
-                     end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0), correlation="correlation",
-                     external_id="external_id"))
-    # each batch is split by kind as it arrives, so all kinds together are never held (nor copied);
-    # every kind starts with an empty frame: it has its columns even when no slice has that kind
-    parts = {k: [query.clear().select(cols).collect()] for k, cols in _SLICE_COLS.items()}
-    for batch in query.collect_batches(engine="streaming"):
-        for k, cols in _SLICE_COLS.items():
-            parts[k].append(batch.filter(pl.col("kind") == k).select(cols))
-    of_kind = {k: pl.concat(frames, rechunk=False) for k, frames in parts.items()}
-    return CpuSlices(of_kind[LAUNCH], of_kind[CPU_OP], of_kind[ANNOTATION], of_kind[MODULE])
+def _one_of(column: str, values) -> pl.Expr:
+    """The string column is one of `values`."""
+    return pl.col(column).is_in(pl.Series(list(values), dtype=pl.String).implode())
+
+
+def _among(column: str, values: pl.Series) -> pl.Expr:
+    """column is one of `values`; the range first, so the reader can skip row groups outside it."""
+    values = values.drop_nulls()
+    if values.is_empty():
+        return pl.lit(False)
+    return pl.col(column).is_between(values.min(), values.max()) & pl.col(column).is_in(values.unique().implode())
+
+
+def _read(path: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
+    """The rows of a Parquet file that `where` selects, streaming: rows are filtered row group by
+    row group, and the other columns decoded for the rows kept."""
+    return pl.scan_parquet(path).filter(where).select(columns).collect(engine="streaming")
+
+
+def link_batches(flat_dir: Path, carry: tuple[str, ...] = ()) -> Iterator[pl.DataFrame]:
+    """(event_idx, correlation, *LINK_COLUMNS, *carry) of the GPU ops of a flattened trace, BATCH_ROWS
+    at a time in the order of its gpu_ops.parquet; `carry` are gpu_ops columns passed through.
+    Yields at least one frame (empty when there are no GPU ops).
+
+    The launches of the next batch are found in a second thread while the context of this one is
+    (polars works without the GIL; only one batch is ahead)."""
+    src = LinkSources.of(flat_dir)
+    carried = [c for c in carry if c not in GPU_LINK_INPUTS]
+    with ThreadPoolExecutor(1) as launching:
+        ahead = None
+        for gpu in _gpu_batches(src, list(dict.fromkeys([*GPU_LINK_INPUTS, *carry]))):
+            launched = launching.submit(_launches_of, src, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)
+            if ahead is not None:
+                yield _context_of(src, ahead[0].result()).hstack(ahead[1])
+            ahead = launched
+        yield _context_of(src, ahead[0].result()).hstack(ahead[1])
+
+
+def _gpu_batches(src: LinkSources, columns: list[str]) -> Iterator[pl.DataFrame]:
+    """The GPU ops' `columns`, BATCH_ROWS at a time; one empty frame when there are none."""
+    empty = True
+    for batch in pq.ParquetFile(src.gpu_ops).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        empty = False
+        yield pl.from_arrow(batch)
+    if empty:
+        yield pl.scan_parquet(src.gpu_ops).select(columns).clear().collect()
+
+
+def link_batch(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
+    """(event_idx, correlation, *LINK_COLUMNS) of GPU ops (GPU_LINK_INPUTS), in their order."""
+    return _context_of(src, _launches_of(src, gpu))
+
+
+def _launches_of(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
+    """GPU ops (GPU_LINK_INPUTS) with their launch (rules 1 and 2): event_idx, correlation,
+    launch_event_idx, launch_link and the launch's name, pid, tid, ts_ns, dur_ns and external_id."""
+    flows, by_correlation = _flows_and_calls(src, gpu)
+    launches = _launch_candidates(src, flows.filter(pl.col("ph") == "s"), by_correlation)
+    launch = launch_links(launches.lazy(), gpu.lazy(), flows.lazy())
+    about_launch = launches.lazy().select(
+        launch_event_idx="event_idx", launch_name="name", launch_pid="pid", launch_tid="tid",
+        launch_ts_ns="ts_ns", launch_dur_ns="dur_ns", launch_external_id="external_id")
+    return (gpu.lazy().select("event_idx", "correlation")
+            .join(launch, on="event_idx", how="left", maintain_order="left")
+            .join(about_launch, on="launch_event_idx", how="left", maintain_order="left")).collect()
+
+
+def _context_of(src: LinkSources, linked: pl.DataFrame) -> pl.DataFrame:
+    """(event_idx, correlation, *LINK_COLUMNS) of GPU ops with their launch (`_launches_of`): the
+    CPU op and context around the launch (rules 3 and 4)."""
+    out = linked.join(_context(src, linked), on="event_idx", how="left", maintain_order="left")
+    return (_external_id_fallback(src, out)
+            .with_columns(pl.col("launch_name").cast(pl.String),
+                          step=pl.col("step_name").str.extract(STEP_NAME, 1).cast(pl.Int64),
+                          module=pl.col("module").str.strip_prefix(MODULE_PREFIX))
+            .select("event_idx", "correlation", *LINK_COLUMNS))
+
+
+def _flows_and_calls(src: LinkSources, gpu: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The flows that can link these GPU ops, (ph, cat, id, pid, tid, ts_ns) of the `f` endpoints at
+    their (pid, tid, ts) and of the `s` endpoints with the same (cat, id), and the runtime/driver
+    calls sharing a correlation id with one (_LAUNCH_COLUMNS).
+
+    The reads run together: `s` endpoints are read along with the `f` ones by the ops' correlation
+    ids (a Kineto flow's id is its launch's correlation id); those with other ids are read after."""
+    at = gpu.select(_THREAD_TIME).drop_nulls().unique()
+    corrs = gpu["correlation"].drop_nulls().unique()
+    link_flow = pl.col("cat").is_in(LINK_FLOW_CATS) & pl.col("id").is_not_null()
+    is_end, is_start = pl.col("ph") == "f", pl.col("ph") == "s"
+    ends, starts, calls = pl.collect_all([  # each its own read: row groups are skipped by one column's range
+        pl.scan_parquet(src.flows).filter(link_flow & is_end & _among("ts_ns", at["ts_ns"])).select(_FLOW_COLS),
+        pl.scan_parquet(src.flows).filter(link_flow & is_start & _among("id", corrs)).select(_FLOW_COLS),
+        pl.scan_parquet(src.events).filter(src.is_slice(LAUNCH) & _among("correlation", corrs)).select(_LAUNCH_COLUMNS),
+    ], engine="streaming")
+    ends = ends.join(at, on=_THREAD_TIME, how="semi")
+    pairs = ends.select("cat", "id").unique()
+    other_ids = pairs["id"].filter(~pairs["id"].is_in(corrs.implode()))
+    if not other_ids.is_empty():
+        starts = pl.concat([starts, _read(src.flows, link_flow & is_start & _among("id", other_ids), _FLOW_COLS)])
+    return pl.concat([ends, starts.join(pairs, on=["cat", "id"], how="semi")]), calls
+
+
+def _launch_candidates(src: LinkSources, flow_starts: pl.DataFrame, by_correlation: pl.DataFrame) -> pl.DataFrame:
+    """The runtime/driver calls that can have launched a batch of GPU ops (_LAUNCH_COLUMNS): those
+    sharing a correlation id with one (`by_correlation`, of `_flows_and_calls`), and those at the
+    start of a flow that ends at one (when every GPU op has a correlation id, only calls sharing
+    one with some GPU op of the trace)."""
+    at = flow_starts.select(_THREAD_TIME).unique()
+    if at.is_empty():
+        return by_correlation
+    at_flows = _read(src.events, src.is_slice(LAUNCH) & _among("ts_ns", at["ts_ns"]), _LAUNCH_COLUMNS).join(
+        at, on=_THREAD_TIME, how="semi")
+    if src.launches_share_gpu_correlation:
+        shared = _gpu_correlations_among(src, at_flows["correlation"], by_correlation["correlation"].unique())
+        at_flows = at_flows.filter(pl.col("correlation").is_in(shared.implode()))
+    return pl.concat([by_correlation, at_flows]).unique("event_idx", keep="first", maintain_order=True)
+
+
+def _gpu_correlations_among(src: LinkSources, corrs: pl.Series, known: pl.Series) -> pl.Series:
+    """The correlation ids in `corrs` that some GPU op of the trace carries (`known` ones do)."""
+    other = corrs.drop_nulls().unique()
+    other = other.filter(~other.is_in(known.implode()))
+    if other.is_empty():
+        return known
+    found = _read(src.gpu_ops, _among("correlation", other), ["correlation"])["correlation"]
+    return pl.concat([known, found.unique()])
 
 
 def launch_links(launch_slices: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyFrame) -> pl.LazyFrame:
@@ -115,7 +277,8 @@ def launch_links(launch_slices: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyF
                      .select("cat", "id", "pid", "tid", "ts_ns"))
     starts = (fl("s")
               .join(launches, on=["pid", "tid", "ts_ns"], how="inner")
-              .group_by("cat", "id").agg(pl.col("launch_event_idx").min(), pl.col("launch_corr").first()))
+              .group_by("cat", "id").agg(pl.col("launch_event_idx").min(),
+                                         pl.col("launch_corr").sort_by("launch_event_idx").first()))
     g = gpu.select("event_idx", "pid", "tid", "ts_ns", "correlation")
     ends = (fl("f")
             .join(g, on=["pid", "tid", "ts_ns"], how="inner")
@@ -133,73 +296,69 @@ def launch_links(launch_slices: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyF
     return pl.concat([by_flow.select("event_idx", "launch_event_idx", "launch_link"), by_corr])
 
 
-def innermost_enclosing(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.DataFrame,
-                        outermost: bool = False) -> pl.LazyFrame:
-    """For each point (point_id, pid, tid, t) the innermost (or outermost) interval containing it.
-
-    intervals: (iv_idx, pid, tid, ts_ns, end_ns) properly nested per thread. Returns
-    (point_id, iv_idx) for points inside at least one interval. Identical intervals nest in file
-    order: starts at one instant are taken by ascending index (see `pipeline.nesting`).
-    """
-    return nesting.enclosing(points, intervals, nesting.FILE_ORDER, outermost).lazy()
+def _context(src: LinkSources, linked: pl.DataFrame) -> pl.DataFrame:
+    """(event_idx, cpu_op_event_idx, cpu_op_link, cpu_op_name, step_name, annotation, module) of the
+    GPU ops with a launch: the slices around the launch's start, read one time cell at a time."""
+    points = (linked.filter(pl.col("launch_event_idx").is_not_null())
+              .select(point_id="event_idx", pid="launch_pid", tid="launch_tid", t="launch_ts_ns"))
+    cells = points.with_columns(cell=src.cells.cell(points["t"])).partition_by("cell", include_key=False)
+    return pl.concat([_context_in_cell(src, p) for p in cells] or [_context_in_cell(src, points)])
 
 
-def _enclosing_named(points: pl.DataFrame, slices: pl.DataFrame, name_col: str, outermost: bool) -> pl.LazyFrame:
-    iv = slices.select(pl.col("event_idx").alias("iv_idx"), "pid", "tid", "ts_ns", "end_ns")
-    return (innermost_enclosing(points, iv, outermost)
-            .join(slices.lazy().select(pl.col("event_idx").alias("iv_idx"), pl.col("name").alias(name_col)),
-                  on="iv_idx", how="left")
-            .select("point_id", name_col))
+# the nesting hierarchies of context slices (ops, ProfilerStep#N annotations, other annotations,
+# modules), each nested apart: (name, code, whether a launch takes its outermost slice, else innermost)
+NESTS = (("cpu_op", 0, False), ("step", 1, False), ("annotation", 2, True), ("module", 3, True))
+
+
+def _context_in_cell(src: LinkSources, points: pl.DataFrame) -> pl.DataFrame:
+    slices = _slices_running(src, points)
+    annotations = slices.filter(pl.col("kind") == ANNOTATION)  # few: only their names are matched
+    steps = annotations.filter(pl.col("name").cast(pl.String).str.contains(STEP_NAME))["event_idx"]
+    nest = (pl.when(pl.col("kind") == CPU_OP).then(0).when(pl.col("kind") == MODULE).then(3)
+            .when(pl.col("event_idx").is_in(steps.implode())).then(1).otherwise(2).cast(pl.Int8))
+    intervals = slices.select(iv_idx="event_idx", pid="pid", tid="tid", nest=nest, ts_ns="ts_ns", end_ns="end_ns")
+    each_nest = points.join(pl.DataFrame({"nest": [code for _, code, _ in NESTS]}, schema={"nest": pl.Int8}),
+                            how="cross")
+    found = nesting.around(each_nest, intervals, nesting.LONGER_FIRST, by=("pid", "tid", "nest"))
+    names = slices.select(iv_idx="event_idx", name="name")
+    out = points.select(event_idx="point_id")
+    for name, code, outermost in NESTS:
+        slice_of = (found.filter(pl.col("nest") == code)
+                    .select(event_idx="point_id", iv_idx="outermost" if outermost else "innermost")
+                    .join(names, on="iv_idx", how="inner"))
+        out = out.join(slice_of.rename({"iv_idx": f"{name}_event_idx", "name": f"{name}_name"}),
+                       on="event_idx", how="left", maintain_order="left")
+    return out.select("event_idx", cpu_op_event_idx="cpu_op_event_idx",
+                      cpu_op_link=pl.when(pl.col("cpu_op_event_idx").is_not_null()).then(pl.lit("nesting")),
+                      cpu_op_name=pl.col("cpu_op_name").cast(pl.String), step_name=pl.col("step_name").cast(pl.String),
+                      annotation=pl.col("annotation_name").cast(pl.String),
+                      module=pl.col("module_name").cast(pl.String))
+
+
+def _slices_running(src: LinkSources, points: pl.DataFrame) -> pl.DataFrame:
+    """(event_idx, kind, name, pid, tid, ts_ns, end_ns) of the CPU slices (ops, annotations, modules)
+    on the points' threads (pid, tid) that run at some time from the first point t to the last."""
+    end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)
+    threads = points.select("pid", "tid").unique()
+    if points.is_empty():
+        running = pl.lit(False)
+    else:
+        a, b = points["t"].min(), points["t"].max()
+        earliest = src.reach.earliest_start(a)
+        running = ((pl.col("ts_ns") <= b) & (end >= a)
+                   & (pl.lit(True) if earliest is None else pl.col("ts_ns") >= earliest))
+    on_threads = pl.col("pid").is_in(threads["pid"].implode()) & pl.col("tid").is_in(threads["tid"].implode())
+    slices = _read(src.events, src.is_slice(*CONTEXT_KINDS) & running & on_threads,
+                   ["event_idx", src.kind().alias("kind"), pl.col("name").cast(pl.Categorical), "pid", "tid",
+                    "ts_ns", end.alias("end_ns")])
+    return slices.join(threads, on=["pid", "tid"], how="semi")
 
 
 def gpu_links(flat_dir: Path) -> pl.DataFrame:
     """(event_idx, correlation, *LINK_COLUMNS) of every GPU op of a flattened trace, in the order of
-    its gpu_ops.parquet. Only the GPU ops' `GPU_LINK_INPUTS` are read: the wide table is joined
-    afterwards (`with_links`)."""
-    flat_dir = Path(flat_dir)
-    gpu = pl.scan_parquet(flat_dir / "gpu_ops.parquet").select(GPU_LINK_INPUTS).collect()
-    corr = gpu["correlation"]
-    # runtime calls are filtered by correlation only when every GPU op has one (else flows must decide)
-    keep = corr.unique() if corr.null_count() == 0 else None
-    slices = cpu_slices(pl.scan_parquet(flat_dir / "events.parquet"), keep)
-    flows = pl.scan_parquet(flat_dir / "flows.parquet")
-    launch = launch_links(slices.launches.lazy(), gpu.lazy(), flows)
-    launches = slices.launches.lazy().select(
-        launch_event_idx="event_idx", launch_name="name", launch_pid="pid", launch_tid="tid",
-        launch_ts_ns="ts_ns", launch_dur_ns="dur_ns", launch_external_id="external_id")
-    linked = (gpu.lazy().select("event_idx", "correlation")
-              .join(launch, on="event_idx", how="left", maintain_order="left")
-              .join(launches, on="launch_event_idx", how="left", maintain_order="left")).collect()
-
-    points = (linked.filter(pl.col("launch_event_idx").is_not_null())
-              .select(point_id=pl.col("event_idx"), pid=pl.col("launch_pid"), tid=pl.col("launch_tid"),
-                      t=pl.col("launch_ts_ns")))
-    ops = slices.ops
-    op_iv = ops.select(pl.col("event_idx").alias("iv_idx"), "pid", "tid", "ts_ns", "end_ns")
-    by_nesting = innermost_enclosing(points, op_iv).select(
-        pl.col("point_id").alias("event_idx"), pl.col("iv_idx").alias("cpu_op_event_idx"),
-        cpu_op_link=pl.lit("nesting"))
-    annotations = slices.annotations.with_columns(pl.col("name").cast(pl.String))
-    steps = annotations.filter(pl.col("name").str.contains(STEP_NAME))
-    user = annotations.filter(~pl.col("name").str.contains(STEP_NAME))
-    step = _enclosing_named(points, steps, "step_name", outermost=False)
-    ann = _enclosing_named(points, user, "annotation", outermost=True)
-    mod = _enclosing_named(points, slices.modules, "module", outermost=True)
-
-    def left_join(lf, other, **on):
-        return lf.join(other, how="left", maintain_order="left", **on)
-
-    out = left_join(linked.lazy(), by_nesting, on="event_idx")
-    for named in (step, ann, mod):
-        out = left_join(out, named, left_on="event_idx", right_on="point_id")
-    out = _external_id_fallback(out.collect(), ops, gpu)
-    op_names = ops.select(pl.col("event_idx").alias("cpu_op_event_idx"), pl.col("name").alias("cpu_op_name"))
-    return (left_join(out.lazy(), op_names.lazy(), on="cpu_op_event_idx")
-            .with_columns(pl.col("launch_name", "annotation", "cpu_op_name").cast(pl.String),
-                          step=pl.col("step_name").str.extract(STEP_NAME, 1).cast(pl.Int64),
-                          module=pl.col("module").cast(pl.String).str.strip_prefix(MODULE_PREFIX))
-            .select("event_idx", "correlation", *LINK_COLUMNS)
-            .collect())
+    its gpu_ops.parquet (all batches of `link_batches` together). Only the GPU ops'
+    `GPU_LINK_INPUTS` are read: the wide table is joined afterwards (`with_links`)."""
+    return pl.concat(list(link_batches(flat_dir)))
 
 
 def with_links(flat_dir: Path, links: pl.DataFrame) -> pl.LazyFrame:
@@ -218,21 +377,23 @@ def link_gpu_ops(flat_dir: Path) -> tuple[pl.DataFrame, dict]:
     return out, link_counts(out)
 
 
-def _external_id_fallback(out: pl.DataFrame, ops: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
+def _external_id_fallback(src: LinkSources, out: pl.DataFrame) -> pl.DataFrame:
     """cpu_op by External id for launches no op contains, where External id is trustworthy."""
-    trust = (gpu.filter(pl.col("external_id").is_not_null() & pl.col("correlation").is_not_null())
-             .select((pl.col("external_id") != pl.col("correlation")).mean().fill_null(False).alias("t")).item())
-    if not trust or trust < 0.5:
+    if not src.trust_external_id:
         return out
-    wanted = out.filter(pl.col("cpu_op_event_idx").is_null())["launch_external_id"].drop_nulls().implode()
-    by_ext = ops.filter(pl.col("external_id").is_in(wanted)).group_by("external_id").agg(
-        pl.col("event_idx").max().alias("ext_op_idx"))
+    wanted = out.filter(pl.col("cpu_op_event_idx").is_null())["launch_external_id"]
+    ops = _read(src.events, src.is_slice(CPU_OP) & _among("external_id", wanted),
+                ["event_idx", "external_id", pl.col("name").cast(pl.String)])
+    by_ext = ops.sort("event_idx").group_by("external_id").agg(
+        ext_op_idx=pl.col("event_idx").last(), ext_op_name=pl.col("name").last())
+    unlinked = pl.col("cpu_op_event_idx").is_null()
     return (out.join(by_ext, left_on="launch_external_id", right_on="external_id", how="left", maintain_order="left")
             .with_columns(
-                cpu_op_link=pl.when(pl.col("cpu_op_event_idx").is_null() & pl.col("ext_op_idx").is_not_null())
+                cpu_op_link=pl.when(unlinked & pl.col("ext_op_idx").is_not_null())
                 .then(pl.lit("external_id")).otherwise(pl.col("cpu_op_link")),
+                cpu_op_name=pl.when(unlinked).then(pl.col("ext_op_name")).otherwise(pl.col("cpu_op_name")),
                 cpu_op_event_idx=pl.coalesce("cpu_op_event_idx", "ext_op_idx"))
-            .drop("ext_op_idx"))
+            .drop("ext_op_idx", "ext_op_name"))
 
 
 def link_counts(g: pl.DataFrame) -> dict:

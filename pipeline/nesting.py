@@ -10,7 +10,7 @@ zero-length interval; times are integer ns) is <= t.
 Both counts are binary searches (`search_sorted`) in one thread's sorted starts and sorted
 effective ends: a thread's starts, ends and points are never sorted together. That merged sort
 (three rows per interval, five sort keys) was the memory peak of linking a large trace; these
-sorts hold one narrow row per interval.
+sorts hold one narrow row per interval, one thread at a time.
 
 Answers, per thread:
 - the depth of every interval (of its start), and its parent: the last start at depth - 1 before
@@ -50,21 +50,20 @@ def _columns(frame: pl.LazyFrame | pl.DataFrame, *columns: str) -> pl.DataFrame:
     return frame.select(columns) if isinstance(frame, pl.DataFrame) else frame.select(columns).collect()
 
 
-def _by_thread(frame: pl.DataFrame, order: list[str], descending: list[bool]) -> dict[tuple, pl.DataFrame]:
-    """The rows of each thread sorted by `order`, without the thread columns: one sort, then slices."""
-    frame = frame.sort([*THREAD, *order], descending=[False, False, *descending])
-    runs = frame.group_by(THREAD, maintain_order=True).len()
-    out, offset = {}, 0
-    for pid, tid, n in runs.iter_rows():
-        out[(pid, tid)] = frame.slice(offset, n).drop(THREAD)
-        offset += n
-    return out
+def _by_thread(frame: pl.DataFrame, order: list[str], descending: list[bool],
+               by: tuple[str, ...] = THREAD) -> dict[tuple, pl.DataFrame]:
+    """The rows of each thread (`by`) sorted by `order`, without the thread columns. Split first,
+    then each thread sorted: one sort on all the keys costs several times more."""
+    parts = frame.partition_by(list(by), as_dict=True, maintain_order=True)
+    return {thread: (part.sort(order, descending=descending) if order else part).drop(by)
+            for thread, part in parts.items()}
 
 
-def _starts(intervals: pl.LazyFrame | pl.DataFrame, start_order: StartOrder) -> dict[tuple, pl.DataFrame]:
+def _starts(intervals: pl.LazyFrame | pl.DataFrame, start_order: StartOrder,
+            by: tuple[str, ...] = THREAD) -> dict[tuple, pl.DataFrame]:
     """Each thread's intervals in start order (iv_idx, ts_ns, end_ns)."""
-    iv = _columns(intervals, "iv_idx", *THREAD, "ts_ns", "end_ns")
-    return _by_thread(iv, ["ts_ns", *start_order.columns], [False, *start_order.descending])
+    iv = _columns(intervals, "iv_idx", *by, "ts_ns", "end_ns")
+    return _by_thread(iv, ["ts_ns", *start_order.columns], [False, *start_order.descending], by)
 
 
 def _with_depth(starts: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
@@ -76,10 +75,17 @@ def _with_depth(starts: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
     return starts.with_row_index("seq").with_columns(depth=pl.col("seq").cast(pl.Int64) + 1 - ended), ends
 
 
-def _last_start_at(starts: pl.DataFrame, depth: pl.Series, before: pl.Series) -> pl.Series:
-    """For each (depth d, position s): the seq of the last start at depth d with seq < s, else null."""
+def _depth_keys(starts: pl.DataFrame) -> pl.Series:
+    """The keys depth * (n + 1) + seq of one thread's starts (n of them), sorted (see the module doc)."""
+    return starts.select(pl.col("depth") * (starts.height + 1) + pl.col("seq").cast(pl.Int64)).to_series().sort()
+
+
+def _last_start_at(starts: pl.DataFrame, depth: pl.Series, before: pl.Series, keys: pl.Series | None = None
+                   ) -> pl.Series:
+    """For each (depth d, position s): the seq of the last start at depth d with seq < s, else null
+    (`keys`: the starts' `_depth_keys`, when they are at hand)."""
     span = starts.height + 1
-    keys = starts.select(pl.col("depth") * span + pl.col("seq").cast(pl.Int64)).to_series().sort()
+    keys = _depth_keys(starts) if keys is None else keys
     wanted = depth.cast(pl.Int64) * span + before.cast(pl.Int64)
     pos = keys.search_sorted(wanted, side="left").cast(pl.Int64) - 1  # the last key below `wanted`
     key = keys.gather(pos.clip(0))
@@ -100,17 +106,40 @@ def enclosing(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.
               start_order: StartOrder, outermost: bool = False) -> pl.DataFrame:
     """(point_id, iv_idx): for each point (point_id, pid, tid, t) the innermost (or outermost)
     interval (iv_idx, pid, tid, ts_ns, end_ns) that contains it; points inside none are left out."""
-    starts_of = _starts(intervals, start_order)
-    out = [pl.DataFrame(schema={"point_id": pl.Int64, "iv_idx": pl.Int64})]
-    for thread, p in _by_thread(_columns(points, "point_id", *THREAD, "t"), [], []).items():
+    found = around(points, intervals, start_order)
+    which = "outermost" if outermost else "innermost"
+    return found.filter(pl.col(which).is_not_null()).select("point_id", iv_idx=which)
+
+
+def around(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.DataFrame,
+           start_order: StartOrder, by: tuple[str, ...] = THREAD) -> pl.DataFrame:
+    """(point_id, *by, innermost, outermost): for each point (point_id, *by, t) the innermost and the
+    outermost interval (iv_idx, *by, ts_ns, end_ns) that contain it, null where none does; points
+    inside none are left out. `by` names a thread: it may add columns to (pid, tid) to nest
+    several kinds of intervals apart in one call."""
+    points = _columns(points, "point_id", *by, "t")
+    starts_of = _starts(intervals, start_order, by)
+    out = [pl.DataFrame(schema={"point_id": pl.Int64, **{c: points.schema[c] for c in by},
+                                "innermost": pl.Int64, "outermost": pl.Int64})]
+    for thread, p in _by_thread(points, [], [], by).items():
         if thread not in starts_of:
             continue
         starts, ends = _with_depth(starts_of[thread])
         started = starts["ts_ns"].search_sorted(p["t"], side="right").cast(pl.Int64)
         depth = started - ends.search_sorted(p["t"], side="right").cast(pl.Int64)
         p = p.with_columns(started=started, depth=depth).filter(pl.col("depth") > 0)
-        at = pl.repeat(1, p.height, dtype=pl.Int64, eager=True) if outermost else p["depth"]
-        seq = _last_start_at(starts, at, p["started"])
-        found = p.select("point_id", "t", iv_idx=starts["iv_idx"].gather(seq), end_ns=starts["end_ns"].gather(seq))
-        out.append(found.filter(pl.col("end_ns") >= pl.col("t")).select("point_id", "iv_idx"))
+        keys = _depth_keys(starts)
+        innermost = _open_at(starts, p, p["depth"], keys)
+        outermost = _open_at(starts, p, pl.repeat(1, p.height, dtype=pl.Int64, eager=True), keys)
+        found = p.select("point_id", *(pl.lit(v, points.schema[c]).alias(c) for c, v in zip(by, thread)),
+                         innermost=innermost, outermost=outermost)
+        out.append(found.filter(pl.col("innermost").is_not_null() | pl.col("outermost").is_not_null()))
     return pl.concat(out)
+
+
+def _open_at(starts: pl.DataFrame, points: pl.DataFrame, depth: pl.Series, keys: pl.Series) -> pl.Series:
+    """iv_idx of the last interval at `depth` that started before each point (`started` starts
+    before it), if it has not ended before the point's t; else null."""
+    seq = _last_start_at(starts, depth, points["started"], keys)
+    return points.select(pl.when(starts["end_ns"].gather(seq) >= pl.col("t")).then(starts["iv_idx"].gather(seq))
+                         ).to_series()

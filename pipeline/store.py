@@ -7,6 +7,7 @@ import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 import polars as pl
 import pyarrow as pa
@@ -39,8 +40,8 @@ def _dictionary_columns(name: str, stages) -> list[str]:
 class TableWriter:
     """Append tables of one kind to a Parquet file, conforming to its schema, in large row groups."""
 
-    def __init__(self, path: Path, name: str, stages=("flatten",)):
-        self.name, self.stages, self.rows = name, stages, 0
+    def __init__(self, path: Path, name: str, stages=("flatten",), buffer_rows: int = BUFFER_ROWS):
+        self.name, self.stages, self.rows, self.buffer_rows = name, stages, 0, buffer_rows
         self._schema = schema.table(name).arrow_schema(stages)
         self._writer = pq.ParquetWriter(str(path), self._schema, use_dictionary=_dictionary_columns(name, stages),
                                         **PARQUET_OPTIONS)
@@ -52,7 +53,7 @@ class TableWriter:
             self._pending.append(schema.conform(tbl, self.name, self.stages))
             self._pending_rows += tbl.num_rows
             self.rows += tbl.num_rows
-            if self._pending_rows >= BUFFER_ROWS:
+            if self._pending_rows >= self.buffer_rows:
                 self._flush()
 
     def _flush(self):
@@ -70,26 +71,125 @@ def write_table(tbl: pa.Table, path: Path, name: str, stages=schema.ALL_STAGES):
                    use_dictionary=_dictionary_columns(name, stages), **PARQUET_OPTIONS)
 
 
-def write_extended(source: Path, extra: pl.DataFrame, path: Path, name: str, key: str = "event_idx"):
-    """Write table `name` (all stages) to `path`: the flatten columns of the Parquet file `source`
-    with the columns of `extra` beside them, read and written batch by batch, so the wide table is
-    never whole in memory. `extra` has one row per row of `source`, in the same order (checked on
-    `key`); the columns of `source` that `extra` also has are taken from `extra`."""
-    columns = [c for c in schema.table(name).names(("flatten",)) if c not in extra.columns or c == key]
-    writer = TableWriter(path, name, schema.ALL_STAGES)
-    offset = 0
-    for batch in pq.ParquetFile(source).iter_batches(batch_size=BUFFER_ROWS, columns=columns):
-        beside = extra.slice(offset, batch.num_rows)
-        if not beside[key].to_arrow().equals(batch.column(key)):
-            raise ValueError(f"{source}: rows {offset}.. do not line up with the {key} of the columns to add")
-        tbl = pa.Table.from_batches([batch])
-        for col in beside.drop(key):
+def write_extended(source: Path, path: Path, name: str, extend: Callable[[pl.DataFrame], pl.DataFrame],
+                   inputs: list[str], key: str = "event_idx", batch_rows: int = BUFFER_ROWS):
+    """Write table `name` (all stages) to `path`: the flatten columns of the Parquet file `source`,
+    read and written `batch_rows` at a time (a row group each), each batch with the columns
+    `extend` gives for it beside them, so the wide table is never whole in memory. `extend` gets
+    the batch's `inputs` columns and returns one row per row, in the same order (checked on `key`);
+    the columns of `source` that it also gives are taken from it."""
+    writer = TableWriter(path, name, schema.ALL_STAGES, buffer_rows=batch_rows)
+    batches = pq.ParquetFile(source).iter_batches(batch_size=batch_rows, columns=schema.table(name).names(),
+                                                  use_threads=False)  # threads hold more memory than they save time
+    for batch in batches:
+        extra = extend(pl.from_arrow(batch.select(inputs)))
+        if not extra[key].to_arrow().equals(batch.column(key)):
+            raise ValueError(f"{source}: rows do not line up with the {key} of the columns to add")
+        replaced = [c for c in extra.columns if c in batch.schema.names and c != key]
+        tbl = pa.Table.from_batches([batch]).drop_columns(replaced)
+        for col in extra.drop(key):
             tbl = tbl.append_column(col.name, col.to_arrow())
         writer.write(tbl)
-        offset += batch.num_rows
-    if offset != extra.height:
-        raise ValueError(f"{source}: {offset} rows, but {extra.height} rows of columns to add")
     writer.close()
+
+
+def sort_by_key(path: Path, name: str, key: str = "event_idx"):
+    """Rewrite the Parquet table `path` (its flatten columns) sorted by `key` unless it is already:
+    the batch-by-batch stages line rows up by position. Flatten writes its tables sorted; only
+    another writer would need the rewrite, which holds the table in memory."""
+    ordered, last = True, None
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS, columns=[key]):
+        keys = pl.from_arrow(batch.column(0))
+        if not keys.is_empty():
+            ordered = ordered and keys.is_sorted() and (last is None or keys[0] >= last)
+            last = keys[-1]
+    if not ordered:
+        table = pl.read_parquet(path, columns=schema.table(name).names()).sort(key)
+        with atomic_file(path) as tmp:
+            write_table(table.to_arrow(), tmp, name, ("flatten",))
+
+
+@contextmanager
+def arrow_memory_returned_promptly() -> Iterator[None]:
+    """Within: Arrow allocates from jemalloc told to give freed memory back at once. Its default
+    pool (mimalloc) keeps freed pages for reuse, and a stage that reads and writes batch by batch
+    would hold on to its largest batches' memory long after it is done with them."""
+    try:
+        pool = pa.jemalloc_memory_pool()
+        pa.jemalloc_set_decay_ms(0)
+    except (pa.ArrowNotImplementedError, AttributeError):  # a pyarrow built without jemalloc
+        yield
+        return
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(pool)
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+
+
+@contextmanager
+def spill_file(directory: Path, stem: str) -> Iterator[Path]:
+    """A path for a temporary file in `directory` (rows a stage writes and reads back later),
+    removed afterwards whatever happens."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.spill-", suffix=".arrow", dir=directory)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+class SpillWriter:
+    """Rows written to an Arrow IPC stream file, frame by frame, cast to one schema."""
+
+    def __init__(self, path: Path, fields: list[pa.Field]):
+        self._schema = pa.schema(fields)
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, self._schema)
+
+    def write(self, frame: pl.DataFrame):
+        self._writer.write_table(frame.to_arrow().select(self._schema.names).cast(self._schema))
+
+    def __enter__(self) -> "SpillWriter":
+        return self
+
+    def __exit__(self, *exc):
+        self._writer.close()
+        self._sink.close()
+
+
+class SpillReader:
+    """The rows of a SpillWriter's file, handed out in consecutive slices of any length (read, not
+    memory-mapped: pages read stay out of the process once a slice is dropped)."""
+
+    def __init__(self, path: Path):
+        self._source = pa.OSFile(str(path), "rb")
+        reader = pa.ipc.open_stream(self._source)
+        self._held: pl.DataFrame = pl.from_arrow(reader.schema.empty_table())
+        self._batches = iter(reader)
+
+    def take(self, n: int) -> pl.DataFrame:
+        """The next `n` rows (fewer at the end of the file)."""
+        parts, have = [self._held.clear()], 0
+        while have < n:
+            if self._held.is_empty():
+                batch = next(self._batches, None)
+                if batch is None:
+                    break
+                self._held = pl.from_arrow(batch)
+            part = self._held.head(n - have)
+            self._held = self._held.slice(part.height)
+            parts.append(part)
+            have += part.height
+        return pl.concat(parts)
+
+    def __enter__(self) -> "SpillReader":
+        return self
+
+    def __exit__(self, *exc):
+        self._source.close()
 
 
 @contextmanager

@@ -1,0 +1,170 @@
+"""Link and cost in bounded memory: batch by batch and one time cell at a time they must give the
+same tables as in one go; the windows, spill files and nesting ties they rely on."""
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import orjson
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import synth
+from pipeline import cost, link, nesting, store
+from pipeline.flatten import flatten
+from pipeline.windows import EventReach, TimeBins, TimeCells
+
+
+def _flat(tmp_path: Path, trace: dict, name: str = "t") -> Path:
+    """A trace flattened without linking."""
+    path = synth.write_trace(trace, tmp_path / f"{name}.json")
+    return flatten(path, tmp_path / "flat", link=False).out_dir
+
+
+def _enrich(flat_dir: Path, dst: Path, monkeypatch, **sizes) -> tuple[pl.DataFrame, dict]:
+    """gpu_ops and the trace row after `cost.enrich` on a copy of `flat_dir`, with link.BATCH_ROWS,
+    link.CELL_SLICES and cost.WRITE_BATCH_ROWS set from `sizes`."""
+    shutil.copytree(flat_dir, dst)
+    row = pq.read_table(dst / "trace.parquet").to_pylist()[0]
+    with monkeypatch.context() as m:
+        for name, value in sizes.items():
+            m.setattr(cost if name == "WRITE_BATCH_ROWS" else link, name, value)
+        cost.enrich(dst, row)
+    row.pop("flattened_at", None)
+    row["problems_json"] = orjson.loads(row["problems_json"])
+    return pl.read_parquet(dst / "gpu_ops.parquet"), row
+
+
+@pytest.mark.parametrize("layout", ["new", "old", "oldest"])
+def test_batches_and_time_cells_give_the_same_tables(tmp_path, monkeypatch, layout):
+    flat = _flat(tmp_path, synth.make_trace(n_steps=6, ops_per_step=5, layout=layout))
+    whole, whole_row = _enrich(flat, tmp_path / "whole", monkeypatch)
+    parts, parts_row = _enrich(flat, tmp_path / "parts", monkeypatch, BATCH_ROWS=3, CELL_SLICES=4,
+                               WRITE_BATCH_ROWS=5)
+    assert whole["launch_event_idx"].is_not_null().sum() > 0 and whole["cpu_op_event_idx"].is_not_null().sum() > 0
+    assert whole["flops"].is_not_null().sum() > 0
+    assert layout == "oldest" or whole["step"].is_not_null().sum() > 0  # its steps are Operator events
+    assert parts.equals(whole)
+    assert parts_row == whole_row
+
+
+def test_relinking_a_linked_directory_gives_the_same_tables(tmp_path, monkeypatch):
+    flat = _flat(tmp_path, synth.make_trace(n_steps=3, ops_per_step=4))
+    once, once_row = _enrich(flat, tmp_path / "once", monkeypatch)
+    twice, twice_row = _enrich(tmp_path / "once", tmp_path / "twice", monkeypatch, BATCH_ROWS=2)
+    assert twice.equals(once)
+    assert twice_row["n_cpu_op_linked"] == once_row["n_cpu_op_linked"] > 0
+
+
+def _events(*rows):
+    """Complete events (cat, name, tid, ts, dur, args) on pid 1 and kernels on pid 0."""
+    return {"traceEvents": [{"ph": "X", "cat": cat, "name": name, "pid": 0 if cat == "kernel" else 1, "tid": tid,
+                             "ts": ts, "dur": dur, "args": args} for cat, name, tid, ts, dur, args in rows]}
+
+
+def test_a_zero_length_op_at_the_start_of_a_longer_one_is_inside_it(tmp_path, monkeypatch):
+    """Slices starting at one instant nest longer first: the zero-length op (earlier in the file)
+    is inside the longer one, which encloses the launches after that instant (they were left
+    without a cpu_op when ties nested in file order only)."""
+    trace = _events(
+        ("cpu_op", "aten::empty", 1, 10, 0, {}),
+        ("cpu_op", "aten::outer", 1, 10, 50, {}),
+        ("cuda_runtime", "cudaLaunchKernel", 1, 10, 3, {"correlation": 5}),
+        ("cuda_runtime", "cudaLaunchKernel", 1, 20, 3, {"correlation": 6}),
+        ("kernel", "k_at_start", 7, 30, 5, {"device": 0, "stream": 7, "correlation": 5}),
+        ("kernel", "k_inside", 7, 40, 5, {"device": 0, "stream": 7, "correlation": 6}),
+    )
+    g, _ = _enrich(_flat(tmp_path, trace), tmp_path / "linked", monkeypatch)
+    assert dict(zip(g["name"], g["cpu_op_name"])) == {"k_at_start": "aten::empty", "k_inside": "aten::outer"}
+
+
+def test_context_of_launches_across_cells(tmp_path, monkeypatch):
+    """A step, an outermost annotation and module, and the innermost op, read one small time cell
+    at a time: slices that started cells earlier still enclose the launches."""
+    rows = [("user_annotation", "ProfilerStep#7", 1, 0, 1000, {}),
+            ("user_annotation", "outer_region", 1, 1, 998, {}),
+            ("user_annotation", "inner_region", 1, 2, 996, {}),
+            ("python_function", "nn.Module: Net", 1, 3, 990, {}),
+            ("python_function", "nn.Module: Linear", 1, 4, 980, {})]
+    for i in range(40):
+        t = 10 + 20 * i
+        rows += [("cpu_op", f"aten::op{i}", 1, t, 10, {}),
+                 ("cuda_runtime", "cudaLaunchKernel", 1, t + 1, 2, {"correlation": 100 + i}),
+                 ("kernel", f"k{i}", 7, t + 5, 3, {"device": 0, "stream": 7, "correlation": 100 + i})]
+    flat = _flat(tmp_path, _events(*rows))
+    g, _ = _enrich(flat, tmp_path / "cells", monkeypatch, BATCH_ROWS=7, CELL_SLICES=3)
+    assert g["cpu_op_name"].to_list() == [f"aten::op{i}" for i in range(40)]
+    assert set(g["step"]) == {7} and set(g["annotation"]) == {"outer_region"} and set(g["module"]) == {"Net"}
+
+
+def test_nesting_several_kinds_apart_in_one_call():
+    """`nesting.around` with an extra thread column equals one `enclosing` call per kind."""
+    rng = random.Random(7)
+    for _ in range(30):
+        intervals = [(i, 1, rng.randint(1, 2), rng.randint(0, 1), a, a + rng.choice([0, rng.randint(0, 20)]))
+                     for i, a in enumerate(rng.randint(0, 40) for _ in range(rng.randint(1, 30)))]
+        points = [(100 + j, 1, rng.randint(1, 2), rng.randint(-1, 60)) for j in range(rng.randint(1, 15))]
+        iv = pl.DataFrame(intervals, schema=["iv_idx", "pid", "tid", "kind", "ts_ns", "end_ns"], orient="row")
+        pts = pl.DataFrame(points, schema=["point_id", "pid", "tid", "t"], orient="row")
+        found = nesting.around(pts.join(pl.DataFrame({"kind": [0, 1]}), how="cross"), iv, nesting.LONGER_FIRST,
+                               by=("pid", "tid", "kind"))
+        for kind in (0, 1):
+            for which in ("innermost", "outermost"):
+                want = nesting.enclosing(pts, iv.filter(pl.col("kind") == kind).drop("kind"), nesting.LONGER_FIRST,
+                                         outermost=which == "outermost")
+                got = found.filter((pl.col("kind") == kind) & pl.col(which).is_not_null())
+                assert dict(zip(got["point_id"], got[which])) == dict(want.iter_rows())
+
+
+def test_event_reach_bounds_the_start_of_every_event_still_running(tmp_path):
+    rng = random.Random(3)
+    ts = [rng.randint(0, 10_000) for _ in range(2_000)]
+    dur = [rng.choice([None, 0, rng.randint(0, 50), rng.randint(0, 5_000)]) for _ in ts]
+    path = tmp_path / "events.parquet"
+    pq.write_table(pa.table({"ts_ns": ts, "dur_ns": pa.array(dur, pa.int64())}), path, row_group_size=100)
+    reach = EventReach.of(path)
+    for a in range(-10, 16_000, 97):
+        running = [t for t, d in zip(ts, dur) if t + (d or 0) >= a]
+        earliest = reach.earliest_start(a)
+        assert all(t >= earliest for t in running)
+
+
+def test_time_cells_hold_about_the_asked_count():
+    bins = TimeBins.over((0, 10_000))
+    starts = pl.DataFrame({"ts_ns": list(range(0, 10_000, 10))})  # 1000 starts, evenly spread
+    histogram = starts.group_by(bin=bins.of(pl.col("ts_ns"))).agg(n=pl.len())
+    cells = TimeCells.of(histogram, bins, per_cell=100)
+    counts = starts.group_by(cell=cells.cell(starts["ts_ns"])).len()["len"]
+    assert 9 <= counts.len() <= 11 and counts.max() <= 110
+
+
+def test_spill_hands_rows_back_in_slices_of_any_length(tmp_path):
+    fields = [pa.field("event_idx", pa.int64()), pa.field("name", pa.string())]
+    with store.spill_file(tmp_path, "test") as path:
+        with store.SpillWriter(path, fields) as out:
+            for start in (0, 5, 12):
+                out.write(pl.DataFrame({"name": [f"n{i}" for i in range(start, start + 7)],
+                                        "event_idx": range(start, start + 7)}))
+        with store.SpillReader(path) as back:
+            got = [back.take(n) for n in (3, 9, 0, 6, 5)]
+    assert [f.height for f in got] == [3, 9, 0, 6, 3]
+    assert pl.concat(got)["event_idx"].to_list() == [*range(0, 7), *range(5, 12), *range(12, 19)]
+    assert not path.exists()
+
+
+def test_write_extended_refuses_rows_that_do_not_line_up(tmp_path):
+    src = tmp_path / "gpu_ops.parquet"
+    store.write_table(pa.table({"event_idx": [1, 2, 3]}), src, "gpu_ops", ("flatten",))
+    shifted = lambda batch: pl.DataFrame({"event_idx": batch["event_idx"] + 1})  # noqa: E731
+    with pytest.raises(ValueError, match="line up"):
+        store.write_extended(src, tmp_path / "out.parquet", "gpu_ops", shifted, inputs=["event_idx"])
+
+
+def test_gpu_ops_out_of_order_are_sorted_first(tmp_path):
+    src = tmp_path / "gpu_ops.parquet"
+    store.write_table(pa.table({"event_idx": [3, 1, 2], "name": ["c", "a", "b"]}), src, "gpu_ops", ("flatten",))
+    store.sort_by_key(src, "gpu_ops")
+    assert pl.read_parquet(src, columns=["event_idx", "name"]).rows() == [(1, "a"), (2, "b"), (3, "c")]
