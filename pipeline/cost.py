@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -250,30 +249,18 @@ WRITE_BATCH_ROWS = 1 << 14  # GPU ops costed together in pass 2 (the wide rows a
 def _link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally) -> pl.DataFrame:
     """Link the GPU ops batch by batch and cost their ops (everything that reads the events) into
     `spill`: event_idx, the link columns and OP_COST_COLUMNS. Returns the per-op kernel counts
-    (`OpKernels`).
-
-    A batch's ops are costed in a second thread while the next batch is linked (polars works
-    without the GIL): the two share no data, and a batch's links are the only thing held twice."""
+    (`OpKernels`). A batch's ops are costed while the next batch is linked (`store.one_ahead`)."""
     op_kernels, evaluated = OpKernels(), {}
     events = pl.scan_parquet(flat_dir / "events.parquet")
     op_cost_types = {"op_flops": pa.float64(), "op_bytes": pa.float64()}
     fields = [pa.field("event_idx", pa.int64()), *schema.table("gpu_ops").arrow_schema(("link",)),
               *(pa.field(c, op_cost_types.get(c, pa.string())) for c in OP_COST_COLUMNS)]
-
-    def cost_and_spill(links: pl.DataFrame):
-        ops = op_costs(events, links["cpu_op_event_idx"], dtype, evaluated)
-        out.write(links.join(ops, on="cpu_op_event_idx", how="left", maintain_order="left"))
-
-    with store.SpillWriter(spill, fields) as out, ThreadPoolExecutor(1) as costing:
-        costed = None
-        for links in link.link_batches(flat_dir, carry=("kind", "dur_ns")):
+    with store.SpillWriter(spill, fields) as out:
+        for links in store.one_ahead(link.link_batches(flat_dir, carry=("kind", "dur_ns"))):
             tally.add_links(links)
             op_kernels.add(links)
-            if costed is not None:
-                costed.result()  # in order, and one batch ahead at most
-            costed = costing.submit(cost_and_spill, links)
-        if costed is not None:
-            costed.result()
+            ops = op_costs(events, links["cpu_op_event_idx"], dtype, evaluated)
+            out.write(links.join(ops, on="cpu_op_event_idx", how="left", maintain_order="left"))
     return op_kernels.table()
 
 

@@ -39,7 +39,6 @@ nesting, the innermost is decided among the slices the window reads.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -47,7 +46,7 @@ from typing import Iterator
 import polars as pl
 import pyarrow.parquet as pq
 
-from . import nesting, schema
+from . import nesting, schema, store
 from .windows import EventReach, TimeBins, TimeCells
 
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime", "hip_driver", "mtia_runtime",
@@ -160,20 +159,14 @@ def _read(path: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
 def link_batches(flat_dir: Path, carry: tuple[str, ...] = ()) -> Iterator[pl.DataFrame]:
     """(event_idx, correlation, *LINK_COLUMNS, *carry) of the GPU ops of a flattened trace, BATCH_ROWS
     at a time in the order of its gpu_ops.parquet; `carry` are gpu_ops columns passed through.
-    Yields at least one frame (empty when there are no GPU ops).
-
-    The launches of the next batch are found in a second thread while the context of this one is
-    (polars works without the GIL; only one batch is ahead)."""
+    Yields at least one frame (empty when there are no GPU ops). The launches of the next batch
+    are found while the context of this one is (`store.one_ahead`)."""
     src = LinkSources.of(flat_dir)
     carried = [c for c in carry if c not in GPU_LINK_INPUTS]
-    with ThreadPoolExecutor(1) as launching:
-        ahead = None
-        for gpu in _gpu_batches(src, list(dict.fromkeys([*GPU_LINK_INPUTS, *carry]))):
-            launched = launching.submit(_launches_of, src, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)
-            if ahead is not None:
-                yield _context_of(src, ahead[0].result()).hstack(ahead[1])
-            ahead = launched
-        yield _context_of(src, ahead[0].result()).hstack(ahead[1])
+    batches = _gpu_batches(src, list(dict.fromkeys([*GPU_LINK_INPUTS, *carry])))
+    launched = ((_launches_of(src, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)) for gpu in batches)
+    for linked, passed in store.one_ahead(launched):
+        yield _context_of(src, linked).hstack(passed)
 
 
 def _gpu_batches(src: LinkSources, columns: list[str]) -> Iterator[pl.DataFrame]:

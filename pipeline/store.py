@@ -7,7 +7,8 @@ import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator, TypeVar
 
 import polars as pl
 import pyarrow as pa
@@ -66,6 +67,21 @@ class TableWriter:
         self._writer.close()
 
 
+T = TypeVar("T")
+_END = object()
+
+
+def one_ahead(items: Iterator[T]) -> Iterator[T]:
+    """The items of `items`, each made in a second thread while the caller works on the previous
+    one: batch stages overlap on two cores (polars and Arrow work without the GIL), and only one
+    item is made ahead. `items` is consumed by that thread alone."""
+    with ThreadPoolExecutor(1) as ahead:
+        coming = ahead.submit(next, items, _END)
+        while (item := coming.result()) is not _END:
+            coming = ahead.submit(next, items, _END)
+            yield item
+
+
 def write_table(tbl: pa.Table, path: Path, name: str, stages=schema.ALL_STAGES):
     pq.write_table(schema.conform(tbl, name, stages), str(path), row_group_size=ROW_GROUP_ROWS,
                    use_dictionary=_dictionary_columns(name, stages), **PARQUET_OPTIONS)
@@ -77,8 +93,16 @@ def write_extended(source: Path, path: Path, name: str, extend: Callable[[pl.Dat
     read and written `batch_rows` at a time (a row group each), each batch with the columns
     `extend` gives for it beside them, so the wide table is never whole in memory. `extend` gets
     the batch's `inputs` columns and returns one row per row, in the same order (checked on `key`);
-    the columns of `source` that it also gives are taken from it."""
+    the columns of `source` that it also gives are taken from it. The next batch is read and
+    extended while this one is written (`one_ahead`)."""
     writer = TableWriter(path, name, schema.ALL_STAGES, buffer_rows=batch_rows)
+    for tbl in one_ahead(_extended(source, name, extend, inputs, key, batch_rows)):
+        writer.write(tbl)
+    writer.close()
+
+
+def _extended(source: Path, name: str, extend: Callable[[pl.DataFrame], pl.DataFrame], inputs: list[str], key: str,
+              batch_rows: int) -> Iterator[pa.Table]:
     batches = pq.ParquetFile(source).iter_batches(batch_size=batch_rows, columns=schema.table(name).names(),
                                                   use_threads=False)  # threads hold more memory than they save time
     for batch in batches:
@@ -89,8 +113,7 @@ def write_extended(source: Path, path: Path, name: str, extend: Callable[[pl.Dat
         tbl = pa.Table.from_batches([batch]).drop_columns(replaced)
         for col in extra.drop(key):
             tbl = tbl.append_column(col.name, col.to_arrow())
-        writer.write(tbl)
-    writer.close()
+        yield tbl
 
 
 def sort_by_key(path: Path, name: str, key: str = "event_idx"):
