@@ -243,7 +243,9 @@ class Tally:
 COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  # the gpu_ops columns kernel_costs reads
 COST_COLUMNS = schema.table("gpu_ops").names(("cost",))  # the columns it adds
 LINK_SPILL = "gpu_links"  # the temporary file of pass 1 (see `enrich`)
-WRITE_BATCH_ROWS = 1 << 14  # GPU ops costed together in pass 2 (the wide rows are the memory)
+# GPU ops costed and written together in pass 2, a row group each: the wide rows (long kernel names)
+# are the memory; row groups of 4x as many rows make the file ~25% smaller and the peak ~25 MB higher
+WRITE_BATCH_ROWS = 1 << 13
 
 
 def _link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally) -> pl.DataFrame:

@@ -88,14 +88,15 @@ def write_table(tbl: pa.Table, path: Path, name: str, stages=schema.ALL_STAGES):
 
 
 def write_extended(source: Path, path: Path, name: str, extend: Callable[[pl.DataFrame], pl.DataFrame],
-                   inputs: list[str], key: str = "event_idx", batch_rows: int = BUFFER_ROWS):
+                   inputs: list[str], key: str = "event_idx", batch_rows: int = BUFFER_ROWS,
+                   group_rows: int | None = None):
     """Write table `name` (all stages) to `path`: the flatten columns of the Parquet file `source`,
-    read and written `batch_rows` at a time (a row group each), each batch with the columns
-    `extend` gives for it beside them, so the wide table is never whole in memory. `extend` gets
-    the batch's `inputs` columns and returns one row per row, in the same order (checked on `key`);
-    the columns of `source` that it also gives are taken from it. The next batch is read and
-    extended while this one is written (`one_ahead`)."""
-    writer = TableWriter(path, name, schema.ALL_STAGES, buffer_rows=batch_rows)
+    read `batch_rows` at a time and written in row groups of `group_rows` (default: a batch each),
+    each batch with the columns `extend` gives for it beside them, so the wide table is never
+    whole in memory. `extend` gets the batch's `inputs` columns and returns one row per row, in
+    the same order (checked on `key`); the columns of `source` that it also gives are taken from
+    it. The next batch is read and extended while this one is written (`one_ahead`)."""
+    writer = TableWriter(path, name, schema.ALL_STAGES, buffer_rows=group_rows or batch_rows)
     for tbl in one_ahead(_extended(source, name, extend, inputs, key, batch_rows)):
         writer.write(tbl)
     writer.close()
