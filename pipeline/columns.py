@@ -724,14 +724,14 @@ def _events_by_event(events: list, text: bytes | None, raw_args: list | None, pr
             name = _text(name, "name", problems)
         ph_c[i], cat_c[i], name_c[i] = ph, cat, name
         pid = e.get("pid")
-        if type(pid) is int:
+        if type(pid) is int and -INT64_MAX <= pid <= INT64_MAX:
             pid_c[i] = pid
         elif type(pid) is str:
             pid_s[i] = pid
         elif pid is not None:
             pid_c[i] = as_int(pid, "pid", problems)
         tid = e.get("tid")
-        if type(tid) is int:
+        if type(tid) is int and -INT64_MAX <= tid <= INT64_MAX:
             tid_c[i] = tid
         elif type(tid) is str:
             tid_s[i] = tid
@@ -767,12 +767,14 @@ def _events_by_event(events: list, text: bytes | None, raw_args: list | None, pr
             if type(args) is dict:
                 c = args.get("correlation")
                 if c is not None:
-                    corr_c[i] = c if type(c) is int else as_int(c, "correlation", problems)
+                    corr_c[i] = c if type(c) is int and -INT64_MAX <= c <= INT64_MAX else as_int(
+                        c, "correlation", problems)
                 x = args.get("External id")
                 if x is None:
                     x = args.get("external id")
                 if x is not None:
-                    ext_c[i] = x if type(x) is int else as_int(x, "external_id", problems)
+                    ext_c[i] = x if type(x) is int and -INT64_MAX <= x <= INT64_MAX else as_int(
+                        x, "external_id", problems)
             else:
                 problems.coerced["args_not_object"] += 1
         if not known.issuperset(e):

@@ -41,6 +41,9 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_CHUNK_BYTES = 2 << 20  # parsed, a chunk takes ~25x its size in Python objects
 READ_BYTES = 4 << 20
 MAX_HEADER_BYTES = 256 << 20
+TAIL_BYTES = 32 << 20  # the end of traceEvents is looked for in this much of an uncompressed file's end
+CHECK_BYTES = 256 << 10  # the events before that end parsed to make sure of it
+CUT_WINDOW_BYTES = 64 << 10  # read at each cut of an uncompressed file, to find an event boundary
 # a carry (chunks merged after a failed parse) larger than this (in chunks and in bytes) means
 # corrupt input, not a bad cut
 MAX_CARRY_CHUNKS = 8
@@ -322,6 +325,19 @@ class FileSpan:
         return bytes(out)
 
 
+def _pread(path: str, start: int, end: int) -> bytes:
+    return FileSpan(path, start, end).read()
+
+
+def _are_events(text: bytes) -> bool:
+    """Whether the text is a comma-separated run of complete trace events (objects with `ph`)."""
+    try:
+        events = parse_chunk(text)
+    except ChunkParseError:
+        return False
+    return bool(events) and all(type(e) is dict and "ph" in e for e in events)
+
+
 def text_of(piece: bytes | FileSpan) -> bytes:
     return piece.read() if isinstance(piece, FileSpan) else piece
 
@@ -363,6 +379,16 @@ class TraceSource:
         self.close()
 
     def pieces(self, spans: bool = False) -> Iterator[bytes | FileSpan | Salvaged]:
+        if spans and self._rest_offset is not None:
+            end = self._events_end()
+            if end is not None:
+                yield from self._spans(*end)
+                return
+        yield from self._read_pieces(spans)
+
+    def _read_pieces(self, spans: bool) -> Iterator[bytes | FileSpan | Salvaged]:
+        """Pieces by reading the stream through: the only way for compressed input, and for a file
+        whose end `_events_end` cannot place (truncated, say)."""
         buf = self.header.rest
         problem = self._problem
         eof = problem is not None
@@ -391,6 +417,61 @@ class TraceSource:
             if not block or problem:
                 eof = True
         yield from self._finish(bytes(buf), problem)
+
+    # ---- an uncompressed file: its end found first, then cut by position without reading it
+    def _events_end(self) -> tuple[int, dict] | None:
+        """(file offset of the `]` closing traceEvents, the metadata after it), found in the file's
+        last TAIL_BYTES (the leftmost `]` followed by a valid end of document, `_split_tail`); None
+        when it is not there or not certain (the stream is then read through).
+
+        Certain means: the last events before it parse as complete events (objects with a `ph`).
+        Were the window to start after the real close (metadata larger than TAIL_BYTES), the `]`
+        found would close a list inside the metadata, and the text before it would be metadata.
+        """
+        size = os.path.getsize(self.path)
+        window_start = max(self._rest_offset, size - TAIL_BYTES)
+        tail = _pread(self.path, window_start, size)
+        split = _split_tail(tail, self.header.bare_list)
+        if split is None:
+            return None
+        events_text, meta = split
+        check_from = 0
+        if window_start > self._rest_offset or len(events_text) > CHECK_BYTES:
+            m = _BOUNDARY.search(events_text, max(0, len(events_text) - CHECK_BYTES))
+            if m is None:
+                return None
+            check_from = m.start(1) + m.group(1).index(b",") + 1
+        if not _are_events(events_text[check_from:]):
+            return None
+        return window_start + len(events_text), meta
+
+    def _spans(self, end: int, meta: dict) -> Iterator[FileSpan]:
+        """FileSpans of about chunk_bytes each up to `end`, cut at event boundaries found by reading
+        a small window at each cut (`_cut_at`); then the metadata after the array."""
+        pos = self._rest_offset
+        while end - pos > self.chunk_bytes:
+            cut = self._cut_at(pos + self.chunk_bytes - 64, end)
+            if cut is None:
+                break
+            yield FileSpan(self.path, pos, cut)
+            pos = self.bytes_read = cut + 1
+        if _pread(self.path, pos, end).strip(_WS):
+            yield FileSpan(self.path, pos, end)
+        self.bytes_read = end
+        self.metadata.update(meta)
+
+    def _cut_at(self, start: int, end: int) -> int | None:
+        """File offset of the comma of the first event boundary at or after `start` and before
+        `end`, reading a window that doubles until one is found; None if there is none."""
+        size = CUT_WINDOW_BYTES
+        while True:
+            window = _pread(self.path, start, min(end, start + size))
+            m = _BOUNDARY.search(window)
+            if m:
+                return start + m.start(1) + m.group(1).index(b",")
+            if start + size >= end:
+                return None
+            size *= 2
 
     def _cut(self, buf: bytearray) -> int | None:
         """Where to cut the next chunk (the position of a separating comma), None to read more,

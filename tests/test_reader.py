@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 import synth
 from pipeline.errors import BadTrace
 from pipeline.flatten import flatten
-from pipeline.reader import Salvaged, TraceSource, ordered_results, parse_chunk
+from pipeline import reader
+from pipeline.reader import FileSpan, Salvaged, TraceSource, ordered_results, parse_chunk
 
 
 def norm(v):
@@ -30,15 +31,16 @@ def norm(v):
     return v
 
 
-def read_all(path, chunk_bytes=None):
-    """(events, metadata, tail, number of pieces) through TraceSource + ordered_results."""
+def read_all(path, chunk_bytes=None, spans=False):
+    """(events, metadata, tail, number of pieces) through TraceSource + ordered_results; `spans`:
+    as the parallel flatten reads (file positions where the file is uncompressed)."""
     kw = {"chunk_bytes": chunk_bytes} if chunk_bytes else {}
     with TraceSource(str(path), **kw) as src:
         n_pieces = 0
 
         def counted():
             nonlocal n_pieces
-            for p in src.pieces():
+            for p in src.pieces(spans=spans):
                 n_pieces += 1
                 yield p
 
@@ -331,3 +333,55 @@ def test_utf8_byte_order_mark_before_the_document_is_accepted(tmp_path):
         events = [e for p in src.pieces() for e in parse_chunk(p)]
         assert events == doc["traceEvents"]
         assert src.metadata == {"schemaVersion": 1, "traceName": "t"}
+
+
+# ------------------------------------------------------------------ uncompressed files cut by position
+def spans_of(path, chunk_bytes):
+    with TraceSource(str(path), chunk_bytes=chunk_bytes) as src:
+        return list(src.pieces(spans=True))
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+@pytest.mark.parametrize("metadata_after", [False, True])
+def test_file_spans_equal_reading_through(tmp_path, indent, metadata_after):
+    """An uncompressed file is cut by position (its end found first, from its tail, then a small
+    window read at each cut): the same events and metadata as reading the stream through."""
+    t = synth.make_trace(n_steps=8, ops_per_step=4, tricky=True, metadata_after=metadata_after)
+    p = synth.write_trace(t, tmp_path / "t.json", indent=indent)
+    pieces = spans_of(p, 2048)
+    assert len(pieces) > 10 and all(isinstance(x, FileSpan) for x in pieces)
+    assert read_all(p, 2048, spans=True)[:3] == read_all(p, 2048)[:3]
+    assert read_all(p, 2048, spans=True)[0] == load(p)["traceEvents"]
+
+
+@pytest.mark.parametrize("text", [b'{"traceEvents": []}', b'{"traceEvents": [ ], "x": 1}', b"[]", b"[ {\"ph\": \"X\"} ]",
+                                  b'{"a": [1], "traceEvents": [{"ph": "X"}, {"ph": "i"}]\n}\n'])
+def test_file_spans_of_tiny_documents(tmp_path, text):
+    p = tmp_path / "t.json"
+    p.write_bytes(text)
+    assert read_all(p, 1024, spans=True)[:3] == read_all(p, 1024)[:3]
+
+
+def test_metadata_beyond_the_tail_window_falls_back_to_reading_through(tmp_path, monkeypatch):
+    """Trailing metadata larger than the window the end is looked for in: the `]` found there
+    closes a list of objects inside the metadata, which the check (events have `ph`) rejects."""
+    t = synth.make_trace(n_steps=6, metadata_after=True)
+    t["deviceProperties"] = [dict(synth.DEVICE_PROPS, id=i) for i in range(64)]  # ~30 KB after the events
+    p = synth.write_trace(t, tmp_path / "t.json", indent=1)
+    monkeypatch.setattr(reader, "TAIL_BYTES", 8192)
+    with TraceSource(str(p), chunk_bytes=4096) as src:
+        assert src._events_end() is None
+    events, meta, tail, _ = read_all(p, 4096, spans=True)
+    assert not tail.truncated and events == load(p)["traceEvents"] and len(meta["deviceProperties"]) == 64
+    monkeypatch.setattr(reader, "TAIL_BYTES", 1 << 20)
+    with TraceSource(str(p), chunk_bytes=4096) as src:
+        assert src._events_end() is not None
+
+
+def test_truncated_file_cut_by_position_salvages_like_reading_through(tmp_path):
+    t = synth.make_trace(n_steps=6, ops_per_step=4)
+    data = synth.dumps_trace(t, indent=2)
+    p = tmp_path / "t.json"
+    p.write_bytes(data[: len(data) * 2 // 3])
+    spans, through = read_all(p, 2048, spans=True), read_all(p, 2048)
+    assert spans[2].truncated and spans[:2] == through[:2] and len(spans[0]) > 10
