@@ -176,7 +176,12 @@ def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame,
 
 class OpKernels:
     """Per CPU op, the count and total duration of the kernels it launched (`op_kernels`,
-    `op_dur_ns`), gathered batch by batch."""
+    `op_dur_ns`) over the whole trace. Gathered batch by batch as one small table per batch, sorted
+    by op, and summed over the batches only for the ops a batch of pass 2 asks for: building one
+    table for the whole trace held several times its size at once, the largest thing that grew
+    with the trace."""
+
+    _EMPTY = {"cpu_op_event_idx": pl.Int64, "op_kernels": pl.UInt32, "op_dur_ns": pl.Int64}
 
     def __init__(self):
         self._parts: list[pl.DataFrame] = []
@@ -184,24 +189,25 @@ class OpKernels:
     def add(self, links: pl.DataFrame):
         """Count a batch of linked GPU ops (kind, dur_ns, cpu_op_event_idx)."""
         kernels = links.filter((pl.col("kind") == "kernel") & pl.col("cpu_op_event_idx").is_not_null())
-        self._parts.append(kernels.group_by("cpu_op_event_idx").agg(
-            op_kernels=pl.len(), op_dur_ns=pl.col("dur_ns").fill_null(0).sum()))
+        part = (kernels.group_by("cpu_op_event_idx")
+                .agg(op_kernels=pl.len(), op_dur_ns=pl.col("dur_ns").fill_null(0).sum()).sort("cpu_op_event_idx"))
+        if part.height:
+            self._parts.append(part)
 
-    def table(self) -> pl.DataFrame:
-        """(cpu_op_event_idx, op_kernels, op_dur_ns), one row per op, sorted by cpu_op_event_idx."""
-        empty = pl.DataFrame(schema={"cpu_op_event_idx": pl.Int64, "op_kernels": pl.UInt32, "op_dur_ns": pl.Int64})
-        return (pl.concat([empty, *self._parts]).group_by("cpu_op_event_idx")
-                .agg(pl.col("op_kernels").sum(), pl.col("op_dur_ns").sum()).sort("cpu_op_event_idx"))
-
-    @staticmethod
-    def of(table: pl.DataFrame, ops: pl.Series) -> pl.DataFrame:
-        """The rows of `table` from the first to the last of `ops` (a slice found by binary search:
-        a batch's ops are a narrow range, and joining the whole table per batch costs more)."""
+    def of(self, ops: pl.Series) -> pl.DataFrame:
+        """(cpu_op_event_idx, op_kernels, op_dur_ns) of the ops from the first to the last of `ops`
+        (a batch's ops are a narrow range: each batch's table is sliced by binary search)."""
         ops = ops.drop_nulls()
-        if ops.is_empty():
-            return table.clear()
-        lo, hi = table["cpu_op_event_idx"].search_sorted(pl.Series([ops.min(), ops.max()]), side="left")
-        return table.slice(lo, hi - lo + 1)
+        pieces = [pl.DataFrame(schema=self._EMPTY)]
+        if not ops.is_empty():
+            first, last = ops.min(), ops.max()
+            for part in self._parts:
+                idx = part["cpu_op_event_idx"]
+                start, end = idx.search_sorted(first, side="left"), idx.search_sorted(last, side="right")
+                if end > start:
+                    pieces.append(part.slice(start, end - start))
+        return (pl.concat(pieces).group_by("cpu_op_event_idx")
+                .agg(pl.col("op_kernels").sum(), pl.col("op_dur_ns").sum()))
 
 
 class Tally:
@@ -248,7 +254,7 @@ LINK_SPILL = "gpu_links"  # the temporary file of pass 1 (see `enrich`)
 WRITE_BATCH_ROWS = 1 << 13
 
 
-def _link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally) -> pl.DataFrame:
+def _link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally) -> OpKernels:
     """Link the GPU ops batch by batch and cost their ops (everything that reads the events) into
     `spill`: event_idx, the link columns and OP_COST_COLUMNS. Returns the per-op kernel counts
     (`OpKernels`). A batch's ops are costed while the next batch is linked (`store.one_ahead`)."""
@@ -263,14 +269,14 @@ def _link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally) -> 
             op_kernels.add(links)
             ops = op_costs(events, links["cpu_op_event_idx"], dtype, evaluated)
             out.write(links.join(ops, on="cpu_op_event_idx", how="left", maintain_order="left"))
-    return op_kernels.table()
+    return op_kernels
 
 
 class BatchCoster:
     """The link and cost columns of one batch of gpu_ops rows (`store.write_extended`'s `extend`):
     link columns and op costs from the spill of pass 1, kernel costs from `kernel_costs`."""
 
-    def __init__(self, links: store.SpillReader, op_kernels: pl.DataFrame, devs: pl.DataFrame, tally: Tally):
+    def __init__(self, links: store.SpillReader, op_kernels: OpKernels, devs: pl.DataFrame, tally: Tally):
         self.links, self.op_kernels, self.devs, self.tally = links, op_kernels, devs, tally
         self.memo = CategoryMemo()  # kernel categories, shared by the batches
 
@@ -278,8 +284,7 @@ class BatchCoster:
         spilled = self.links.take(batch.height)
         g = batch.select(COST_INPUTS).with_columns(pl.col("name").cast(pl.Categorical)).hstack(
             spilled.select("cpu_op_event_idx", "cpu_op_name", *OP_COST_COLUMNS))
-        op_kernels = OpKernels.of(self.op_kernels, g["cpu_op_event_idx"])
-        costed = kernel_costs(g, op_kernels, self.devs, self.memo)
+        costed = kernel_costs(g, self.op_kernels.of(g["cpu_op_event_idx"]), self.devs, self.memo)
         self.tally.add_costs(costed)
         return spilled.select("event_idx", *link.LINK_COLUMNS).hstack(costed.select(COST_COLUMNS))
 
