@@ -313,19 +313,18 @@ def _context_in_cell(src: LinkSources, points: pl.DataFrame) -> pl.DataFrame:
     each_nest = points.join(pl.DataFrame({"nest": [code for _, code, _ in NESTS]}, schema={"nest": pl.Int8}),
                             how="cross")
     found = nesting.around(each_nest, intervals, nesting.LONGER_FIRST, by=("pid", "tid", "nest"))
-    names = slices.select(iv_idx="event_idx", name="name")
+    outermost = pl.col("nest").is_in([code for _, code, outer in NESTS if outer])
+    found = (found.select("point_id", "nest", iv_idx=pl.when(outermost).then("outermost").otherwise("innermost"))
+             .join(slices.select(iv_idx="event_idx", name="name"), on="iv_idx", how="inner"))
     out = points.select(event_idx="point_id")
-    for name, code, outermost in NESTS:
-        slice_of = (found.filter(pl.col("nest") == code)
-                    .select(event_idx="point_id", iv_idx="outermost" if outermost else "innermost")
-                    .join(names, on="iv_idx", how="inner"))
-        out = out.join(slice_of.rename({"iv_idx": f"{name}_event_idx", "name": f"{name}_name"}),
-                       on="event_idx", how="left", maintain_order="left")
+    for name, code, _ in NESTS:
+        of_nest = found.filter(pl.col("nest") == code).select(
+            event_idx="point_id", **{f"{name}_event_idx": "iv_idx", f"{name}_name": pl.col("name").cast(pl.String)})
+        out = out.join(of_nest, on="event_idx", how="left", maintain_order="left")
     return out.select("event_idx", cpu_op_event_idx="cpu_op_event_idx",
                       cpu_op_link=pl.when(pl.col("cpu_op_event_idx").is_not_null()).then(pl.lit("nesting")),
-                      cpu_op_name=pl.col("cpu_op_name").cast(pl.String), step_name=pl.col("step_name").cast(pl.String),
-                      annotation=pl.col("annotation_name").cast(pl.String),
-                      module=pl.col("module_name").cast(pl.String))
+                      cpu_op_name="cpu_op_name", step_name="step_name", annotation="annotation_name",
+                      module="module_name")
 
 
 def _slices_running(src: LinkSources, points: pl.DataFrame) -> pl.DataFrame:
