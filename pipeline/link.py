@@ -28,7 +28,9 @@ Parquet reader applies row group by row group (skipping those its statistics rul
   `_flows_and_calls`; the runtime calls at those flow starts: `_launch_candidates`;
 - the CPU slices (ops, annotations, modules) on the launching threads that run at the launch
   times, one time cell of about CELL_SLICES slices at a time (`windows.TimeCells`): `_context`.
-Only a few facts are kept for the whole trace (`LinkSources`).
+Only a few facts are kept for the whole trace (`LinkSources`). Whatever the order of the files,
+a read keeps only the rows of one batch or one cell; the order decides how many row groups a read
+can skip, i.e. the time (Kineto writes events and GPU activity roughly in time order).
 
 Reading the slices of a window [a, b] (the first and last launch of a cell) rather than all of
 them gives the same answer wherever slices nest properly (on every real trace we test, with the
