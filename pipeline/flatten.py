@@ -7,6 +7,7 @@ and the main process writes each chunk's tables as they arrive, in order.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime as _dt
 import gc
 import hashlib
@@ -14,8 +15,10 @@ import multiprocessing as _mp
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -79,18 +82,35 @@ def sampled_content_id(path: str) -> str:
 
 def _worker_init():
     gc.disable()
-    _return_memory_promptly()
+    _reuse_freed_memory()
 
 
-def _return_memory_promptly():
-    """Let Arrow's allocator give freed memory back at once (it keeps it for seconds by default)."""
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def _reuse_freed_memory():
+    """Have glibc's malloc keep freed blocks for reuse instead of giving each large one back to the
+    OS and faulting it in again: a worker allocates and frees several MB per chunk (texts, Arrow
+    buffers), and in a VM the page faults cost as much as a third of the parsing (measured: sys
+    time 3 s -> 0.5 s per GB, 1000 -> 20 faults per MB). Memory stays bounded by the largest chunk's
+    working set. No effect where the C library is not glibc."""
     try:
-        pa.jemalloc_set_decay_ms(0)
-    except (pa.ArrowNotImplementedError, AttributeError):
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # the largest value glibc takes on 64-bit
+        libc.mallopt(_M_TRIM_THRESHOLD, 256 << 20)
+    except (OSError, AttributeError):
         pass
 
 
 def _pool(workers: int):
+    """The worker processes. On Linux they are forked from this process: nothing is imported again
+    and the modules' pages stay shared (measured: ~60 MB less in all, 0.5-1 s sooner per trace).
+    That is safe here because a worker uses only pyarrow, msgspec and orjson (no thread pool the
+    parent may have started, such as polars'). Elsewhere (fork is unsafe on macOS) a forkserver."""
+    if sys.platform == "linux":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork with threads alive
+            return _mp.get_context("fork").Pool(workers, initializer=_worker_init)
     ctx = _mp.get_context("forkserver")
     ctx.set_forkserver_preload(["pipeline.flatten", "pipeline.columns"])
     return ctx.Pool(workers, initializer=_worker_init)
@@ -197,17 +217,18 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
     the bytes themselves) and come back as Arrow files in shared memory (see `_spill`).
     """
     workers = default_workers(path) if workers is None else max(1, workers)
-    _return_memory_promptly()
     src = TraceSource(path, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {}))
     problems = Problems()
     corrupt = []
-    writers = {n: store.TableWriter(tmp / f"{n}.parquet", n) for n in ("events", "gpu_ops", "flows")}
+    writers: dict = {}
     device_ids: set = set()
-    pool = _pool(workers) if workers > 1 else None
+    pool = None
     spill_dir = tempfile.mkdtemp(prefix="tracepipe-", dir=_SHARED_MEMORY if os.access(_SHARED_MEMORY, os.W_OK) else tmp)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
+        pool = _pool(workers) if workers > 1 else None  # before the outputs are open: workers inherit none
+        writers = {n: store.TableWriter(tmp / f"{n}.parquet", n) for n in ("events", "gpu_ops", "flows")}
         submit = (lambda piece: pool.apply_async(_run_chunk, (piece, spill_dir))) if pool else None
         results = ordered_results(src.pieces(spans=pool is not None), build_from_text, build_chunk, submit=submit,
                                   max_inflight=4 * workers, on_corrupt=corrupt.append)

@@ -41,7 +41,7 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_CHUNK_BYTES = 2 << 20  # parsed, a chunk takes ~25x its size in Python objects
 READ_BYTES = 4 << 20
 MAX_HEADER_BYTES = 256 << 20
-TAIL_BYTES = 32 << 20  # the end of traceEvents is looked for in this much of an uncompressed file's end
+TAIL_BYTES = (1 << 20, 16 << 20)  # windows of an uncompressed file's end to find traceEvents' end in
 CHECK_BYTES = 256 << 10  # the events before that end parsed to make sure of it
 CUT_WINDOW_BYTES = 64 << 10  # read at each cut of an uncompressed file, to find an event boundary
 # a carry (chunks merged after a failed parse) larger than this (in chunks and in bytes) means
@@ -421,29 +421,35 @@ class TraceSource:
     # ---- an uncompressed file: its end found first, then cut by position without reading it
     def _events_end(self) -> tuple[int, dict] | None:
         """(file offset of the `]` closing traceEvents, the metadata after it), found in the file's
-        last TAIL_BYTES (the leftmost `]` followed by a valid end of document, `_split_tail`); None
-        when it is not there or not certain (the stream is then read through).
+        end (the leftmost `]` followed by a valid end of document, `_split_tail`), in a window that
+        grows from TAIL_BYTES[0] to TAIL_BYTES[-1]; None when it is not there or not certain (the
+        stream is then read through).
 
         Certain means: the last events before it parse as complete events (objects with a `ph`).
-        Were the window to start after the real close (metadata larger than TAIL_BYTES), the `]`
-        found would close a list inside the metadata, and the text before it would be metadata.
+        Were the window to start after the real close (trailing metadata larger than the window),
+        the `]` found would close a list inside the metadata, and the text before it would be
+        metadata: the window grows and tries again.
         """
         size = os.path.getsize(self.path)
-        window_start = max(self._rest_offset, size - TAIL_BYTES)
-        tail = _pread(self.path, window_start, size)
-        split = _split_tail(tail, self.header.bare_list)
-        if split is None:
-            return None
-        events_text, meta = split
+        for tail_bytes in TAIL_BYTES:
+            window_start = max(self._rest_offset, size - tail_bytes)
+            split = _split_tail(_pread(self.path, window_start, size), self.header.bare_list)
+            if split is None:
+                return None  # no valid end (a truncated file): reading through salvages it
+            if self._certain(*split, window_start):
+                return window_start + len(split[0]), split[1]
+            if window_start == self._rest_offset:
+                return None
+        return None
+
+    def _certain(self, events_text: bytes, meta: dict, window_start: int) -> bool:
         check_from = 0
         if window_start > self._rest_offset or len(events_text) > CHECK_BYTES:
             m = _BOUNDARY.search(events_text, max(0, len(events_text) - CHECK_BYTES))
             if m is None:
-                return None
+                return False
             check_from = m.start(1) + m.group(1).index(b",") + 1
-        if not _are_events(events_text[check_from:]):
-            return None
-        return window_start + len(events_text), meta
+        return _are_events(events_text[check_from:])
 
     def _spans(self, end: int, meta: dict) -> Iterator[FileSpan]:
         """FileSpans of about chunk_bytes each up to `end`, cut at event boundaries found by reading

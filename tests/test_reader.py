@@ -368,12 +368,12 @@ def test_metadata_beyond_the_tail_window_falls_back_to_reading_through(tmp_path,
     t = synth.make_trace(n_steps=6, metadata_after=True)
     t["deviceProperties"] = [dict(synth.DEVICE_PROPS, id=i) for i in range(64)]  # ~30 KB after the events
     p = synth.write_trace(t, tmp_path / "t.json", indent=1)
-    monkeypatch.setattr(reader, "TAIL_BYTES", 8192)
+    monkeypatch.setattr(reader, "TAIL_BYTES", (8192,))
     with TraceSource(str(p), chunk_bytes=4096) as src:
         assert src._events_end() is None
     events, meta, tail, _ = read_all(p, 4096, spans=True)
     assert not tail.truncated and events == load(p)["traceEvents"] and len(meta["deviceProperties"]) == 64
-    monkeypatch.setattr(reader, "TAIL_BYTES", 1 << 20)
+    monkeypatch.setattr(reader, "TAIL_BYTES", (8192, 1 << 20))
     with TraceSource(str(p), chunk_bytes=4096) as src:
         assert src._events_end() is not None
 
