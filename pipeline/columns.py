@@ -723,20 +723,8 @@ def _events_by_event(events: list, text: bytes | None, raw_args: list | None, pr
         if type(name) is not str and name is not None:
             name = _text(name, "name", problems)
         ph_c[i], cat_c[i], name_c[i] = ph, cat, name
-        pid = e.get("pid")
-        if type(pid) is int and -INT64_MAX <= pid <= INT64_MAX:
-            pid_c[i] = pid
-        elif type(pid) is str:
-            pid_s[i] = pid
-        elif pid is not None:
-            pid_c[i] = as_int(pid, "pid", problems)
-        tid = e.get("tid")
-        if type(tid) is int and -INT64_MAX <= tid <= INT64_MAX:
-            tid_c[i] = tid
-        elif type(tid) is str:
-            tid_s[i] = tid
-        elif tid is not None:
-            tid_c[i] = as_int(tid, "tid", problems)
+        pid_c[i], pid_s[i] = _int_or_str(e.get("pid"), "pid", problems)
+        tid_c[i], tid_s[i] = _int_or_str(e.get("tid"), "tid", problems)
         ts = e.get("ts")
         if type(ts) is float and -FLOAT_EXACT_US < ts < FLOAT_EXACT_US:
             ts_c[i] = round(ts * 1000)
@@ -790,6 +778,15 @@ def _events_by_event(events: list, text: bytes | None, raw_args: list | None, pr
         "args_json": _args_json(raw_args) if raw_args is not None else pa.array(args_c, pa.string()),
         "extra_json": pa.array(extra_c, pa.string()),
     })
+
+
+def _int_or_str(v, what: str, problems: Problems) -> tuple:
+    """(int, None) for an in-range integer, (None, str) for a string, else (coerced int or None, None)."""
+    if type(v) is int and -INT64_MAX <= v <= INT64_MAX:
+        return v, None
+    if type(v) is str:
+        return None, v
+    return (None if v is None else as_int(v, what, problems)), None
 
 
 def _gpu_arg_columns(args: list) -> dict:
