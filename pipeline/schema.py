@@ -5,12 +5,16 @@ A column may name the `stage` that fills it (`flatten` by default, else `link` o
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import pyarrow as pa
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 _HERE = Path(__file__).resolve().parent
 TABLES = ("events", "gpu_ops", "flows", "devices", "trace")
