@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
-from decimal import Decimal
+import time
 
-import orjson
 import pyarrow.parquet as pq
 import pytest
 
@@ -452,3 +452,41 @@ def test_memory_stays_bounded_on_a_large_trace(tmp_path):
            f"{extra >> 20} MB more than on a {mid.stat().st_size >> 20} MB one")
     assert extra < size // 4, msg  # bounded: 5x the input costs (almost) no more memory
     assert total < size, msg  # and the working set itself is below the file size
+
+
+def _peak_summed_pss(cmd: list, timeout: float = 600) -> tuple[int, float]:
+    """(exit code, peak summed PSS in MB of the command's process group), sampled every 20 ms."""
+    def pss(pgid: int) -> int:
+        total = 0
+        for d in os.listdir("/proc"):
+            try:
+                if d.isdigit() and int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[2]) == pgid:
+                    total += next(int(x.split()[1]) for x in open(f"/proc/{d}/smaps_rollup") if x.startswith("Pss:"))
+            except (OSError, ValueError, IndexError, StopIteration):
+                continue
+        return total
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    peak, t0 = 0, time.monotonic()
+    while p.poll() is None and time.monotonic() - t0 < timeout:
+        peak = max(peak, pss(p.pid))
+        time.sleep(0.02)
+    p.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+    return p.returncode, peak / 1024
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc smaps_rollup")
+def test_whole_flatten_memory_does_not_grow_with_the_trace(tmp_path):
+    """`tracepipe flatten` with two workers, link and cost included: the peak of all its processes
+    together (summed PSS) is about the same for a trace 4x larger."""
+    small, big = tmp_path / "small.json", tmp_path / "big.json"
+    synth.write_big_trace(small, 40 << 20)
+    synth.write_big_trace(big, 160 << 20)
+    peaks = {}
+    for p in (small, big):
+        rc, peaks[p.name] = _peak_summed_pss([sys.executable, "-m", "pipeline", "flatten", str(p), "-o",
+                                               str(tmp_path / "out"), "-j", "2", "-q"])
+        assert rc == 0
+    grew = peaks["big.json"] - peaks["small.json"]
+    assert grew < 60, f"peak summed PSS {peaks}: {grew:.0f} MB more for 120 MB more trace"
+    assert peaks["big.json"] < 512, peaks
