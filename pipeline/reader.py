@@ -14,7 +14,6 @@ which keeps decimals exact. ijson also salvages the complete events of a truncat
 """
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import os
@@ -89,7 +88,7 @@ def open_stream(path: str):
     magic = raw.read(4)
     raw.seek(0)
     if magic[:2] == GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=raw, mode="rb")
+        return GzipStream(raw)
     if magic == ZSTD_MAGIC:
         try:
             import zstandard
@@ -100,7 +99,64 @@ def open_stream(path: str):
     return raw
 
 
-_DECOMPRESS_ERRORS = (OSError, EOFError, zlib.error)
+try:  # ISA-L inflates ~1.8x faster than zlib (measured: 1.3 vs 2.3 s per GB of JSON): the `fast` extra
+    from isal import isal_zlib as _inflate
+except ImportError:  # pragma: no cover - depends on what is installed
+    _inflate = zlib
+
+
+class GzipStream:
+    """A gzip file decompressed as it is read (`read1`), with ISA-L where it is installed.
+
+    Like gzip.GzipFile (several members, NUL padding after the last one), but every byte inflated
+    before the stream breaks off is returned before the error is raised: EOFError when it ends
+    early, zlib.error / OSError when it is corrupt.
+    """
+
+    IN_BYTES = 1 << 20
+
+    def __init__(self, raw):
+        self._raw, self._dec, self._input = raw, _inflate.decompressobj(31), b""
+
+    def read1(self, n: int) -> bytes:
+        while True:
+            if self._dec.eof and not self._next_member():
+                return b""
+            data = self._input or self._raw.read(self.IN_BYTES)
+            if not data:
+                raise EOFError("compressed stream ended before the end-of-stream marker")
+            out = self._dec.decompress(data, n)
+            self._input = self._dec.unconsumed_tail or self._dec.unused_data
+            if out:
+                return out
+
+    def _next_member(self) -> bool:
+        """After a member's end: start the next one, if the rest is more than NUL padding."""
+        rest = self._input.lstrip(b"\x00")
+        while not rest:
+            more = self._raw.read(self.IN_BYTES)
+            if not more:
+                return False
+            rest = more.lstrip(b"\x00")
+        if rest[:2] != GZIP_MAGIC:
+            raise OSError("not a gzipped file after the end of a gzip member")
+        self._dec, self._input = _inflate.decompressobj(31), rest
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        out = bytearray()
+        while n < 0 or len(out) < n:
+            block = self.read1((1 << 20) if n < 0 else n - len(out))
+            if not block:
+                break
+            out += block
+        return bytes(out)
+
+    def close(self):
+        self._raw.close()
+
+
+_DECOMPRESS_ERRORS = (OSError, EOFError, zlib.error, getattr(_inflate, "error", zlib.error))
 
 
 def _read(stream, n: int) -> tuple[bytes, str | None]:

@@ -385,3 +385,44 @@ def test_truncated_file_cut_by_position_salvages_like_reading_through(tmp_path):
     p.write_bytes(data[: len(data) * 2 // 3])
     spans, through = read_all(p, 2048, spans=True), read_all(p, 2048)
     assert spans[2].truncated and spans[:2] == through[:2] and len(spans[0]) > 10
+
+
+# ------------------------------------------------------------------ gzip
+@pytest.fixture(params=["isal", "zlib"])
+def inflate(request, monkeypatch):
+    """GzipStream with ISA-L (when installed) and with the stdlib's zlib."""
+    import zlib
+    if request.param == "isal":
+        isal_zlib = pytest.importorskip("isal.isal_zlib")
+        monkeypatch.setattr(reader, "_inflate", isal_zlib)
+    else:
+        monkeypatch.setattr(reader, "_inflate", zlib)
+
+
+def _read_through(data: bytes, n: int = 1000) -> tuple[bytes, BaseException | None]:
+    import io
+    stream, out = reader.GzipStream(io.BytesIO(data)), bytearray()
+    try:
+        while block := stream.read1(n):
+            out += block
+    except Exception as e:  # noqa: BLE001 - the test looks at which
+        return bytes(out), e
+    return bytes(out), None
+
+
+def test_gzip_members_and_padding(inflate):
+    a, b = os.urandom(5000).hex().encode(), b"second member" * 300
+    assert _read_through(gzip.compress(a) + gzip.compress(b) + b"\0" * 700) == (a + b, None)
+    got, err = _read_through(gzip.compress(a) + b"garbage")
+    assert got == a and isinstance(err, OSError)
+
+
+def test_gzip_breaking_off_returns_every_byte_before_the_error(inflate):
+    import zlib
+    data = os.urandom(300_000).hex().encode()
+    comp = gzip.compress(data)
+    got, err = _read_through(comp[: len(comp) // 2], n=4096)
+    assert isinstance(err, EOFError) and 0 < len(got) < len(data) and data.startswith(got)
+    broken = comp[:len(comp) // 2] + bytes(255 - x for x in comp[len(comp) // 2: len(comp) // 2 + 64]) + comp[-100:]
+    got, err = _read_through(broken, n=4096)  # deflate has no checksum before the end: bytes may be wrong
+    assert isinstance(err, (zlib.error, OSError, EOFError)) and got != data
