@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from . import __version__, schema, store
 from .columns import ChunkTables, Problems, as_int, build_chunk, build_from_text, dumps
 from .errors import BadTrace
-from .reader import TraceSource, _run_local, ordered_results, text_of
+from .reader import FileSpan, TraceSource, _run_local, ordered_results, text_of
 PARALLEL_MIN_BYTES = 48 << 20
 SECRET_KEY = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|COOKIE|AUTH|(^|[_\-. ])(API|ACCESS)?_?KEY([_\-. ]|$)", re.I)
 SECRET_VALUE = re.compile(r"^(hf_|ghp_|gho_|ghs_|github_pat_|sk-|xox[abpr]-|AKIA|ASIA|glpat-)[A-Za-z0-9_\-]{8,}")
@@ -229,9 +229,11 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
     try:
         pool = _pool(workers) if workers > 1 else None  # before the outputs are open: workers inherit none
         writers = {n: store.TableWriter(tmp / f"{n}.parquet", n) for n in ("events", "gpu_ops", "flows")}
-        submit = (lambda piece: pool.apply_async(_run_chunk, (piece, spill_dir))) if pool else None
+        in_flight = 4 * workers
+        slots = _ChunkSlots(spill_dir, in_flight + 1)
+        submit = (lambda piece: pool.apply_async(_run_chunk, (slots.put(piece), spill_dir))) if pool else None
         results = ordered_results(src.pieces(spans=pool is not None), build_from_text, build_chunk, submit=submit,
-                                  max_inflight=4 * workers, on_corrupt=corrupt.append)
+                                  max_inflight=in_flight, on_corrupt=corrupt.append)
         offset = 0
         for ct in map(_unspill, results):
             writers["events"].write(_offset(ct.events, offset))
@@ -265,6 +267,32 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
 
 _SHARED_MEMORY = "/dev/shm"
 _CHUNK_TABLES = ("events", "gpu_ops", "flows")
+
+
+class _ChunkSlots:
+    """Chunk texts (of compressed input) handed to the workers through files in shared memory,
+    one per slot, reused round robin, instead of the task pipe: one copy each way rather than a
+    pickle, a pipe and an unpickle (measured: 2.6 s of CPU per GB through the pipe), and the
+    slots' pages stay allocated. `ordered_results` has at most `in_flight` chunks unsettled when
+    it submits one, and reads a failed chunk's text (to merge it) before settling it: with
+    in_flight + 1 slots a slot is rewritten only once its chunk is settled."""
+
+    def __init__(self, directory: str, n: int):
+        self.paths = [os.path.join(directory, f"chunk{i}") for i in range(n)]
+        self.next = 0
+
+    def put(self, piece):
+        """A FileSpan of the chunk text in the next slot (other pieces as they are)."""
+        if not isinstance(piece, bytes):
+            return piece
+        path = self.paths[self.next % len(self.paths)]
+        self.next += 1
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, piece, 0)  # may leave an older chunk's bytes after it: the span ends before
+        finally:
+            os.close(fd)
+        return FileSpan(path, 0, len(piece))
 
 
 @dataclass
