@@ -39,10 +39,9 @@ def _save(fig, out_dir: Path, stem: str) -> list[Path]:
 
 
 def _peaks(f: Flat) -> pl.DataFrame:
-    """(device, peak_tflops, peak_bw_gbps): the device's most used peak and its bandwidth."""
-    return (f.gpu.select("device", "kind", "peak_tflops", "peak_bw_gbps").filter(pl.col("kind") == "kernel")
-            .group_by("device").agg(peak_tflops=pl.col("peak_tflops").drop_nulls().mode().first(),
-                                    peak_bw_gbps=pl.col("peak_bw_gbps").drop_nulls().first()))
+    """(device, peak_tflops, peak_bw_gbps): the device's most used peak and its bandwidth (from the
+    GPU sweep's totals, `Flat.activity`)."""
+    return f.activity.peaks
 
 
 def roofline(flat, kernels: pl.DataFrame, out_dir: Path, stem: str) -> list[Path]:

@@ -16,31 +16,43 @@
 shared between calls. Times are reported in µs (`*_us`). A trace without GPU activity is
 analysed on its CPU ops instead (device -1, "cpu"): each op's *self* time stands for a kernel.
 
-All work is polars queries; the few Python loops run over nesting depth or table rows of the
-declarative tables, never over events. Interval algebra used throughout:
-- union: sort by start, running max of end, a new run starts where start > previous max end;
-- overlap of intervals with a union: the covered length before t is a prefix sum over the union's
-  runs, found with an as-of join; overlap([s, e]) = covered(e) - covered(s);
-- nesting: a sweep of starts (+1) and ends (-1) per thread gives each start its depth; its
-  parent is the last earlier start one level up (an as-of join), as in `pipeline.link`.
+Memory does not grow with the trace: no report holds the GPU-op or CPU-op table. Two sweeps
+(`pipeline.sweep`) read them window by window in time and fold every window into small totals
+that all reports share:
+- the GPU sweep (`Flat.activity`): counts and sums per (device, kind, name, category, op), from
+  which the kernel, transfer and category tables and `diff` are made; the union of activity per
+  device, per stream, and of collective, other and all kernels per device (busy time, idle gaps;
+  the overlap of collectives with compute is |collectives| + |compute| - |all kernels|); value
+  counts of launch durations and delays, whose percentiles are exact;
+- the CPU sweep (`Flat.cpu`): CPU ops and user annotations nested per thread (parent, self time),
+  with the GPU time they launched themselves and anywhere inside them (prefix sums of the launches
+  on their thread), folded per op key (op table) or per stack (collapsed stacks, with
+  python_function frames), and the few ProfilerSteps and compiled regions (compile view).
+Sums of nanoseconds stay exact integers until they become µs; float sums (FLOPs, bytes) are added
+in a fixed order. So the output does not change from run to run: ties in a sort (equal times) are
+broken by name, as are ties for a kernel's most common category and op.
 """
 from __future__ import annotations
 
 import math
+import shutil
 import tempfile
+import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
 import polars as pl
 
-from . import schema, store
+from . import link, schema, store
 from .errors import BadTrace, DatasetError, UsageError
-from .categories import CATEGORIES, OTHER, Category, category_expr, with_category  # noqa: F401 (re-exported)
+from .categories import CATEGORIES, OTHER, Category, CategoryMemo, category_expr, with_category  # noqa: F401 (re-exported)
 from .nesting import LONGER_FIRST, nesting as _nest
-from .link import ANNOTATION_CAT, CPU_OP_CAT, STEP_NAME, link_gpu_ops
+from .link import ANNOTATION_CAT, CPU_OP_CAT, STEP_NAME
+from .sweep import (Nest, Paths, RunTally, SliceSweep, ThreadPrefix, beside, first_by, float_sum, fold,
+                    interval_union, quantiles_from_counts, read, read_among, time_windows, within)  # noqa: F401
 
 NS_PER_US = 1_000.0
 CPU_DEVICE = -1
@@ -88,17 +100,48 @@ KERNEL_NAME_RULES: tuple[tuple[str, str], ...] = (
 # torch.compile regions (CPU side) and the gaps between them (likely graph breaks).
 COMPILED_REGION = r"^(?:CompiledFunction|CompiledFunctionBackward|Torch-Compiled Region.*|## Call CompiledFxGraph.*)$"
 
+# How `op_table` may group ops besides their name.
+GROUPINGS = {None: [], "input-shape": ["input_shape"], "stack": ["stack"], "overload": ["overload"]}
+
+
+# ------------------------------------------------------------------ what the sweeps leave
+@dataclass(frozen=True)
+class Activity:
+    """The totals of a trace's device activity (GPU ops; for a CPU-only trace its CPU ops) that the
+    device tables are made of. Every table is small: one row per name, key or device."""
+
+    names: pl.DataFrame  # per NAME_KEYS: the sums of `_name_sums`
+    runs: dict[str, pl.DataFrame]  # unions (`RunTally.result`) of the RUN_SETS: device, stream, kernel, comm, compute
+    launch: pl.DataFrame  # per device: kernels, the launch durations' and delays' percentiles (ns)
+    specs: pl.DataFrame  # (device, spec_name): the first matched device spec of its activity
+    peaks: pl.DataFrame  # (device, peak_tflops, peak_bw_gbps) of its kernels, for the roofline plot
+
+
+@dataclass(frozen=True)
+class CpuOps:
+    """The totals of a CPU sweep: per op key (`op_table`), per stack (`collapsed_stacks`, when
+    python_function frames were swept), the ProfilerSteps and compiled regions, and for a trace
+    without GPU activity the activity of its CPU ops."""
+
+    ops: pl.DataFrame  # per op key: calls and the sums of OP_SUMS
+    steps: pl.DataFrame  # (step, ts_ns, end_ns) of ProfilerStep#N annotations
+    regions: pl.DataFrame  # (name, ts_ns, end_ns, dur_ns) of compiled regions
+    span: tuple[int | None, int | None, int]  # first start, last end and number of the ops
+    stacks: pl.DataFrame | None  # (path, self_ns, device_ns) of frames
+    activity: Activity | None  # CPU-only traces: the device tables' totals, from the ops
+
 
 # ------------------------------------------------------------------ loading
 class Flat:
-    """A flattened trace opened for reports: tables are read (and, for a directory flattened
-    with --no-link, linked) once and shared by every report function."""
+    """A flattened trace opened for reports: what they are computed from is read once and shared
+    by every report function (`activity`, `cpu`), a few small tables; nothing holds the trace."""
 
     def __init__(self, path: str | Path, flatten_result=None):
         self.path = Path(path)
         self.flatten_result = flatten_result  # set when `opened` flattened a trace file for us
         if not store.is_flat_dir(self.path):
             raise DatasetError(f"{self.path}: not a flattened trace (run `tracepipe flatten` first)")
+        self._cpu: dict[tuple, CpuOps] = {}
 
     def scan(self, table: str) -> pl.LazyFrame:
         return store.scan(self.path, table)
@@ -112,24 +155,65 @@ class Flat:
         return self.scan("trace").select("source_path").collect().item()
 
     @cached_property
+    def gpu_ops_file(self) -> Path:
+        """gpu_ops.parquet with the link columns: the directory's own or, for a directory flattened
+        with --no-link, a temporary copy linked batch by batch, removed with this Flat."""
+        own = self.path / "gpu_ops.parquet"
+        if "launch_event_idx" in pl.scan_parquet(own).collect_schema().names():
+            return own
+        tmp = Path(tempfile.mkdtemp(prefix="tracepipe-linked-"))
+        weakref.finalize(self, shutil.rmtree, tmp, True)
+        src = link.LinkSources.of(self.path)
+        store.write_extended(own, tmp / "gpu_ops.parquet", "gpu_ops",
+                             lambda batch: link.link_batch(src, batch).select("event_idx", *link.LINK_COLUMNS),
+                             inputs=link.GPU_LINK_INPUTS, batch_rows=link.BATCH_ROWS)
+        return tmp / "gpu_ops.parquet"
+
+    @cached_property
     def gpu(self) -> pl.DataFrame:
-        """gpu_ops with every declared column (null where link/cost did not run), end_ns, category."""
-        g = self.scan("gpu_ops")
-        if "launch_event_idx" not in g.collect_schema().names():
-            g = link_gpu_ops(self.path)[0].lazy()
-        have = set(g.collect_schema().names())
-        g = g.with_columns(pl.lit(None, POLARS_TYPES[c.type]).alias(c.name)
-                           for c in schema.table("gpu_ops").columns if c.name not in have)
-        return (g.filter(pl.col("ts_ns").is_not_null())
-                # GPU activity without args.device is reported under device -1, not lost
-                .with_columns(pl.col("dur_ns").fill_null(0), pl.col("device").fill_null(CPU_DEVICE))
-                .with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
-                .collect()
-                .pipe(with_category))
+        """Every GPU op with every declared column (null where link/cost did not run), end_ns and
+        category: the whole table, for notebooks (the reports never hold it)."""
+        columns = _gpu_columns(self.gpu_ops_file, schema.table("gpu_ops").names(schema.ALL_STAGES))
+        g = read(self.gpu_ops_file, pl.col("ts_ns").is_not_null(), columns)
+        return _activity_rows(g, CategoryMemo())
 
     @cached_property
     def has_gpu(self) -> bool:
-        return self.gpu.height > 0
+        gpu = pl.scan_parquet(self.path / "gpu_ops.parquet").filter(pl.col("ts_ns").is_not_null())
+        return gpu.select(pl.len()).collect(engine="streaming").item() > 0
+
+    @cached_property
+    def activity(self) -> Activity:
+        """The device activity's totals: the GPU sweep's, or for a trace without GPU activity its CPU ops'."""
+        return gpu_sweep(self) if self.has_gpu else self.any_cpu().activity
+
+    @cached_property
+    def op_calls(self) -> pl.DataFrame:
+        """(cpu_op_name, calls): how many ops of each name launched kernels (`diff`): distinct ops,
+        counted while streaming the GPU ops."""
+        if not self.has_gpu:  # each CPU op is its own "kernel"
+            own = pl.col("cpu_op_name").is_not_null() & (pl.col("kind") == "cpu_op")
+            return self.activity.names.filter(own).group_by("cpu_op_name").agg(calls=pl.col("n").sum())
+        launched = KERNEL & pl.col("cpu_op_name").is_not_null() & pl.col("ts_ns").is_not_null()
+        return (pl.scan_parquet(self.gpu_ops_file).filter(launched).group_by("cpu_op_name")
+                .agg(calls=pl.col("cpu_op_event_idx").n_unique().cast(pl.Int64)).collect(engine="streaming"))
+
+    def cpu(self, group_by: str | None = None, stack_n: int = 5, frames: bool = False) -> CpuOps:
+        """The CPU sweep for an op grouping (`frames`: python_function frames swept too, for
+        stacks; grouping by stack needs them). Each is swept once."""
+        frames = frames or group_by == "stack"
+        key = (group_by, stack_n if group_by == "stack" else None, frames)
+        if key not in self._cpu:
+            self._cpu[key] = cpu_sweep(self, group_by, stack_n, frames)
+        return self._cpu[key]
+
+    def any_cpu(self) -> CpuOps:
+        """A CPU sweep for what no grouping changes (steps, regions, CPU-only activity): any made so far."""
+        return next(iter(self._cpu.values())) if self._cpu else self.cpu()
+
+    def any_frames(self) -> CpuOps:
+        """A CPU sweep with python_function frames (stacks): any made so far."""
+        return next((c for (_, _, frames), c in self._cpu.items() if frames), None) or self.cpu(frames=True)
 
     @cached_property
     def device_names(self) -> pl.DataFrame:
@@ -137,55 +221,18 @@ class Flat:
         devs = self.scan("devices").select("device", pl.col("name").alias("dev_name")).collect()
         listed = devs["dev_name"].drop_nulls().unique()
         only = listed[0] if listed.len() == 1 else None  # unlisted ids of a one-model machine
-        ids = self.gpu.lazy().group_by("device").agg(pl.col("spec_name").drop_nulls().first()).collect()
+        ids = self.activity.runs["device"].select("device")
+        ids = ids.join(self.activity.specs, on="device", how="left")
         return (ids.join(devs, on="device", how="left")
                 .select("device", name=pl.coalesce("dev_name", pl.lit(only, pl.String), "spec_name",
                                                    pl.lit("unknown")))
                 .sort("device"))
 
     @cached_property
-    def ops(self) -> pl.DataFrame:
-        """CPU ops and user annotations with parent, depth and self time (nesting among themselves)."""
-        return _with_self_time(_slices(self.scan("events"), OP_CAT))
-
-    @cached_property
-    def frames(self) -> pl.DataFrame:
-        """CPU ops, annotations and python_function frames, nested together, with their stack path."""
-        f = _with_self_time(_slices(self.scan("events"), FRAME_CAT))
-        return f.join(_paths(f), on="event_idx", how="left")
-
-    @cached_property
-    def launch_threads(self) -> pl.DataFrame:
-        """GPU ops linked to a launch (the columns CPU-side accounting uses) with launch_pid /
-        launch_tid: the thread of their launch call."""
-        g = (self.gpu.select("event_idx", "device", "kind", "name", "dur_ns", "flops", "cpu_op_event_idx",
-                             "launch_event_idx", "launch_ts_ns", "launch_dur_ns")
-             .filter(pl.col("launch_event_idx").is_not_null()))
-        # a predicate, not a join against every event: the reader decodes only the launches' rows
-        ev = (self.scan("events").filter(pl.col("event_idx").is_in(g["launch_event_idx"].implode()))
-              .select(pl.col("event_idx").alias("launch_event_idx"), pl.col("pid").alias("launch_pid"),
-                      pl.col("tid").alias("launch_tid")))
-        return g.lazy().join(ev, on="launch_event_idx", how="inner").collect()
-
-    @cached_property
-    def activity(self) -> pl.DataFrame:
-        """What the device tables run on: GPU ops, or for a CPU-only trace its CPU ops (device -1,
-        stream = thread id, dur_ns = self time, end_ns = end of the op)."""
-        if self.has_gpu:
-            return self.gpu
-        ops = self.ops.filter(~pl.col("name").str.contains(STEP_NAME))
-        cpu = ops.select(
-            "event_idx", "name", "ts_ns", "end_ns", "pid", "tid", device=pl.lit(CPU_DEVICE, pl.Int64),
-            stream=pl.col("tid"), kind=pl.lit("cpu_op"), dur_ns=pl.col("self_ns"),
-            cpu_op_event_idx="event_idx", cpu_op_name="name")
-        cpu = with_category(cpu, "name", "name", "kind")
-        return pl.concat([self.gpu.clear(), cpu], how="diagonal_relaxed")
-
-    @cached_property
     def activity_devices(self) -> pl.DataFrame:
         if self.has_gpu:
             return self.device_names
-        return pl.DataFrame({"device": [CPU_DEVICE], "name": ["cpu"]}) if self.ops.height else \
+        return pl.DataFrame({"device": [CPU_DEVICE], "name": ["cpu"]}) if self.any_cpu().span[2] else \
             pl.DataFrame(schema={"device": pl.Int64, "name": pl.String})
 
 
@@ -211,24 +258,7 @@ def opened(path: str | Path, **flatten_options) -> Iterator[Flat]:
         yield Flat(r.out_dir, flatten_result=r)
 
 
-def _slices(events: pl.LazyFrame, cat_regex: str) -> pl.LazyFrame:
-    return (events.filter((pl.col("ph") == "X") & pl.col("cat").str.contains(cat_regex)
-                          & pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
-                          & pl.col("ts_ns").is_not_null())
-            .select("event_idx", "cat", "name", "pid", "tid", "ts_ns", dur_ns=pl.col("dur_ns").fill_null(0))
-            .with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns")))
-
-
 # ------------------------------------------------------------------ interval algebra
-def interval_union(iv: pl.LazyFrame | pl.DataFrame, by: list[str]) -> pl.LazyFrame:
-    """Disjoint runs (by..., start_ns, end_ns) covering intervals (by..., ts_ns, end_ns)."""
-    prev_end = pl.col("end_ns").cum_max().shift(1).over(by)
-    return (iv.lazy().sort(*by, "ts_ns")
-            .with_columns(run=(pl.col("ts_ns") > prev_end).fill_null(True).cum_sum().over(by))
-            .group_by(*by, "run").agg(start_ns=pl.col("ts_ns").min(), end_ns=pl.col("end_ns").max())
-            .drop("run").sort(*by, "start_ns"))
-
-
 def covered_overlap(iv: pl.LazyFrame, union: pl.LazyFrame, by: list[str], lo="ts_ns", hi="end_ns") -> pl.LazyFrame:
     """iv with `overlap_ns`: how much of each [lo, hi] the union's runs (by..., start_ns, end_ns) cover."""
     length = pl.col("end_ns") - pl.col("start_ns")
@@ -246,22 +276,6 @@ def covered_overlap(iv: pl.LazyFrame, union: pl.LazyFrame, by: list[str], lo="ts
             .sort("_row").drop("_row", f"_cov_{lo}", f"_cov_{hi}"))
 
 
-def range_sum(points: pl.LazyFrame, ranges: pl.LazyFrame, by: list[str], values: list[str]) -> pl.LazyFrame:
-    """ranges (by..., ts_ns, end_ns, ...) with, for each value column, the sum over points
-    (by..., t, values...) whose t lies in [ts_ns, end_ns] (prefix sums and two as-of joins)."""
-    pre = points.sort("t").with_columns(pl.col(v).fill_null(0).cum_sum().over(by).alias(v) for v in values)
-    at_end = pre.select(*by, "t", *(pl.col(v).alias(f"_hi_{v}") for v in values))
-    before = pre.select(*by, "t", *(pl.col(v).alias(f"_lo_{v}") for v in values))
-    out = (ranges.sort("end_ns").join_asof(at_end, left_on="end_ns", right_on="t", by=by, strategy="backward",
-                                              check_sortedness=False)
-           .drop("t").sort("ts_ns")
-           .join_asof(before, left_on="ts_ns", right_on="t", by=by, strategy="backward", allow_exact_matches=False,
-                      check_sortedness=False)
-           .drop("t"))
-    return out.with_columns((pl.col(f"_hi_{v}").fill_null(0) - pl.col(f"_lo_{v}").fill_null(0)).alias(v)
-                            for v in values).drop(*(f"_{s}_{v}" for s in ("hi", "lo") for v in values))
-
-
 def nesting(iv: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
     """(iv_idx, depth, parent_idx) of intervals (iv_idx, pid, tid, ts_ns, end_ns) nested per thread.
 
@@ -271,39 +285,408 @@ def nesting(iv: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
     return _nest(iv, LONGER_FIRST).lazy()
 
 
-def _beside(frame: pl.DataFrame, other: pl.DataFrame, left_on: str, right_on: str | None = None) -> pl.DataFrame:
-    """frame with the other columns of `other` (at most one row per key) added by a left join in
-    which only the key column takes part: the frame's own columns are not copied."""
-    added = frame.select(left_on).join(other, left_on=left_on, right_on=right_on or left_on, how="left",
-                                       maintain_order="left")
-    return frame.with_columns(added.drop(left_on))
+# ------------------------------------------------------------------ the GPU sweep
+NAME_KEYS = ["device", "kind", "name", "category", "cpu_op_name"]  # what the name sums are kept per
+GPU_COLUMNS = ["event_idx", "kind", "name", "device", "stream", "ts_ns", "dur_ns", "cpu_op_name", "flops", "bytes",
+               "achieved_flops_pct", "achieved_bw_pct", "peak_tflops", "peak_bw_gbps", "spec_name", "launch_ts_ns",
+               "launch_dur_ns"]
+KERNEL = pl.col("kind") == "kernel"
+COLLECTIVE = pl.col("category") == "communication"
+RUN_SETS: dict[str, tuple[list[str], pl.Expr]] = {  # unions of activity: (key columns, which rows)
+    "device": (["device"], pl.lit(True)),
+    "stream": (["device", "stream"], pl.lit(True)),
+    # for `communication`, on the devices with collective kernels only
+    "kernel": (["device"], KERNEL),
+    "comm": (["device"], KERNEL & COLLECTIVE),
+    "compute": (["device"], KERNEL & ~COLLECTIVE),
+}
+COLLECTIVE_SETS = ("kernel", "comm", "compute")
+LAUNCH_QUANTILES = (0.5, 0.9, 0.99)
 
 
-def _with_self_time(slices: pl.LazyFrame) -> pl.DataFrame:
-    """slices with depth, parent_idx and self_ns = dur_ns minus the durations of direct children."""
-    s = slices.collect()
-    s = s if s["event_idx"].is_sorted() else s.sort("event_idx")  # a scan in file order is sorted
-    nest = nesting(s.select(pl.col("event_idx").alias("iv_idx"), "pid", "tid", "ts_ns", "end_ns")).collect()
-    s = _beside(s, nest, "event_idx", "iv_idx")
-    children = s.lazy().group_by("parent_idx").agg(child_ns=pl.col("dur_ns").sum()).collect()
-    s = _beside(s, children, "event_idx", "parent_idx")
-    return s.with_columns(self_ns=pl.col("dur_ns") - pl.col("child_ns").fill_null(0)).drop("child_ns")
+def _gpu_columns(path: Path, columns: list[str], categorical: bool = False) -> list[pl.Expr]:
+    """The gpu_ops columns to read: null (of the declared type) where the file has none (not costed);
+    with `categorical`, the repeated strings (names: a kernel name can be a kilobyte long) as
+    categoricals, a small id per row."""
+    have = set(pl.scan_parquet(path).collect_schema().names())
+    declared = schema.table("gpu_ops")
+
+    def column(c: str) -> pl.Expr:
+        kind = declared.column(c).type
+        out = pl.col(c) if c in have else pl.lit(None, POLARS_TYPES[kind])
+        return (out.cast(pl.Categorical) if categorical and kind == "dict" else out).alias(c)
+
+    return [column(c) for c in columns]
 
 
-def _paths(frames: pl.DataFrame) -> pl.DataFrame:
-    """(event_idx, path): the names from the outermost enclosing frame down to this one, joined
-    by ';' (names cleaned like export_stacks). One join per nesting level."""
-    named = frames.select("event_idx", "parent_idx", "depth",
-                          clean=pl.col("name").fill_null("?").str.replace_many(STACK_TRANSLATE))
-    level = named.filter(pl.col("parent_idx").is_null()).select("event_idx", path="clean")
-    out, rest = [level], named.filter(pl.col("parent_idx").is_not_null())
-    while rest.height and level.height:
-        nxt = rest.join(level.rename({"event_idx": "parent_idx", "path": "ppath"}), on="parent_idx", how="inner")
-        level = nxt.select("event_idx", path=pl.col("ppath") + ";" + pl.col("clean"))
-        rest = rest.join(level, on="event_idx", how="anti")
-        out.append(level)
-    orphans = rest.select("event_idx", path="clean")  # parent lost to improper nesting
-    return pl.concat([*out, orphans])
+def _activity_rows(g: pl.DataFrame, memo: CategoryMemo) -> pl.DataFrame:
+    """GPU ops as the reports count them: in file order, a missing duration 0 and a missing device
+    -1 (not lost), with end_ns and category."""
+    g = g if g["event_idx"].is_sorted() else g.sort("event_idx")
+    g = g.with_columns(pl.col("dur_ns").fill_null(0), pl.col("device").fill_null(CPU_DEVICE))
+    return with_category(g.with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns")), memo=memo)
+
+
+def _name_sums(rows: pl.DataFrame) -> pl.DataFrame:
+    """One window's sums per NAME_KEYS of activity rows (in file order): count, time, FLOPs and
+    bytes with the time of the rows where they are known, duration-weighted achieved %, and the
+    first known peaks (with the event_idx they come from)."""
+    dur = pl.col("dur_ns")
+
+    def known_time(col: str) -> pl.Expr:
+        return dur.filter(pl.col(col).is_not_null()).sum()
+
+    return rows.group_by(NAME_KEYS, maintain_order=True).agg(
+        n=pl.len().cast(pl.Int64), dur_ns=dur.sum(), min_ns=dur.min(), max_ns=dur.max(),
+        flops=float_sum("flops"), flops_n=pl.col("flops").count().cast(pl.Int64), flops_dur_ns=known_time("flops"),
+        bytes=float_sum("bytes"), bytes_n=pl.col("bytes").count().cast(pl.Int64), bytes_dur_ns=known_time("bytes"),
+        fpct_w=float_sum(pl.col("achieved_flops_pct") * dur), fpct_dur_ns=known_time("achieved_flops_pct"),
+        bpct_w=float_sum(pl.col("achieved_bw_pct") * dur), bpct_dur_ns=known_time("achieved_bw_pct"),
+        peak_tflops_at=pl.col("event_idx").filter(pl.col("peak_tflops").is_not_null()).first(),
+        peak_tflops=pl.col("peak_tflops").drop_nulls().first(),
+        peak_bw_at=pl.col("event_idx").filter(pl.col("peak_bw_gbps").is_not_null()).first(),
+        peak_bw_gbps=pl.col("peak_bw_gbps").drop_nulls().first())
+
+
+NAME_SUM_FOLD = [  # how name sums combine (two windows, or the rows of a coarser key)
+    *(pl.col(c).sum() for c in ("n", "dur_ns", "flops_n", "flops_dur_ns", "bytes_n", "bytes_dur_ns", "fpct_dur_ns",
+                                "bpct_dur_ns")),
+    pl.col("min_ns").min(), pl.col("max_ns").max(),
+    *(float_sum(c).alias(c) for c in ("flops", "bytes", "fpct_w", "bpct_w")),
+    pl.col("peak_tflops_at").min(), first_by("peak_tflops", "peak_tflops_at"),
+    pl.col("peak_bw_at").min(), first_by("peak_bw_gbps", "peak_bw_at"),
+]
+
+
+class ActivityTally:
+    """Folds windows of activity rows (`_activity_rows`, or CPU ops standing for them) into `Activity`."""
+
+    def __init__(self, collective_devices: pl.Series | None = None):
+        self.names: pl.DataFrame | None = None
+        self.runs = {name: RunTally(by) for name, (by, _) in RUN_SETS.items()}
+        self.collective_devices = collective_devices  # the devices with collective kernels
+        self.durations = self.delays = self.launches = self.specs = self.peak_counts = self.peak_bw = None
+
+    def add_names(self, rows: pl.DataFrame):
+        self.names = fold(self.names, _name_sums(rows), NAME_KEYS, NAME_SUM_FOLD)
+
+    def add_intervals(self, rows: pl.DataFrame):
+        """Rows starting in this window (device, stream, kind, category, ts_ns, end_ns)."""
+        with_collectives = (pl.lit(False) if self.collective_devices is None
+                            else pl.col("device").is_in(self.collective_devices.implode()))
+        for name, (by, which) in RUN_SETS.items():
+            which = which & with_collectives if name in COLLECTIVE_SETS else which
+            self.runs[name].add(rows.filter(which).select(*by, "ts_ns", "end_ns"))
+
+    def add_gpu(self, g: pl.DataFrame):
+        """One window of GPU ops (`_activity_rows`)."""
+        self.add_names(g)
+        self.add_intervals(g)
+        self._add_launches(g)
+        first_spec = (g.filter(pl.col("spec_name").is_not_null()).group_by("device", maintain_order=True)
+                      .agg(spec_at=pl.col("event_idx").first(), spec_name=pl.col("spec_name").first()))
+        self.specs = fold(self.specs, first_spec, ["device"],
+                          [pl.col("spec_at").min(), first_by("spec_name", "spec_at")])
+        self._add_peaks(g.filter(KERNEL))
+
+    def _add_launches(self, g: pl.DataFrame):
+        """Value counts of kernels' launch durations and launch-to-start delays (exact percentiles)."""
+        k = g.filter(KERNEL & pl.col("launch_ts_ns").is_not_null()).select(
+            "device", "dur_ns", launch_ns="launch_dur_ns", delay_ns=pl.col("ts_ns") - pl.col("launch_ts_ns"))
+        count = lambda col: k.group_by("device", col).agg(n=pl.len().cast(pl.Int64))  # noqa: E731
+        self.durations = fold(self.durations, count("launch_ns"), ["device", "launch_ns"], [pl.col("n").sum()])
+        self.delays = fold(self.delays, count("delay_ns"), ["device", "delay_ns"], [pl.col("n").sum()])
+        shorter = pl.col("dur_ns") < pl.col("launch_ns")
+        per_device = k.group_by("device").agg(
+            kernels=pl.len().cast(pl.Int64), compared=shorter.count().cast(pl.Int64),
+            shorter=shorter.sum().cast(pl.Int64), launch_max_ns=pl.col("launch_ns").max(),
+            delay_max_ns=pl.col("delay_ns").max())
+        self.launches = fold(self.launches, per_device, ["device"], [pl.col("kernels", "compared", "shorter").sum(),
+                                                                    pl.col("launch_max_ns", "delay_max_ns").max()])
+
+    def _add_peaks(self, k: pl.DataFrame):
+        """The kernels' peak FLOP/s (counted: the plot takes the most used) and first bandwidth."""
+        counts = k.filter(pl.col("peak_tflops").is_not_null()).group_by("device", "peak_tflops").agg(n=pl.len())
+        self.peak_counts = fold(self.peak_counts, counts, ["device", "peak_tflops"], [pl.col("n").sum()])
+        bw = (k.group_by("device", maintain_order=True)
+              .agg(bw_at=pl.col("event_idx").filter(pl.col("peak_bw_gbps").is_not_null()).first(),
+                   peak_bw_gbps=pl.col("peak_bw_gbps").drop_nulls().first()))
+        self.peak_bw = fold(self.peak_bw, bw, ["device"], [pl.col("bw_at").min(), first_by("peak_bw_gbps", "bw_at")])
+
+    def result(self) -> Activity:
+        names = _as_strings(self.names if self.names is not None else _name_sums(_empty_activity()))
+        runs = {name: t.result({c: pl.Int64 for c in RUN_SETS[name][0]}) for name, t in self.runs.items()}
+        specs = (_as_strings(self.specs.select("device", "spec_name")) if self.specs is not None
+                 else pl.DataFrame(schema={"device": pl.Int64, "spec_name": pl.String}))
+        return Activity(names=names, runs=runs, launch=self._launch_table(), specs=specs, peaks=self._peak_table())
+
+    def _launch_table(self) -> pl.DataFrame:
+        """Per device: kernels, compared, shorter, launch_max_ns, delay_max_ns, launch_q<i>, delay_q<i> (ns)."""
+        if self.launches is None:
+            return pl.DataFrame(schema={"device": pl.Int64, "kernels": pl.Int64, "compared": pl.Int64,
+                                        "shorter": pl.Int64, "launch_max_ns": pl.Int64, "delay_max_ns": pl.Int64,
+                                        **{f"{m}_q{i}": pl.Int64 for m in ("launch", "delay")
+                                           for i in range(len(LAUNCH_QUANTILES))}})
+        out = self.launches
+        for metric, counts in (("launch", self.durations), ("delay", self.delays)):
+            q = quantiles_from_counts(counts, ["device"], f"{metric}_ns", LAUNCH_QUANTILES)
+            out = out.join(q.rename({f"q{i}": f"{metric}_q{i}" for i in range(len(LAUNCH_QUANTILES))}), on="device",
+                           how="left", maintain_order="left")
+        return out
+
+    def _peak_table(self) -> pl.DataFrame:
+        """(device, peak_tflops, peak_bw_gbps): the most used peak (ties: the lower) and the first bandwidth."""
+        if self.peak_bw is None:
+            return pl.DataFrame(schema={"device": pl.Int64, "peak_tflops": pl.Float64, "peak_bw_gbps": pl.Float64})
+        most = (self.peak_counts.sort("device", "n", "peak_tflops", descending=[False, True, False])
+                .group_by("device", maintain_order=True).agg(pl.col("peak_tflops").first()))
+        return self.peak_bw.join(most, on="device", how="left").select("device", "peak_tflops", "peak_bw_gbps")
+
+
+def _as_strings(frame: pl.DataFrame) -> pl.DataFrame:
+    """Categorical columns as strings (the totals' few rows, for sorting by name and output)."""
+    return frame.with_columns(pl.col(pl.Categorical).cast(pl.String))
+
+
+def _empty_activity() -> pl.DataFrame:
+    types = {c.name: POLARS_TYPES[c.type] for c in schema.table("gpu_ops").columns if c.name in GPU_COLUMNS}
+    return pl.DataFrame(schema={**types, "category": pl.String, "end_ns": pl.Int64})
+
+
+def gpu_sweep(f: Flat) -> Activity:
+    """The totals of a trace's GPU ops, read window by window in time (only the columns they use).
+    Their few distinct (device, kind, name, op) are categorised first (a streaming read): the
+    windows then only look categories up, and only devices with collectives get their unions."""
+    path = f.gpu_ops_file
+    columns = _gpu_columns(path, GPU_COLUMNS, categorical=True)
+    memo = CategoryMemo()
+    keys = (pl.scan_parquet(path).select(*(c for c in columns if c.meta.output_name() in ("kind", "name", "cpu_op_name")),
+                                         pl.col("device").fill_null(CPU_DEVICE))
+            .unique().collect(engine="streaming"))
+    keys = with_category(keys, memo=memo)
+    tally = ActivityTally(keys.filter(KERNEL & COLLECTIVE)["device"].unique())
+    for window in time_windows(path, pl.lit(True)):
+        tally.add_gpu(_activity_rows(read(path, within(window), columns), memo))
+    return tally.result()
+
+
+# ------------------------------------------------------------------ the CPU sweep
+OP_SUMS = ["self_ns", "dur_ns", "self_device_ns", "device_ns", "kernels"]
+OP_FOLD = [pl.col("calls", *OP_SUMS, "flops_ops").sum(), float_sum("flops").alias("flops")]
+ARGS = pl.col("args_json")
+GROUP_ARGS = {  # what a grouping reads from an op's args (the rest of its key comes from the op)
+    "input-shape": {"input_shape": ARGS.str.json_path_match("$['Input Dims']").fill_null("")},
+    "overload": {"listed_overload": ARGS.str.json_path_match("$['Overload Name']")},
+    "stack": {"recorded_stack": ARGS.str.json_path_match("$['Call stack']")},
+}
+
+
+def _is_slice(cat_regex: str) -> pl.Expr:
+    """Complete events of these categories on a thread, with a start."""
+    return ((pl.col("ph") == "X") & pl.col("cat").str.contains(cat_regex) & pl.col("pid").is_not_null()
+            & pl.col("tid").is_not_null() & pl.col("ts_ns").is_not_null())
+
+
+IS_OP = pl.col("cat").str.contains(OP_CAT)
+IS_STEP = pl.col("name").str.contains(STEP_NAME)
+
+
+class Launches:
+    """The GPU ops CPU ops launched, window by window in time: an op's own (its linked GPU ops:
+    self device time, FLOPs) and those launched anywhere inside it on its thread (device time,
+    kernels: the launches' running sums per thread where it ends minus where it starts)."""
+
+    VALUES = ["device_ns", "kernels"]
+
+    def __init__(self, f: Flat):
+        self.gpu, self.events = f.gpu_ops_file, f.path / "events.parquet"
+        self.prefix = ThreadPrefix(["pid", "tid"], self.VALUES)
+
+    def enter(self, window):
+        """The launches in the window: (pid, tid) of the launch call, its start, the GPU op's duration."""
+        launched = pl.col("launch_event_idx").is_not_null() & pl.col("ts_ns").is_not_null()
+        g = read(self.gpu, launched & within(window, "launch_ts_ns"),
+                 ["launch_event_idx", "launch_ts_ns", pl.col("dur_ns").fill_null(0)])
+        threads = read_among(self.events, pl.lit(True), "event_idx", g["launch_event_idx"],
+                             ["event_idx", "pid", "tid"], wide=True)
+        points = g.join(threads, left_on="launch_event_idx", right_on="event_idx", how="inner")
+        self.prefix.enter(points.select("pid", "tid", t="launch_ts_ns", device_ns="dur_ns",
+                                        kernels=pl.lit(1, pl.Int64)))
+
+    def own(self, owned: pl.DataFrame, per_op: bool) -> pl.DataFrame:
+        """Ops starting in the window with the launch sums before their start and, if `per_op`,
+        their own GPU ops' sums (else none: they are summed per op name from `Flat.activity`)."""
+        before = self.prefix.at(owned, "ts_ns", inclusive=False)
+        owned = owned.with_columns(before[v].alias(f"before_{v}") for v in self.VALUES)
+        if not per_op:
+            return _none_own(owned)
+        launched = pl.col("launch_event_idx").is_not_null() & pl.col("ts_ns").is_not_null()
+        g = read_among(self.gpu, launched, "cpu_op_event_idx", owned["event_idx"],
+                       ["event_idx", "cpu_op_event_idx", pl.col("dur_ns").fill_null(0), "flops"])
+        # sorted by op: each op's few values are added in file order, by one thread
+        own = g.sort("cpu_op_event_idx", "event_idx").group_by("cpu_op_event_idx", maintain_order=True).agg(
+            self_device_ns=pl.col("dur_ns").sum(), flops=pl.col("flops").sum(),
+            flops_n=pl.col("flops").count().cast(pl.Int64), own_n=pl.len().cast(pl.Int64))
+        mine = owned.select("event_idx").join(own, left_on="event_idx", right_on="cpu_op_event_idx", how="left",
+                                              maintain_order="left")
+        return owned.with_columns(mine["self_device_ns"].fill_null(0), mine["flops"], mine["flops_n"].fill_null(0),
+                                  mine["own_n"].fill_null(0))
+
+    def inside(self, ending: pl.DataFrame) -> pl.DataFrame:
+        """(event_idx, device_ns, kernels) of ops ending in the window: the launches inside them."""
+        upto = self.prefix.at(ending, "end_ns", inclusive=True)
+        return ending.select("event_idx", *((upto[v] - ending[f"before_{v}"]).alias(v) for v in self.VALUES))
+
+
+def _none_own(ops: pl.DataFrame) -> pl.DataFrame:
+    """Ops with no own GPU op counted."""
+    zero = pl.lit(0, pl.Int64)
+    return ops.with_columns(self_device_ns=zero, flops=pl.lit(None, pl.Float64), flops_n=zero, own_n=zero)
+
+
+def _no_launches(ops: pl.DataFrame) -> pl.DataFrame:
+    """Ops of a trace without GPU activity: nothing launched."""
+    zero = pl.lit(0, pl.Int64)
+    return _none_own(ops).with_columns(before_device_ns=zero, before_kernels=zero)
+
+
+def _with_own_by_name(ops: pl.DataFrame, activity: Activity) -> pl.DataFrame:
+    """Op totals per name (no grouping) with their own GPU ops' time and FLOPs: those of the GPU ops
+    whose op has that name (`Activity.names` are kept per op name too)."""
+    own = (activity.names.filter(pl.col("cpu_op_name").is_not_null()).sort(NAME_KEYS)
+           .with_columns(name=pl.col("cpu_op_name").str.replace(OVERLOAD_SUFFIX, "$1"))
+           .group_by("name", maintain_order=True)
+           .agg(self_device_ns=pl.col("dur_ns").sum(), flops=float_sum("flops"), flops_ops=pl.col("flops_n").sum()))
+    mine = beside(ops, own, "name")
+    return ops.with_columns(mine["self_device_ns"].fill_null(0), mine["flops"], mine["flops_ops"].fill_null(0))
+
+
+def _with_args(f: Flat, owned: pl.DataFrame, group_by: str | None) -> pl.DataFrame:
+    """Owned ops with the columns their grouping reads from args: only their rows' args are decoded."""
+    if group_by not in GROUP_ARGS:
+        return owned
+    values = read_among(f.path / "events.parquet", pl.lit(True), "event_idx", owned.filter(IS_OP)["event_idx"],
+                        ["event_idx", *(v.alias(k) for k, v in GROUP_ARGS[group_by].items())], wide=True)
+    return owned.join(values, on="event_idx", how="left", maintain_order="left")
+
+
+def _op_keys(ops: pl.DataFrame, group_by: str | None, stack_n: int) -> pl.DataFrame:
+    """Ops with their key columns (`GROUPINGS`; without a grouping, see `CpuTally.add_final`)."""
+    if group_by == "input-shape":
+        return ops
+    if group_by == "overload":
+        suffix = pl.col("name").str.extract(r"^\w[\w.]*::\w+\.(\w+)$", 1)
+        return ops.with_columns(overload=pl.coalesce("listed_overload", suffix, pl.lit("")))
+    if group_by == "stack":
+        recorded = pl.col("recorded_stack").str.split(";").list.head(stack_n).list.join(" <- ")
+        return ops.with_columns(stack=pl.coalesce(recorded, "nested_stack").fill_null(""))
+    return ops
+
+
+class CpuTally:
+    """Folds the windows of a CPU sweep into `CpuOps`."""
+
+    def __init__(self, group_by: str | None, stack_n: int, frames: bool, activity: ActivityTally | None,
+                 paths: Paths):
+        self.group_by, self.stack_n, self.frames, self.activity = group_by, stack_n, frames, activity
+        self.paths = paths
+        self.keys = ["name", *GROUPINGS[group_by]]
+        self.ops = self.stacks = None
+        self.steps, self.regions, self.span = [], [], (None, None, 0)
+        self.memo = CategoryMemo()
+
+    def add_owned(self, ops: pl.DataFrame):
+        """Ops (and annotations) starting in the window."""
+        self.steps.append(ops.filter(pl.col("cat").str.contains(ANNOTATION_CAT) & IS_STEP).select(
+            step=pl.col("name").str.extract(STEP_NAME, 1).cast(pl.Int64), ts_ns="ts_ns", end_ns="end_ns"))
+        self.regions.append(ops.filter(pl.col("name").str.contains(COMPILED_REGION)).select("name", "ts_ns", "end_ns",
+                                                                                           "dur_ns"))
+        first, last, n = self.span
+        if ops.height:
+            first = min(v for v in (first, ops["ts_ns"].min()) if v is not None)
+            last = max(v for v in (last, ops["end_ns"].max()) if v is not None)
+        self.span = (first, last, n + ops.height)
+        if self.activity is not None:
+            self.activity.add_intervals(_cpu_activity(ops.filter(~IS_STEP), self.memo))
+
+    def add_final(self, final: pl.DataFrame):
+        """Slices whose children have all been seen (device_ns, kernels set)."""
+        ops = (final.filter(IS_OP) if self.frames else final).with_columns(
+            self_ns=pl.col("dur_ns") - pl.col("child_op_ns"))
+        if self.group_by == "stack":
+            ops = ops.with_columns(beside(ops, self._nested_stacks(ops["path_id"]), "path_id")["nested_stack"])
+        keyed = _op_keys(ops, self.group_by, self.stack_n)
+        part = keyed.group_by(self.keys, maintain_order=True).agg(
+            calls=pl.len().cast(pl.Int64), *(pl.col(c).sum() for c in OP_SUMS), flops=float_sum("flops"),
+            flops_ops=(pl.col("flops_n") > 0).sum().cast(pl.Int64))
+        if self.group_by is None:  # names lose their overload suffix: on the few rows of the part
+            part = part.with_columns(name=pl.col("name").str.replace(OVERLOAD_SUFFIX, "$1"))
+        self.ops = fold(self.ops, part, self.keys, OP_FOLD)
+        if self.frames:
+            stacks = final.group_by("path_id", maintain_order=True).agg(
+                self_ns=(pl.col("dur_ns") - pl.col("child_frame_ns")).sum(), device_ns=pl.col("self_device_ns").sum())
+            self.stacks = fold(self.stacks, stacks, ["path_id"], [pl.col("self_ns", "device_ns").sum()])
+        if self.activity is not None:
+            self.activity.add_names(_cpu_activity(ops.filter(~IS_STEP), self.memo))
+
+    def _nested_stacks(self, path_ids: pl.Series) -> pl.DataFrame:
+        """(path_id, nested_stack): the enclosing frames of each distinct path, innermost first, at
+        most stack_n, joined by " <- " (computed once per distinct path, not per op)."""
+        ids = path_ids.unique()
+        nested = pl.col("path").str.split(";")
+        nested = nested.list.slice(0, nested.list.len() - 1).list.reverse().list.head(self.stack_n)
+        return pl.DataFrame({"path_id": ids, "path": self.paths.strings(ids)}).select(
+            "path_id", nested_stack=nested.list.join(" <- "))
+
+    def result(self) -> CpuOps:
+        steps = pl.concat(self.steps) if self.steps else pl.DataFrame(
+            schema={"step": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64})
+        regions = pl.concat(self.regions) if self.regions else pl.DataFrame(
+            schema={"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64})
+        stacks = None if self.stacks is None else self.stacks.select(
+            path=self.paths.strings(self.stacks["path_id"]), self_ns="self_ns", device_ns="device_ns")
+        return CpuOps(ops=self.ops, steps=steps, regions=regions, span=self.span, stacks=stacks,
+                      activity=None if self.activity is None else self.activity.result())
+
+
+def _cpu_activity(ops: pl.DataFrame, memo: CategoryMemo) -> pl.DataFrame:
+    """CPU ops as the activity of a trace without GPU ops: device -1, stream = thread, each op's
+    self time as its duration (when known), category from its name."""
+    rows = ops.select("event_idx", "name", "ts_ns", "end_ns", device=pl.lit(CPU_DEVICE, pl.Int64),
+                      stream=pl.col("tid"), kind=pl.lit("cpu_op"), cpu_op_name="name",
+                      dur_ns=pl.col("self_ns") if "self_ns" in ops.columns else pl.col("dur_ns"))
+    missing = {c: t for c, t in _empty_activity().schema.items() if c not in rows.columns and c != "category"}
+    rows = rows.with_columns(pl.lit(None, t).alias(c) for c, t in missing.items())
+    return with_category(rows, "name", "name", "kind", memo=memo)
+
+
+def cpu_sweep(f: Flat, group_by: str | None, stack_n: int, frames: bool) -> CpuOps:
+    """The totals of a trace's CPU ops and annotations (with python_function frames if `frames`),
+    read window by window in time: parents and self times among ops (and among frames), the GPU
+    time they launched, their keys for an op grouping."""
+    events = f.path / "events.parquet"
+    where = _is_slice(FRAME_CAT if frames else OP_CAT)
+    nests = (Nest("op", IS_OP if frames else None), *((Nest("frame"),) if frames else ()))
+    launches = Launches(f) if f.has_gpu else None
+
+    def extend(owned: pl.DataFrame, window) -> pl.DataFrame:
+        if launches is None:
+            return _with_args(f, _no_launches(owned), group_by)
+        launches.enter(window)
+        return _with_args(f, launches.own(owned, per_op=frames or group_by is not None), group_by)
+
+    label = pl.col("name").fill_null("?").str.replace_many(STACK_TRANSLATE)
+    sweep = SliceSweep(events, where, nests, time_windows(events, where), extend,
+                       at_end=launches.inside if launches else None, path=("frame", label) if frames else None)
+    tally = CpuTally(group_by, stack_n, frames, None if f.has_gpu else ActivityTally(), sweep.paths)
+    for _, owned, final in sweep.windows():
+        tally.add_owned(owned.filter(IS_OP) if frames else owned)
+        zero = pl.lit(0, pl.Int64)
+        tally.add_final(final if launches else final.with_columns(device_ns=zero, kernels=zero))
+    totals = tally.result()
+    if launches is None or frames or group_by is not None:
+        return totals
+    return replace(totals, ops=_with_own_by_name(totals.ops, f.activity))
 
 
 # ------------------------------------------------------------------ categories and names
@@ -324,34 +707,37 @@ def normalize_kernel(name: pl.Expr) -> pl.Expr:
 
 
 # ------------------------------------------------------------------ aggregates
-def _us(col: str) -> pl.Expr:
-    return pl.col(col) / NS_PER_US
+def _us(col: str | pl.Expr) -> pl.Expr:
+    return (pl.col(col) if isinstance(col, str) else col) / NS_PER_US
 
 
-def _weighted(col: str, weight: str = "dur_ns") -> pl.Expr:
-    """Mean of col weighted by weight over rows where col is known (null if none)."""
-    total = pl.col(weight).filter(pl.col(col).is_not_null()).sum()
-    return pl.when(total > 0).then((pl.col(col).fill_null(0) * pl.col(weight)).sum() / total)
+def _rolled(names: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Name sums (`_name_sums`) added up per keys, in a fixed order of the rows."""
+    return names.sort(NAME_KEYS, nulls_last=True).group_by(keys, maintain_order=True).agg(NAME_SUM_FOLD)
 
 
-def _sum_known(col: str) -> pl.Expr:
-    return pl.when(pl.col(col).is_not_null().any()).then(pl.col(col).sum())
+def _most_common(names: pl.DataFrame, keys: list[str], col: str) -> pl.DataFrame:
+    """(keys..., col): the col most rows per keys have (ties: the first by name), null if none has one."""
+    counted = names.filter(pl.col(col).is_not_null()).group_by(*keys, col).agg(pl.col("n").sum())
+    return (counted.sort(*keys, "n", col, descending=[False] * len(keys) + [True, False], nulls_last=True)
+            .group_by(keys, maintain_order=True).agg(pl.col(col).first()))
 
 
-def cost_aggs() -> list[pl.Expr]:
-    """FLOPs, bytes and achieved rates of a group of GPU ops (sums; rates over the time of the
-    ops whose cost is known; % of peak duration-weighted, i.e. total FLOPs over total time)."""
-    t_flops = pl.col("dur_ns").filter(pl.col("flops").is_not_null()).sum()
-    t_bytes = pl.col("dur_ns").filter(pl.col("bytes").is_not_null()).sum()
+def cost_columns() -> list[pl.Expr]:
+    """FLOPs, bytes and achieved rates of rolled-up name sums: sums (null when none is known); rates
+    over the time of the ops whose cost is known; % of peak duration-weighted (total FLOPs over total time)."""
+    def over_known(value: str, time: str) -> pl.Expr:
+        return pl.when(pl.col(time) > 0).then(pl.col(value) / pl.col(time))
+
     return [
-        _sum_known("flops").alias("flops"),
-        _sum_known("bytes").alias("bytes"),
-        pl.when(t_flops > 0).then(pl.col("flops").sum() / t_flops / 1e3).alias("achieved_tflops"),
-        pl.when(t_bytes > 0).then(pl.col("bytes").sum() / t_bytes).alias("achieved_gbps"),
-        _weighted("achieved_flops_pct").alias("achieved_flops_pct"),
-        _weighted("achieved_bw_pct").alias("achieved_bw_pct"),
-        pl.col("peak_tflops").drop_nulls().first().alias("_peak_tflops"),
-        pl.col("peak_bw_gbps").drop_nulls().first().alias("_peak_bw"),
+        pl.when(pl.col("flops_n") > 0).then("flops").alias("flops"),
+        pl.when(pl.col("bytes_n") > 0).then("bytes").alias("bytes"),
+        (over_known("flops", "flops_dur_ns") / 1e3).alias("achieved_tflops"),
+        over_known("bytes", "bytes_dur_ns").alias("achieved_gbps"),
+        over_known("fpct_w", "fpct_dur_ns").alias("achieved_flops_pct"),
+        over_known("bpct_w", "bpct_dur_ns").alias("achieved_bw_pct"),
+        pl.col("peak_tflops").alias("_peak_tflops"),
+        pl.col("peak_bw_gbps").alias("_peak_bw"),
     ]
 
 
@@ -367,61 +753,45 @@ def _roofline(df: pl.DataFrame) -> pl.DataFrame:
             .drop("_peak_tflops", "_peak_bw"))
 
 
-def _name_table(rows: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Per keys: count, time, share of the device's time, cost, top CPU op, category."""
-    out = (rows.group_by(*keys).agg(
-        category=pl.col("category").mode().first(),
-        count=pl.len(),
-        dur_us=_us("dur_ns").sum(),
-        mean_us=_us("dur_ns").mean(),
-        min_us=_us("dur_ns").min(),
-        max_us=_us("dur_ns").max(),
-        *cost_aggs(),
-        cpu_op=pl.col("cpu_op_name").drop_nulls().mode().first(),
-    ))
-    return (_roofline(out)
-            .with_columns(pct=100 * pl.col("dur_us") / pl.col("dur_us").sum().over("device"))
-            .select(*keys, "category", "count", "dur_us", "pct", pl.exclude(*keys, "category", "count", "dur_us", "pct"))
-            .sort("device", "dur_us", descending=[False, True]))
-
-
-def _name_rows(f: Flat) -> pl.DataFrame:
-    """The activity columns `_name_table` reads. Reports select the columns they use before
-    filtering or grouping (eagerly: the in-memory engine's float results are the reference ones):
-    a filter or group-by of the whole GPU-op table would copy every column."""
-    return f.activity.select("device", "kind", "name", "category", "dur_ns", "flops", "bytes", "achieved_flops_pct",
-                             "achieved_bw_pct", "peak_tflops", "peak_bw_gbps", "cpu_op_name")
+def _name_table(names: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Per keys: count, time, share of the device's time, cost, top CPU op, category; by device, then
+    time (ties by name)."""
+    t = (_rolled(names, keys)
+         .join(_most_common(names, keys, "category"), on=keys, how="left", nulls_equal=True, maintain_order="left")
+         .join(_most_common(names, keys, "cpu_op_name"), on=keys, how="left", nulls_equal=True,
+               maintain_order="left"))
+    dur_us = _us("dur_ns")
+    out = t.select(
+        *keys, "category", pl.col("n").cast(pl.UInt32).alias("count"), dur_us.alias("dur_us"),
+        (100 * dur_us / _us(pl.col("dur_ns").sum().over("device"))).alias("pct"), *cost_columns(),
+        (dur_us / pl.col("n")).alias("mean_us"), _us("min_ns").alias("min_us"), _us("max_ns").alias("max_us"),
+        pl.col("cpu_op_name").alias("cpu_op"))
+    rest = [k for k in keys if k != "device"]
+    return _roofline(out).sort("device", "dur_us", *rest, descending=[False, True, *[False] * len(rest)])
 
 
 def kernel_table(flat, kinds: tuple[str, ...] = ("kernel",)) -> pl.DataFrame:
     """Per device, per kernel name: count (every launch), dur_us, mean/min/max, pct of the device's
     kernel time, flops, bytes, achieved TFLOP/s and GB/s, achieved % of peak, arithmetic
     intensity, roofline bound, category, most common launching op. CPU-only traces: per CPU op."""
-    f = as_flat(flat)
-    rows = _name_rows(f).filter(pl.col("kind").is_in(list(kinds) + ["cpu_op"]))
-    return _name_table(rows, ["device", "name"])
+    names = as_flat(flat).activity.names
+    return _name_table(names.filter(pl.col("kind").is_in([*kinds, "cpu_op"])), ["device", "name"])
 
 
 def transfer_table(flat) -> pl.DataFrame:
     """kernel_table of memcpy / memset activity (with its kind)."""
-    f = as_flat(flat)
-    rows = _name_rows(f).filter(pl.col("kind").is_in(["memcpy", "memset"]))
-    return _name_table(rows, ["device", "kind", "name"])
+    names = as_flat(flat).activity.names
+    return _name_table(names.filter(pl.col("kind").is_in(["memcpy", "memset"])), ["device", "kind", "name"])
 
 
-def _span_stats(runs: pl.LazyFrame, by: list[str]) -> pl.LazyFrame:
-    gap = pl.col("start_ns") - pl.col("end_ns").shift(1)
-    return (runs.sort(*by, "start_ns")
-            .group_by(*by, maintain_order=True).agg(
-                start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max(),
-                busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum(),
-                gaps=(pl.len() - 1).cast(pl.Int64), largest_gap_ns=gap.max().fill_null(0))
-            .with_columns(span_ns=pl.col("end_ns") - pl.col("start_ns"))
-            .select(*by, span_us=_us("span_ns"), busy_us=_us("busy_ns"),
-                    busy_pct=pl.when(pl.col("span_ns") > 0).then(100 * pl.col("busy_ns") / pl.col("span_ns"))
-                    .otherwise(0.0),
-                    idle_us=_us("span_ns") - _us("busy_ns"), gaps="gaps", largest_gap_us=_us("largest_gap_ns"),
-                    start_ns="start_ns", end_ns="end_ns"))
+def _span_stats(runs: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Busy/idle figures of unions (`RunTally.result`)."""
+    span = pl.col("end_ns") - pl.col("start_ns")
+    return runs.select(
+        *by, span_us=_us(span), busy_us=_us("busy_ns"),
+        busy_pct=pl.when(span > 0).then(100 * pl.col("busy_ns") / span).otherwise(0.0),
+        idle_us=_us(span) - _us("busy_ns"), gaps=pl.col("runs") - 1,
+        largest_gap_us=_us(pl.col("largest_gap_ns").fill_null(0)), start_ns="start_ns", end_ns="end_ns")
 
 
 def busy(flat, per_stream: bool = False) -> pl.DataFrame:
@@ -430,69 +800,22 @@ def busy(flat, per_stream: bool = False) -> pl.DataFrame:
     idle gaps (count, largest)."""
     f = as_flat(flat)
     by = ["device", "stream"] if per_stream else ["device"]
-    act = f.activity.lazy().filter(pl.col("device").is_not_null()).select(*by, "ts_ns", "end_ns")
-    stats = _span_stats(interval_union(act, by), by).collect()
+    stats = _span_stats(f.activity.runs["stream" if per_stream else "device"], by).sort(by)
     if per_stream:
-        return stats.sort(by)
-    return stats.join(f.activity_devices, on="device", how="left").select("device", "name", pl.exclude("device", "name"))
+        return stats
+    return (stats.join(f.activity_devices, on="device", how="left", maintain_order="left")
+            .select("device", "name", pl.exclude("device", "name")))
 
 
 def categories(flat) -> pl.DataFrame:
     """Per device and category: ops, dur_us and pct of the device's summed activity time."""
-    f = as_flat(flat)
-    return (f.activity.select("device", "category", "dur_ns")
-            .group_by("device", "category").agg(count=pl.len(), dur_us=_us("dur_ns").sum())
-            .with_columns(pct=100 * pl.col("dur_us") / pl.col("dur_us").sum().over("device"))
-            .sort("device", "dur_us", descending=[False, True]))
+    t = _rolled(as_flat(flat).activity.names, ["device", "category"])
+    return (t.select("device", "category", count=pl.col("n").cast(pl.UInt32), dur_us=_us("dur_ns"),
+                     pct=100 * _us("dur_ns") / _us(pl.col("dur_ns").sum().over("device")))
+            .sort("device", "dur_us", "category", descending=[False, True, False]))
 
 
 # ------------------------------------------------------------------ CPU ops
-GROUPINGS = {None: [], "input-shape": ["input_shape"], "stack": ["stack"], "overload": ["overload"]}
-
-
-def _op_args(f: Flat, ops: pl.DataFrame, **from_args: pl.Expr) -> pl.DataFrame:
-    """ops with columns computed from their events' args_json (`ARGS`), evaluated while the events
-    are read: only these ops' rows are decoded, and their args are never all in memory."""
-    values = (f.scan("events").filter(pl.col("event_idx").is_in(ops["event_idx"].implode()))
-              .select("event_idx", **from_args).collect(engine="streaming"))
-    return ops.join(values, on="event_idx", how="left", maintain_order="left")
-
-
-ARGS = pl.col("args_json")
-
-
-def _op_keys(f: Flat, ops: pl.DataFrame, group_by: str | None, stack_n: int) -> pl.DataFrame:
-    check_options("table", group_by=group_by)
-    if group_by == "input-shape":
-        return _op_args(f, ops, input_shape=ARGS.str.json_path_match("$['Input Dims']").fill_null(""))
-    if group_by == "overload":
-        suffix = pl.col("name").str.extract(r"^\w[\w.]*::\w+\.(\w+)$", 1)
-        return (_op_args(f, ops, listed=ARGS.str.json_path_match("$['Overload Name']"))
-                .with_columns(overload=pl.coalesce("listed", suffix, pl.lit(""))).drop("listed"))
-    if group_by == "stack":
-        recorded = ARGS.str.json_path_match("$['Call stack']").str.split(";").list.head(stack_n)
-        parents = f.frames.select("event_idx", nested=pl.col("path").str.split(";"))
-        nested = (pl.col("nested").list.slice(0, pl.col("nested").list.len() - 1)
-                  .list.reverse().list.head(stack_n))  # innermost enclosing frames first
-        return (_op_args(f, ops, recorded=recorded).join(parents, on="event_idx", how="left")
-                .with_columns(stack=pl.coalesce("recorded", nested).list.join(" <- ").fill_null(""))
-                .drop("nested", "recorded"))
-    return ops.with_columns(name=pl.col("name").str.replace(OVERLOAD_SUFFIX, "$1"))
-
-
-def _device_time(f: Flat, ops: pl.DataFrame) -> pl.DataFrame:
-    """ops with self_device_ns / self flops (GPU ops they launched directly) and device_ns /
-    kernels (GPU ops launched anywhere inside them on their thread)."""
-    g = f.launch_threads
-    own = g.group_by("cpu_op_event_idx").agg(self_device_ns=pl.col("dur_ns").sum(), flops=_sum_known("flops"))
-    points = g.lazy().select(pid="launch_pid", tid="launch_tid", t=pl.col("launch_ts_ns"), device_ns=pl.col("dur_ns"),
-                             kernels=pl.lit(1, pl.Int64))
-    incl = range_sum(points, ops.lazy().select("event_idx", "pid", "tid", "ts_ns", "end_ns"),
-                     ["pid", "tid"], ["device_ns", "kernels"]).select("event_idx", "device_ns", "kernels")
-    return (_beside(_beside(ops, own, "event_idx", "cpu_op_event_idx"), incl.collect(), "event_idx")
-            .with_columns(pl.col("self_device_ns", "device_ns", "kernels").fill_null(0)))
-
-
 def op_table(flat, group_by: str | None = None, sort: str | None = None, stack_n: int = 5) -> pl.DataFrame:
     """Like torch.profiler's key_averages().table(): per op name (and input shape, stack or
     overload): calls, self/total CPU time, self/total device time (its GPU ops; total includes
@@ -500,21 +823,16 @@ def op_table(flat, group_by: str | None = None, sort: str | None = None, stack_n
 
     sort: any output column (descending); default self_device_us with GPU activity, else self_cpu_us.
     """
+    check_options("table", group_by=group_by)
     f = as_flat(flat)
-    keys = ["name", *GROUPINGS.get(group_by, [])]
-    ops = _device_time(f, _op_keys(f, f.ops, group_by, stack_n))
-    ops = ops.select(*keys, "self_ns", "dur_ns", "self_device_ns", "device_ns", "kernels", "flops")
-    out = (ops.group_by(keys).agg(
-        calls=pl.len(),
-        self_cpu_us=_us("self_ns").sum(),
-        cpu_total_us=_us("dur_ns").sum(),
-        cpu_avg_us=_us("dur_ns").mean(),
-        self_device_us=_us("self_device_ns").sum(),
-        device_total_us=_us("device_ns").sum(),
-        kernels=pl.col("kernels").sum(),
-        flops=_sum_known("flops"),
-    ).with_columns(self_cpu_pct=100 * pl.col("self_cpu_us") / pl.col("self_cpu_us").sum(),
-                   self_device_pct=100 * pl.col("self_device_us") / pl.col("self_device_us").sum()))
+    keys = ["name", *GROUPINGS[group_by]]
+    share = lambda col: 100 * _us(col) / _us(pl.col(col).sum())  # noqa: E731
+    out = f.cpu(group_by, stack_n).ops.select(
+        *keys, calls=pl.col("calls").cast(pl.UInt32), self_cpu_us=_us("self_ns"), cpu_total_us=_us("dur_ns"),
+        cpu_avg_us=_us("dur_ns") / pl.col("calls"), self_device_us=_us("self_device_ns"),
+        device_total_us=_us("device_ns"),
+        kernels="kernels", flops=pl.when(pl.col("flops_ops") > 0).then("flops"),
+        self_cpu_pct=share("self_ns"), self_device_pct=share("self_device_ns"))
     sort = sort or ("self_device_us" if f.has_gpu else "self_cpu_us")
     if sort not in out.columns:
         raise UsageError(f"cannot sort by {sort!r}; columns: {', '.join(out.columns)}")
@@ -530,14 +848,9 @@ def collapsed_stacks(flat, metric: str = "self_cpu_time_total") -> pl.DataFrame:
     annotations and python_function events nested per thread. `str(line)` = stack + " " + value."""
     if metric not in STACK_METRICS:
         raise UsageError(f"metric must be one of {', '.join(STACK_METRICS)}")
-    f = as_flat(flat)
-    fr = f.frames
-    if metric == "self_device_time_total":
-        dev = f.gpu.select("cpu_op_event_idx", "dur_ns").group_by("cpu_op_event_idx").agg(v=pl.col("dur_ns").sum())
-        fr = fr.join(dev, left_on="event_idx", right_on="cpu_op_event_idx", how="inner")
-    else:
-        fr = fr.with_columns(v=pl.col("self_ns"))
-    return (fr.group_by(pl.col("path").alias("stack")).agg(value=(pl.col("v").sum() / NS_PER_US).floor().cast(pl.Int64))
+    value = "self_ns" if metric == "self_cpu_time_total" else "device_ns"
+    return (as_flat(flat).any_frames().stacks
+            .select(stack="path", value=(pl.col(value) / NS_PER_US).floor().cast(pl.Int64))
             .filter(pl.col("value") > 0).sort("stack"))
 
 
@@ -546,44 +859,37 @@ def stack_lines(stacks: pl.DataFrame) -> str:
 
 
 # ------------------------------------------------------------------ launches, compile, comms
-def _percentiles(col: str, prefix: str) -> list[pl.Expr]:
-    x = pl.col(col) / NS_PER_US
-    return [x.quantile(0.5).alias(f"{prefix}_p50_us"), x.quantile(0.9).alias(f"{prefix}_p90_us"),
-            x.quantile(0.99).alias(f"{prefix}_p99_us"), x.max().alias(f"{prefix}_max_us")]
-
-
 def launch_overhead(flat) -> pl.DataFrame:
     """Per device, over kernels linked to their launch call: the launch call's duration, the delay
     from the launch call's start to the kernel's start (p50/p90/p99/max), and the share of
     kernels that ran shorter than their launch call took."""
-    f = as_flat(flat)
-    k = (f.gpu.select("device", "kind", "ts_ns", "dur_ns", "launch_ts_ns", "launch_dur_ns")
-         .filter((pl.col("kind") == "kernel") & pl.col("launch_ts_ns").is_not_null()))
-    return (k.with_columns(delay_ns=pl.col("ts_ns") - pl.col("launch_ts_ns"))
-            .group_by("device").agg(
-                kernels=pl.len(),
-                *_percentiles("launch_dur_ns", "launch"),
-                *_percentiles("delay_ns", "launch_to_start"),
-                shorter_than_launch_pct=100 * (pl.col("dur_ns") < pl.col("launch_dur_ns")).mean())
-            .sort("device"))
+    launch = as_flat(flat).activity.launch
+    percentiles = [_us(f"{metric}_q{i}").alias(f"{prefix}_p{round(q * 100)}_us")
+                   for metric, prefix in (("launch", "launch"), ("delay", "launch_to_start"))
+                   for i, q in enumerate(LAUNCH_QUANTILES)]
+    shorter = pl.when(pl.col("compared") > 0).then(100 * (pl.col("shorter") / pl.col("compared")))
+    return launch.select(
+        "device", *percentiles[:3], _us("launch_max_ns").alias("launch_max_us"), *percentiles[3:],
+        _us("delay_max_ns").alias("launch_to_start_max_us"), pl.col("kernels").cast(pl.UInt32),
+        shorter.alias("shorter_than_launch_pct")).sort("device")
 
 
 def _steps(f: Flat) -> pl.DataFrame:
     """ProfilerStep#N intervals (step, ts_ns, end_ns); the whole CPU span as step null if none."""
-    steps = (f.ops.filter(pl.col("cat").str.contains(ANNOTATION_CAT) & pl.col("name").str.contains(STEP_NAME))
-             .select(step=pl.col("name").str.extract(STEP_NAME, 1).cast(pl.Int64), ts_ns="ts_ns", end_ns="end_ns"))
-    if steps.height or not f.ops.height:
-        return steps.sort("ts_ns")
-    return f.ops.select(step=pl.lit(None, pl.Int64), ts_ns=pl.col("ts_ns").min(), end_ns=pl.col("end_ns").max())
+    ops = f.any_cpu()
+    first, last, n = ops.span
+    if ops.steps.height or not n:
+        return ops.steps.sort("ts_ns")
+    return pl.DataFrame({"step": [None], "ts_ns": [first], "end_ns": [last]},
+                        schema={"step": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64})
 
 
 def compiled_regions(flat) -> pl.DataFrame:
     """torch.compile regions on the CPU side (CompiledFunction, CompiledFunctionBackward,
     Torch-Compiled Region, ## Call CompiledFxGraph ...): per name, count and total time."""
-    f = as_flat(flat)
-    r = f.ops.filter(pl.col("name").str.contains(COMPILED_REGION))
-    return (r.group_by("name").agg(count=pl.len(), dur_us=_us("dur_ns").sum())
-            .sort("dur_us", descending=True))
+    r = as_flat(flat).any_cpu().regions
+    return (r.group_by("name").agg(count=pl.len(), dur_us=_us(pl.col("dur_ns").sum()))
+            .sort("dur_us", "name", descending=[True, False]))
 
 
 def compile_view(flat) -> pl.DataFrame:
@@ -592,7 +898,7 @@ def compile_view(flat) -> pl.DataFrame:
     inside the step (likely graph breaks: eager code between compiled graphs). Empty when the
     trace has no compiled regions."""
     f = as_flat(flat)
-    regions = f.ops.filter(pl.col("name").str.contains(COMPILED_REGION)).select("ts_ns", "end_ns", k=pl.lit(0))
+    regions = f.any_cpu().regions.select("ts_ns", "end_ns", k=pl.lit(0))
     steps = _steps(f).with_columns(k=pl.lit(0))
     if not regions.height or not steps.height:
         return pl.DataFrame(schema={"step": pl.Int64, "step_us": pl.Float64, "regions": pl.Int64,
@@ -612,34 +918,34 @@ def compile_view(flat) -> pl.DataFrame:
     counts = step_of(regions.lazy(), "ts_ns").group_by("s0").agg(regions=pl.len().cast(pl.Int64))
     out = (covered.lazy().join(gaps, left_on="ts_ns", right_on="s0", how="left")
            .join(counts, left_on="ts_ns", right_on="s0", how="left")
+           .sort("step", "ts_ns")  # a step number seen twice (traces put together): in time order
            .select("step", step_us=_us("end_ns") - _us("ts_ns"), regions=pl.col("regions").fill_null(0),
                    compiled_us=_us("overlap_ns"), outside_us=(_us("end_ns") - _us("ts_ns")) - _us("overlap_ns"),
                    compiled_pct=pl.when(pl.col("end_ns") > pl.col("ts_ns"))
                    .then(100 * pl.col("overlap_ns") / (pl.col("end_ns") - pl.col("ts_ns"))),
                    breaks=pl.col("breaks").fill_null(0), break_us=_us("break_ns").fill_null(0.0),
                    largest_break_us=_us("largest_ns").fill_null(0.0)))
-    return out.sort("step").collect()
+    return out.collect()
 
 
 def communication(flat) -> pl.DataFrame:
     """Per device with collective kernels (category communication): their count, summed time,
     busy time (union), the part of it overlapped by compute kernels (any other kernel on the
-    device, interval intersection) and the exposed rest."""
-    f = as_flat(flat)
-    k = f.gpu.lazy().filter(pl.col("kind") == "kernel")
-    is_comm = pl.col("category") == "communication"
-    comm_runs = interval_union(k.filter(is_comm).select("device", "ts_ns", "end_ns"), ["device"])
-    compute_runs = interval_union(k.filter(~is_comm).select("device", "ts_ns", "end_ns"), ["device"])
-    overlap = (covered_overlap(comm_runs.rename({"start_ns": "ts_ns"}), compute_runs, ["device"])
-               .group_by("device").agg(comm_busy_ns=(pl.col("end_ns") - pl.col("ts_ns")).sum(),
-                                       overlap_ns=pl.col("overlap_ns").sum()))
-    sums = k.filter(is_comm).group_by("device").agg(comm_kernels=pl.len(), comm_ns=pl.col("dur_ns").sum())
-    return (sums.join(overlap, on="device", how="left")
+    device) and the exposed rest. Overlap = |collectives| + |compute| - |all kernels| (unions)."""
+    a = as_flat(flat).activity
+    sums = (a.names.filter(KERNEL & COLLECTIVE).group_by("device")
+            .agg(comm_kernels=pl.col("n").sum().cast(pl.UInt32), comm_ns=pl.col("dur_ns").sum()))
+    for name in ("comm", "compute", "kernel"):
+        sums = sums.join(a.runs[name].select("device", pl.col("busy_ns").alias(f"{name}_busy_ns")), on="device",
+                         how="left", maintain_order="left")
+    overlap = pl.col("comm_busy_ns") + pl.col("compute_busy_ns").fill_null(0) - pl.col("kernel_busy_ns")
+    return (sums.with_columns(overlap_ns=overlap)
             .select("device", "comm_kernels", comm_us=_us("comm_ns"), comm_busy_us=_us("comm_busy_ns"),
                     overlapped_us=_us("overlap_ns"),
-                    overlap_pct=pl.when(pl.col("comm_busy_ns") > 0).then(100 * pl.col("overlap_ns") / pl.col("comm_busy_ns")),
+                    overlap_pct=pl.when(pl.col("comm_busy_ns") > 0)
+                    .then(100 * pl.col("overlap_ns") / pl.col("comm_busy_ns")),
                     exposed_us=_us("comm_busy_ns") - _us("overlap_ns"))
-            .sort("device").collect())
+            .sort("device"))
 
 
 # ------------------------------------------------------------------ analyze (all sections)
@@ -650,6 +956,8 @@ SECTIONS = ("devices", "kernels", "transfers", "streams", "categories", "ops", "
 def analyze(flat, group_by: str | None = None, sort: str | None = None) -> dict[str, pl.DataFrame]:
     """Every report of one trace, by section name (see `SECTIONS`)."""
     f = as_flat(flat)
+    check_options("table", group_by=group_by)
+    f.cpu(group_by)  # first: its sweep serves the compile view, and the device tables of a CPU-only trace
     return {
         "devices": busy(f),
         "kernels": kernel_table(f),
@@ -697,27 +1005,25 @@ def diff_side(flat) -> pl.DataFrame:
     """One trace's rows for `diff`, keyed by normalised CPU op (kernels launched by an op),
     normalised kernel name (kernels without an op), or copy/memset name; all devices together."""
     f = as_flat(flat)
-    act = f.activity
-    by_op = pl.col("cpu_op_name").is_not_null() & (pl.col("kind").is_in(["kernel", "cpu_op"]))
-    keyed = (act.lazy().with_columns(
+    by_op = pl.col("cpu_op_name").is_not_null() & pl.col("kind").is_in(["kernel", "cpu_op"])
+    names = f.activity.names.with_columns(
         key=pl.when(by_op).then(normalize_op(pl.col("cpu_op_name"))).otherwise(normalize_kernel(pl.col("name"))),
         key_kind=pl.when(by_op).then(pl.lit("op")).otherwise(pl.col("kind")))
-        .select("key", "key_kind", "name", "kind", "cpu_op_name", "cpu_op_event_idx", "device", "dur_ns", "flops",
-                "bytes", "achieved_flops_pct", "achieved_bw_pct", "peak_tflops", "peak_bw_gbps")
-        .collect())  # the columns used only: grouping the whole table would copy every column
-    top = (keyed.group_by("key", "key_kind", "name").agg(n=pl.len(), d=pl.col("dur_ns").sum())
-           .sort("d", descending=True)
-           .group_by("key", "key_kind", maintain_order=True)
-           .agg(top_kernels=pl.struct(name="name", count="n", dur_us=pl.col("d") / NS_PER_US).head(3)))
-    rows = keyed.group_by("key", "key_kind").agg(
-        count=pl.len(),
-        calls=pl.col("cpu_op_event_idx").filter(by_op).n_unique().cast(pl.Int64),
-        dur_us=_us("dur_ns").sum(),
-        *cost_aggs(),
-        kernel_names=pl.col("name").n_unique().cast(pl.Int64),
-        devices=pl.col("device").unique().sort(),
-    )
-    return _roofline(rows).join(top, on=["key", "key_kind"], how="left")
+    keys = ["key", "key_kind"]
+    calls = (f.op_calls.with_columns(key=normalize_op(pl.col("cpu_op_name")), key_kind=pl.lit("op"))
+             .group_by(keys).agg(pl.col("calls").sum()))
+    top = (names.group_by(*keys, "name").agg(n=pl.col("n").sum(), d=pl.col("dur_ns").sum())
+           .sort("d", "name", descending=[True, False])
+           .group_by(keys, maintain_order=True)
+           .agg(top_kernels=pl.struct(name="name", count=pl.col("n").cast(pl.UInt32), dur_us=pl.col("d") / NS_PER_US)
+                .head(3)))
+    spread = names.group_by(keys).agg(kernel_names=pl.col("name").n_unique().cast(pl.Int64),
+                                      devices=pl.col("device").unique().sort())
+    rows = (_rolled(names, keys).join(spread, on=keys, how="left", maintain_order="left")
+            .join(calls, on=keys, how="left", maintain_order="left"))
+    out = rows.select(*keys, *cost_columns(), count=pl.col("n").cast(pl.UInt32), calls=pl.col("calls").fill_null(0),
+                      dur_us=_us("dur_ns"), kernel_names="kernel_names", devices="devices")
+    return _roofline(out).join(top, on=keys, how="left", maintain_order="left")
 
 
 SIDE_COLS = ("count", "calls", "dur_us", "flops", "bytes", "achieved_tflops", "achieved_gbps",
@@ -733,8 +1039,8 @@ def diff(a, b) -> pl.DataFrame:
     return (j.rename({"key_kind": "kind"})
             .with_columns(delta_us=pl.col("b_dur_us").fill_null(0) - pl.col("a_dur_us").fill_null(0),
                           ratio=pl.when(pl.col("a_dur_us") > 0).then(pl.col("b_dur_us") / pl.col("a_dur_us")))
-            .sort(pl.max_horizontal(pl.col("a_dur_us").fill_null(0), pl.col("b_dur_us").fill_null(0)), "key",
-                  descending=[True, False]))
+            .sort(pl.max_horizontal(pl.col("a_dur_us").fill_null(0), pl.col("b_dur_us").fill_null(0)), "key", "kind",
+                  descending=[True, False, False]))
 
 
 def diff_json(d: pl.DataFrame, label_a: str = "a", label_b: str = "b") -> dict:
