@@ -92,8 +92,11 @@ def with_category(frame: pl.DataFrame, name: str = "name", op: str = "cpu_op_nam
     new = as_keys.unique()
     if memo is not None and memo.named is not None:
         new = new.join(memo.named, on=keys, how="anti", nulls_equal=True)
-    named = new.with_columns(category=category_expr(text(name), text(op), text(kind)))
-    if memo is not None:
-        named = memo.named = named if memo.named is None else pl.concat([memo.named, named])
+    if new.is_empty() and memo is not None and memo.named is not None:
+        named = memo.named  # nothing new: not even the expression is built (its regexes are many)
+    else:
+        named = new.with_columns(category=category_expr(text(name), text(op), text(kind)))
+        if memo is not None:
+            named = memo.named = named if memo.named is None else pl.concat([memo.named, named])
     category = as_keys.join(named, on=keys, how="left", nulls_equal=True, maintain_order="left")["category"]
     return frame.with_columns(category)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
 import orjson
 import polars as pl
@@ -30,7 +31,8 @@ def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None,
     """(cpu_op_event_idx, op_flops, op_bytes, cost_family, cost_dtype, op_reason) for the given ops.
 
     The events are read with the streaming engine, only the given ops' rows decoded. Only ops
-    whose name has a formula have their shape args extracted, and each distinct signature is
+    whose name has a formula have their shape args extracted, once per distinct `_shape` of
+    their args (a trace's ops repeat a few hundred shapes), and each distinct signature is
     evaluated once (`evaluated` keeps the results across calls: batches of one trace share most
     signatures).
     """
@@ -44,32 +46,52 @@ def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None,
            .filter(in_range & pl.col("event_idx").is_in(wanted.implode()))
            .with_columns(modelled=pl.col("name").is_in(formulas.MODELLED_OPS) | key.is_in(formulas.MODELLED_OPS))
            .select(pl.col("event_idx").alias("cpu_op_event_idx"), "modelled", pl.col("name").cast(pl.Categorical),
-                   *_signature(pl.when("modelled").then(pl.col("args_json"))))
+                   args=pl.when("modelled").then(pl.col("args_json")))
            .collect(engine="streaming"))
-    modelled = ops.filter("modelled")
+    modelled = ops.filter("modelled").select("cpu_op_event_idx", "name", shape=_shape(pl.col("args")), args="args")
+    shapes = modelled.group_by("name", "shape").agg(pl.col("args").first())
+    costed = modelled.join(_shape_costs(shapes, dtype, evaluated), on=["name", "shape"], how="left", nulls_equal=True)
+    unmodelled = ops.filter(~pl.col("modelled")).select("cpu_op_event_idx", op_reason=pl.lit("no_formula"))
+    return pl.concat([costed.select("cpu_op_event_idx", *OP_COST_COLUMNS), unmodelled], how="diagonal")
+
+
+def _shape_costs(shapes: pl.DataFrame, dtype: str | None, evaluated: dict) -> pl.DataFrame:
+    """(name, shape, *OP_COST_COLUMNS) of ops (name, shape, args: the args of one op of that shape)."""
     keys = ["name", *SIGNATURE_KEYS]
     rows = []
-    for sig in modelled.select(keys).unique().iter_rows(named=True):
+    for sig in shapes.select("name", "shape", *_signature(pl.col("args"))).iter_rows(named=True):
+        shape = sig.pop("shape")
         known = tuple(sig.values())
         if known not in evaluated:
             evaluated[known] = _evaluate(sig, dtype)
-        rows.append(evaluated[known])
-    schema = {**{k: pl.String for k in keys}, "op_flops": pl.Float64, "op_bytes": pl.Float64,
+        rows.append({"shape": shape, **evaluated[known]})
+    schema = {"shape": pl.String, **{k: pl.String for k in keys}, "op_flops": pl.Float64, "op_bytes": pl.Float64,
               "cost_family": pl.String, "cost_dtype": pl.String, "op_reason": pl.String}
-    costs = pl.DataFrame(rows, schema=schema).with_columns(pl.col(keys).cast(pl.Categorical))
-    costed = modelled.join(costs, on=keys, how="left", nulls_equal=True)
-    unmodelled = ops.filter(~pl.col("modelled")).select("cpu_op_event_idx", op_reason=pl.lit("no_formula"))
-    return pl.concat([costed.select("cpu_op_event_idx", "op_flops", "op_bytes", "cost_family", "cost_dtype",
-                                    "op_reason"), unmodelled], how="diagonal")
+    return (pl.DataFrame(rows, schema=schema)
+            .select(pl.col("name").cast(pl.Categorical), "shape", *OP_COST_COLUMNS))
 
 
 def _signature(args: pl.Expr) -> list[pl.Expr]:
-    """SIGNATURE_KEYS of each op's args as polars' json_path_match gives them (categoricals: they
-    repeat). Each lookup parses the whole JSON text, so a key is looked up only in the args that
-    contain it as text (args_json is written by orjson: keys appear verbatim); the others are null,
-    as json_path_match would give."""
+    """SIGNATURE_KEYS of each op's args as polars' json_path_match gives them. Each lookup parses
+    the whole JSON text, so a key is looked up only in the args that contain it as text (keys
+    appear verbatim); the others are null, as json_path_match would give."""
     return [pl.when(args.str.contains(f'"{k}"', literal=True)).then(args).str.json_path_match(f"$['{k}']")
-            .cast(pl.Categorical).alias(k) for k in SIGNATURE_KEYS]
+            .alias(k) for k in SIGNATURE_KEYS]
+
+
+_JSON_SCALAR = r"(?:-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null)\b"
+_SCALAR_MEMBER = rf'"[^"\\]*":\s*{_JSON_SCALAR}'  # "key": 12 (a JSON string cannot hold an unescaped quote)
+assert all(k.replace(" ", "").isalnum() for k in SIGNATURE_KEYS)  # usable as they are in a regex
+_SCALAR_SIGNATURE = rf'"(?:{"|".join(SIGNATURE_KEYS)})":\s*{_JSON_SCALAR}'
+
+
+def _shape(args: pl.Expr) -> pl.Expr:
+    """A key that ops with the same signature share (and ops with different ones never do): their
+    args without the members whose values are scalars (the ids that make every op's args unique:
+    External id, Ev Idx, Sequence number, Record function id, ...), unless a signature member is a
+    scalar, when the whole args are the key. Only whole members that are not signature members are
+    removed, so args with equal keys have equal signature members."""
+    return pl.when(args.str.contains(_SCALAR_SIGNATURE)).then(args).otherwise(args.str.replace_all(_SCALAR_MEMBER, ""))
 
 
 def _json_value(text: str):
@@ -123,15 +145,14 @@ def annotate_devices(flat_dir: Path, extra_specs: str | None, force: str | None)
 OP_COST_COLUMNS = ["op_flops", "op_bytes", "cost_family", "cost_dtype", "op_reason"]  # of `op_costs`, per op
 
 
-def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame,
-                 memo: CategoryMemo | None = None) -> pl.DataFrame:
-    """Add flops/bytes/achieved columns to linked gpu_ops (columns used: kind, name, device,
-    dur_ns, copy_bytes, cpu_op_event_idx, cpu_op_name and their op's OP_COST_COLUMNS from
-    `op_costs`; the others are carried along).
+def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame) -> pl.DataFrame:
+    """Add flops/bytes/achieved columns to linked gpu_ops (columns used: kind, device, dur_ns,
+    copy_bytes, cpu_op_event_idx and their op's OP_COST_COLUMNS from `op_costs`; the others, such
+    as `category` (`categories.with_category`), are carried along).
 
     `op_kernels` is the count and time of each op's kernels over the whole trace (`OpKernels`):
-    `g` may be one batch of the GPU ops (sharing `memo`), and an op's FLOPs and bytes are split
-    over all its kernels.
+    `g` may be one batch of the GPU ops, and an op's FLOPs and bytes are split over all its
+    kernels.
 
     Eager on purpose: the in-memory engine divides by a column that holds one value throughout
     (the peaks of a one-device trace) by multiplying with its reciprocal, the streaming engine
@@ -144,7 +165,7 @@ def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame,
     g = (g.join(op_kernels, on="cpu_op_event_idx", how="left", maintain_order="left")
          .with_columns(op_kernels=pl.when(is_kernel).then(pl.col("op_kernels")),
                        op_dur_ns=pl.when(is_kernel).then(pl.col("op_dur_ns"))))
-    g = with_category(g, memo=memo).with_columns(
+    g = g.with_columns(
         flops=pl.when(is_kernel).then(pl.col("op_flops") * share).otherwise(pl.lit(0.0)),
         bytes=pl.when(is_kernel).then(pl.col("op_bytes") * share)
         .otherwise(pl.col("copy_bytes").cast(pl.Float64)),
@@ -154,7 +175,7 @@ def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame,
         .otherwise(pl.col("op_reason")),
     )
     peaks = devs.select(pl.col("device"), "spec_name", *PEAK_COLS).unique("device", keep="first")
-    g = g.join(peaks, on="device", how="left")
+    g = g.join(peaks, on="device", how="left", maintain_order="left")
     dtype_peak = pl.coalesce(
         pl.when(pl.col("cost_dtype") == d).then(pl.col(col)) for d, col in DTYPE_PEAK.items()
     )
@@ -246,45 +267,73 @@ class Tally:
                    problems_json=orjson.dumps(problems).decode())
 
 
-COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  # the gpu_ops columns kernel_costs reads
+COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  # the gpu_ops columns costing reads
+KERNEL_INPUTS = ["kind", "device", "dur_ns", "copy_bytes", "category"]  # of them (and their category), kernel_costs
 COST_COLUMNS = schema.table("gpu_ops").names(("cost",))  # the columns it adds
 LINK_SPILL = "gpu_links"  # the temporary file of pass 1 (see `enrich`)
-# GPU ops costed and written together in pass 2, a row group each: the wide rows (long kernel names)
-# are the memory; row groups of 4x as many rows make the file ~25% smaller and the peak ~25 MB higher
+# GPU ops costed together in pass 2 (a block of the spill): few blocks, few fixed costs per block
+COST_BLOCK_ROWS = 1 << 15
+# GPU ops written together in pass 2, a row group each: the wide rows (long kernel names) are the
+# memory; row groups of 4x as many rows make the file ~25% smaller and the peak ~25 MB higher
 WRITE_BATCH_ROWS = 1 << 13
 
 
 def _link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally) -> OpKernels:
-    """Link the GPU ops batch by batch and cost their ops (everything that reads the events) into
-    `spill`: event_idx, the link columns and OP_COST_COLUMNS. Returns the per-op kernel counts
-    (`OpKernels`). A batch's ops are costed while the next batch is linked (`store.one_ahead`)."""
-    op_kernels, evaluated = OpKernels(), {}
+    """Link the GPU ops batch by batch, cost their ops (everything that reads the events) and
+    categorise them into `spill`: event_idx, the link columns, OP_COST_COLUMNS and KERNEL_INPUTS
+    (pass 2 then reads no GPU op column but to copy it). Returns the per-op kernel counts
+    (`OpKernels`). This runs beside the launch lookup of the next batch (`link.link_batches`): a
+    third stage in a thread of its own measured slower on two cores, and held more memory."""
+    op_kernels, evaluated, memo = OpKernels(), {}, CategoryMemo()
     events = pl.scan_parquet(flat_dir / "events.parquet")
+    declared = {f.name: f for f in schema.table("gpu_ops").arrow_schema(schema.ALL_STAGES)}
     op_cost_types = {"op_flops": pa.float64(), "op_bytes": pa.float64()}
     fields = [pa.field("event_idx", pa.int64()), *schema.table("gpu_ops").arrow_schema(("link",)),
-              *(pa.field(c, op_cost_types.get(c, pa.string())) for c in OP_COST_COLUMNS)]
+              *(pa.field(c, op_cost_types.get(c, pa.string())) for c in OP_COST_COLUMNS),
+              *(declared[c] for c in KERNEL_INPUTS)]
     with store.SpillWriter(spill, fields) as out:
-        for links in store.one_ahead(link.link_batches(flat_dir, carry=("kind", "dur_ns"))):
+        for links in link.link_batches(flat_dir, carry=tuple(COST_INPUTS)):
             tally.add_links(links)
             op_kernels.add(links)
             ops = op_costs(events, links["cpu_op_event_idx"], dtype, evaluated)
-            out.write(links.join(ops, on="cpu_op_event_idx", how="left", maintain_order="left"))
+            out.write(with_category(links.join(ops, on="cpu_op_event_idx", how="left", maintain_order="left"),
+                                    memo=memo))
     return op_kernels
 
 
 class BatchCoster:
-    """The link and cost columns of one batch of gpu_ops rows (`store.write_extended`'s `extend`):
-    link columns and op costs from the spill of pass 1, kernel costs from `kernel_costs`."""
+    """The link and cost columns of one batch of gpu_ops rows (`store.write_extended`'s `extend`),
+    in order: link columns, op costs and categories from the spill of pass 1, kernel costs from
+    `kernel_costs`, COST_BLOCK_ROWS of the spill at a time (the write batches are smaller: their
+    wide rows are the memory of pass 2). Blocks are costed one ahead in a thread of their own
+    (`store.one_ahead`), beside the thread reading gpu_ops and the one writing it."""
 
     def __init__(self, links: store.SpillReader, op_kernels: OpKernels, devs: pl.DataFrame, tally: Tally):
         self.links, self.op_kernels, self.devs, self.tally = links, op_kernels, devs, tally
-        self.memo = CategoryMemo()  # kernel categories, shared by the batches
+        self._empty = self._cost(links.take(0))
+        self._blocks = store.one_ahead(self._costed_blocks())
+        self._costed = self._empty  # rows of the last block not handed out yet
 
     def __call__(self, batch: pl.DataFrame) -> pl.DataFrame:
-        spilled = self.links.take(batch.height)
-        g = batch.select(COST_INPUTS).with_columns(pl.col("name").cast(pl.Categorical)).hstack(
-            spilled.select("cpu_op_event_idx", "cpu_op_name", *OP_COST_COLUMNS))
-        costed = kernel_costs(g, self.op_kernels.of(g["cpu_op_event_idx"]), self.devs, self.memo)
+        parts, have = [self._empty], 0
+        while have < batch.height:
+            if self._costed.is_empty():
+                self._costed = next(self._blocks, self._empty)
+                if self._costed.is_empty():
+                    break
+            part = self._costed.head(batch.height - have)
+            self._costed = self._costed.slice(part.height)
+            parts.append(part)
+            have += part.height
+        return pl.concat(parts)
+
+    def _costed_blocks(self) -> Iterator[pl.DataFrame]:
+        while not (spilled := self.links.take(COST_BLOCK_ROWS)).is_empty():
+            yield self._cost(spilled)
+
+    def _cost(self, spilled: pl.DataFrame) -> pl.DataFrame:
+        g = spilled.select(*KERNEL_INPUTS, "cpu_op_event_idx", *OP_COST_COLUMNS)
+        costed = kernel_costs(g, self.op_kernels.of(g["cpu_op_event_idx"]), self.devs)
         self.tally.add_costs(costed)
         return spilled.select("event_idx", *link.LINK_COLUMNS).hstack(costed.select(COST_COLUMNS))
 
@@ -299,7 +348,7 @@ def enrich(flat_dir, row: dict, device_specs: str | None = None, device: str | N
        the cost of a batch needs from the other batches (an op's FLOPs are split over all its
        kernels);
     2. rewrite gpu_ops.parquet batch by batch (`store.write_extended`) with the columns of pass 1
-       read back and the kernels' costs (`BatchCoster`).
+       read back and the kernels' costs (`BatchCoster`): only the write reads gpu_ops.
     """
     flat_dir = Path(flat_dir)
     gpu_ops = flat_dir / "gpu_ops.parquet"
@@ -310,7 +359,7 @@ def enrich(flat_dir, row: dict, device_specs: str | None = None, device: str | N
         op_kernels = _link_pass(flat_dir, spill, dtype, tally)
         with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
             coster = BatchCoster(links, op_kernels, devs, tally)
-            store.write_extended(gpu_ops, tmp, "gpu_ops", coster, inputs=COST_INPUTS, batch_rows=WRITE_BATCH_ROWS)
+            store.write_extended(gpu_ops, tmp, "gpu_ops", coster, inputs=["event_idx"], batch_rows=WRITE_BATCH_ROWS)
     store.write_table(devs.to_arrow(), flat_dir / "devices.parquet", "devices")
     tally.row_update(row)
     return warnings

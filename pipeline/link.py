@@ -24,8 +24,8 @@ Memory does not grow with the trace. GPU ops are linked BATCH_ROWS at a time, in
 (`link_batches`), and for each batch only the rows it needs are read, by predicates that the
 Parquet reader applies row group by row group (skipping those its statistics rule out):
 - the flows ending at its ops (`f` at their (pid, tid, ts)) and the flows starting those (`s`
-  with the same (cat, id)), and the runtime calls sharing a correlation id with its ops:
-  `_flows_and_calls`; the runtime calls at those flow starts: `_launch_candidates`;
+  with the same (cat, id)): `_flows`; the runtime calls sharing a correlation id with its ops and
+  those at those flow starts, in one read: `_launch_candidates`;
 - the CPU slices (ops, annotations, modules) on the launching threads that run at the launch
   times, one time cell of about CELL_SLICES slices at a time (`windows.TimeCells`): `_context`.
 Only a few facts are kept for the whole trace (`LinkSources`). Whatever the order of the files,
@@ -42,6 +42,7 @@ nesting, the innermost is decided among the slices the window reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Iterator
 
@@ -49,7 +50,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from . import nesting, schema, store
-from .windows import EventReach, TimeBins, TimeCells
+from .windows import EventReach, RunningSlices, TimeBins, TimeCells
 
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime", "hip_driver", "mtia_runtime",
                "xpu_runtime", "privateuse1_runtime")
@@ -82,6 +83,7 @@ _FLOW_COLS = ["ph", "cat", "id", "pid", "tid", "ts_ns"]
 _LAUNCH_COLUMNS = ["event_idx", pl.col("name").cast(pl.Categorical), "pid", "tid", "ts_ns", "dur_ns", "correlation",
                    "external_id"]
 _THREAD_TIME = ["pid", "tid", "ts_ns"]
+_REPEATED_GPU_TEXT = ("name",)  # gpu_ops text columns carried as categoricals
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,10 @@ class LinkSources:
             where &= ~_one_of("cat", self.cats[MODULE]) | pl.col("name").str.starts_with(MODULE_PREFIX)
         return where
 
+    def running_slices(self) -> RunningSlices:
+        """A reader of the context slices (ops, annotations, modules) running around launches."""
+        return RunningSlices(partial(_context_slices, self), self.reach)
+
     def kind(self) -> pl.Expr:
         """The slice kind (LAUNCH, CPU_OP, ...) of an event from its category."""
         out = pl.lit(None, pl.Int8)
@@ -152,6 +158,12 @@ def _among(column: str, values: pl.Series) -> pl.Expr:
     return pl.col(column).is_between(values.min(), values.max()) & pl.col(column).is_in(values.unique().implode())
 
 
+def _in_range(column: str, values: pl.Series) -> pl.Expr:
+    """column lies between the smallest and the largest of `values` (none: never)."""
+    values = values.drop_nulls()
+    return pl.col(column).is_between(values.min(), values.max()) if values.len() else pl.lit(False)
+
+
 def _read(path: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
     """The rows of a Parquet file that `where` selects, streaming: rows are filtered row group by
     row group, and the other columns decoded for the rows kept."""
@@ -160,37 +172,65 @@ def _read(path: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
 
 def link_batches(flat_dir: Path, carry: tuple[str, ...] = ()) -> Iterator[pl.DataFrame]:
     """(event_idx, correlation, *LINK_COLUMNS, *carry) of the GPU ops of a flattened trace, BATCH_ROWS
-    at a time in the order of its gpu_ops.parquet; `carry` are gpu_ops columns passed through.
-    Yields at least one frame (empty when there are no GPU ops). The launches of the next batch
-    are found while the context of this one is (`store.one_ahead`)."""
+    at a time in the order of its gpu_ops.parquet; `carry` are gpu_ops columns passed through (the
+    kernel name as a categorical).
+    Yields at least one frame (empty when there are no GPU ops). What the next batch reads (its
+    launches and the slices around them: `_Read`) is read while this one is nested
+    (`store.one_ahead`)."""
     src = LinkSources.of(flat_dir)
     carried = [c for c in carry if c not in GPU_LINK_INPUTS]
     batches = _gpu_batches(src, list(dict.fromkeys([*GPU_LINK_INPUTS, *carry])))
-    launched = ((_launches_of(src, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)) for gpu in batches)
-    for linked, passed in store.one_ahead(launched):
-        yield _context_of(src, linked).hstack(passed)
+    running = src.running_slices()
+    read = ((_Read.of(src, running, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)) for gpu in batches)
+    for batch, passed in store.one_ahead(read):
+        yield _context_of(src, batch).hstack(passed)
 
 
 def _gpu_batches(src: LinkSources, columns: list[str]) -> Iterator[pl.DataFrame]:
-    """The GPU ops' `columns`, BATCH_ROWS at a time; one empty frame when there are none."""
+    """The GPU ops' `columns`, BATCH_ROWS at a time; one empty frame when there are none. Kernel
+    names come as categoricals: decoding them as strings was most of the time of the read."""
+    read_as_dictionary = [c for c in columns if c in _REPEATED_GPU_TEXT]
     empty = True
-    for batch in pq.ParquetFile(src.gpu_ops).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+    for batch in store.read_batches(src.gpu_ops, BATCH_ROWS, columns, read_dictionary=read_as_dictionary):
         empty = False
         yield pl.from_arrow(batch)
     if empty:
-        yield pl.scan_parquet(src.gpu_ops).select(columns).clear().collect()
+        yield (pl.scan_parquet(src.gpu_ops).select(columns).clear()
+               .with_columns(pl.col(c).cast(pl.Categorical) for c in read_as_dictionary).collect())
 
 
 def link_batch(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
     """(event_idx, correlation, *LINK_COLUMNS) of GPU ops (GPU_LINK_INPUTS), in their order."""
-    return _context_of(src, _launches_of(src, gpu))
+    return _context_of(src, _Read.of(src, src.running_slices(), gpu))
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A batch of GPU ops with their launches (`_launches_of`) and, per time cell of the launches
+    (in time order), the launch points and the CPU slices running around them (`_slices_running`):
+    what linking the batch reads from the events but for rule 4, so that nesting them
+    (`_context_of`) can run beside the reads of the next batch."""
+
+    linked: pl.DataFrame
+    cells: list[tuple[pl.DataFrame, pl.DataFrame]]  # (points, slices)
+
+    @classmethod
+    def of(cls, src: LinkSources, running: RunningSlices, gpu: pl.DataFrame) -> "_Read":
+        linked = _launches_of(src, gpu)
+        points = (linked.filter(pl.col("launch_event_idx").is_not_null())
+                  .select(point_id="event_idx", pid="launch_pid", tid="launch_tid", t="launch_ts_ns"))
+        cells = points.with_columns(cell=src.cells.cell(points["t"])).partition_by("cell", include_key=False,
+                                                                                   as_dict=True)
+        in_order = [cells[k] for k in sorted(cells)] or [points]
+        return cls(linked, [(p, _slices_running(src, running, p)) for p in in_order])
 
 
 def _launches_of(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
     """GPU ops (GPU_LINK_INPUTS) with their launch (rules 1 and 2): event_idx, correlation,
     launch_event_idx, launch_link and the launch's name, pid, tid, ts_ns, dur_ns and external_id."""
-    flows, by_correlation = _flows_and_calls(src, gpu)
-    launches = _launch_candidates(src, flows.filter(pl.col("ph") == "s"), by_correlation)
+    corrs = gpu["correlation"].drop_nulls().unique()
+    flows = _flows(src, gpu, corrs)
+    launches = _launch_candidates(src, corrs, flows.filter(pl.col("ph") == "s"))
     launch = launch_links(launches.lazy(), gpu.lazy(), flows.lazy())
     about_launch = launches.lazy().select(
         launch_event_idx="event_idx", launch_name="name", launch_pid="pid", launch_tid="tid",
@@ -200,10 +240,11 @@ def _launches_of(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
             .join(about_launch, on="launch_event_idx", how="left", maintain_order="left")).collect()
 
 
-def _context_of(src: LinkSources, linked: pl.DataFrame) -> pl.DataFrame:
-    """(event_idx, correlation, *LINK_COLUMNS) of GPU ops with their launch (`_launches_of`): the
-    CPU op and context around the launch (rules 3 and 4)."""
-    out = linked.join(_context(src, linked), on="event_idx", how="left", maintain_order="left")
+def _context_of(src: LinkSources, batch: _Read) -> pl.DataFrame:
+    """(event_idx, correlation, *LINK_COLUMNS) of a batch of GPU ops: the CPU op and context around
+    their launches (rules 3 and 4)."""
+    context = pl.concat([_context_in_cell(points, slices) for points, slices in batch.cells])
+    out = batch.linked.join(context, on="event_idx", how="left", maintain_order="left")
     return (_external_id_fallback(src, out)
             .with_columns(pl.col("launch_name").cast(pl.String),
                           step=pl.col("step_name").str.extract(STEP_NAME, 1).cast(pl.Int64),
@@ -211,40 +252,44 @@ def _context_of(src: LinkSources, linked: pl.DataFrame) -> pl.DataFrame:
             .select("event_idx", "correlation", *LINK_COLUMNS))
 
 
-def _flows_and_calls(src: LinkSources, gpu: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The flows that can link these GPU ops, (ph, cat, id, pid, tid, ts_ns) of the `f` endpoints at
-    their (pid, tid, ts) and of the `s` endpoints with the same (cat, id), and the runtime/driver
-    calls sharing a correlation id with one (_LAUNCH_COLUMNS).
+def _flows(src: LinkSources, gpu: pl.DataFrame, corrs: pl.Series) -> pl.DataFrame:
+    """The flows that can link these GPU ops (correlation ids `corrs`): (ph, cat, id, pid, tid,
+    ts_ns) of the `f` endpoints at their (pid, tid, ts) and of the `s` endpoints with the same
+    (cat, id).
 
-    The reads run together: `s` endpoints are read along with the `f` ones by the ops' correlation
-    ids (a Kineto flow's id is its launch's correlation id); those with other ids are read after."""
+    One read finds the `f` endpoints by time and the `s` endpoints by the ops' correlation ids (a
+    Kineto flow's id is its launch's correlation id): Kineto writes both ends of a flow near each
+    other, so they lie in the same row groups, decoded once. The read selects by the ranges of
+    times and ids only, the exact ones are picked from what it returns (measured cheaper than
+    looking each row's value up while reading). `s` endpoints with other ids are read after."""
     at = gpu.select(_THREAD_TIME).drop_nulls().unique()
-    corrs = gpu["correlation"].drop_nulls().unique()
     link_flow = pl.col("cat").is_in(LINK_FLOW_CATS) & pl.col("id").is_not_null()
     is_end, is_start = pl.col("ph") == "f", pl.col("ph") == "s"
-    ends, starts, calls = pl.collect_all([  # each its own read: row groups are skipped by one column's range
-        pl.scan_parquet(src.flows).filter(link_flow & is_end & _among("ts_ns", at["ts_ns"])).select(_FLOW_COLS),
-        pl.scan_parquet(src.flows).filter(link_flow & is_start & _among("id", corrs)).select(_FLOW_COLS),
-        pl.scan_parquet(src.events).filter(src.is_slice(LAUNCH) & _among("correlation", corrs)).select(_LAUNCH_COLUMNS),
-    ], engine="streaming")
-    ends = ends.join(at, on=_THREAD_TIME, how="semi")
+    found = _read(src.flows, link_flow & ((is_end & _in_range("ts_ns", at["ts_ns"])) | (is_start & _in_range("id", corrs))),
+                  _FLOW_COLS)
+    ends = found.filter(is_end).join(at, on=_THREAD_TIME, how="semi")
+    starts = found.filter(is_start & pl.col("id").is_in(corrs.implode()))
     pairs = ends.select("cat", "id").unique()
     other_ids = pairs["id"].filter(~pairs["id"].is_in(corrs.implode()))
     if not other_ids.is_empty():
         starts = pl.concat([starts, _read(src.flows, link_flow & is_start & _among("id", other_ids), _FLOW_COLS)])
-    return pl.concat([ends, starts.join(pairs, on=["cat", "id"], how="semi")]), calls
+    return pl.concat([ends, starts.join(pairs, on=["cat", "id"], how="semi")])
 
 
-def _launch_candidates(src: LinkSources, flow_starts: pl.DataFrame, by_correlation: pl.DataFrame) -> pl.DataFrame:
+def _launch_candidates(src: LinkSources, corrs: pl.Series, flow_starts: pl.DataFrame) -> pl.DataFrame:
     """The runtime/driver calls that can have launched a batch of GPU ops (_LAUNCH_COLUMNS): those
-    sharing a correlation id with one (`by_correlation`, of `_flows_and_calls`), and those at the
-    start of a flow that ends at one (when every GPU op has a correlation id, only calls sharing
-    one with some GPU op of the trace)."""
+    sharing a correlation id with one (`corrs`), and those at the start of a flow that ends at one
+    (when every GPU op has a correlation id, only calls sharing one with some GPU op of the trace).
+
+    One read finds both: the calls of a batch's correlation ids and those at its flow starts lie in
+    the same stretch of the file, whose row groups are then decoded once."""
     at = flow_starts.select(_THREAD_TIME).unique()
+    calls = _read(src.events, src.is_slice(LAUNCH) & (_among("correlation", corrs) | _among("ts_ns", at["ts_ns"])),
+                  _LAUNCH_COLUMNS)
+    by_correlation = calls.filter(pl.col("correlation").is_in(corrs.implode()))
     if at.is_empty():
         return by_correlation
-    at_flows = _read(src.events, src.is_slice(LAUNCH) & _among("ts_ns", at["ts_ns"]), _LAUNCH_COLUMNS).join(
-        at, on=_THREAD_TIME, how="semi")
+    at_flows = calls.join(at, on=_THREAD_TIME, how="semi")
     if src.launches_share_gpu_correlation:
         shared = _gpu_correlations_among(src, at_flows["correlation"], by_correlation["correlation"].unique())
         at_flows = at_flows.filter(pl.col("correlation").is_in(shared.implode()))
@@ -291,58 +336,51 @@ def launch_links(launch_slices: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyF
     return pl.concat([by_flow.select("event_idx", "launch_event_idx", "launch_link"), by_corr])
 
 
-def _context(src: LinkSources, linked: pl.DataFrame) -> pl.DataFrame:
-    """(event_idx, cpu_op_event_idx, cpu_op_link, cpu_op_name, step_name, annotation, module) of the
-    GPU ops with a launch: the slices around the launch's start, read one time cell at a time."""
-    points = (linked.filter(pl.col("launch_event_idx").is_not_null())
-              .select(point_id="event_idx", pid="launch_pid", tid="launch_tid", t="launch_ts_ns"))
-    cells = points.with_columns(cell=src.cells.cell(points["t"])).partition_by("cell", include_key=False)
-    return pl.concat([_context_in_cell(src, p) for p in cells] or [_context_in_cell(src, points)])
-
-
 # the nesting hierarchies of context slices (ops, ProfilerStep#N annotations, other annotations,
 # modules), each nested apart: (name, code, whether a launch takes its outermost slice, else innermost)
 NESTS = (("cpu_op", 0, False), ("step", 1, False), ("annotation", 2, True), ("module", 3, True))
 
 
-def _context_in_cell(src: LinkSources, points: pl.DataFrame) -> pl.DataFrame:
-    slices = _slices_running(src, points)
+def _context_in_cell(points: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame:
+    """(event_idx, cpu_op_event_idx, cpu_op_link, cpu_op_name, step_name, annotation, module) of the
+    launch points (point_id, pid, tid, t) of a time cell, from the slices running around them."""
     annotations = slices.filter(pl.col("kind") == ANNOTATION)  # few: only their names are matched
     steps = annotations.filter(pl.col("name").cast(pl.String).str.contains(STEP_NAME))["event_idx"]
     nest = (pl.when(pl.col("kind") == CPU_OP).then(0).when(pl.col("kind") == MODULE).then(3)
             .when(pl.col("event_idx").is_in(steps.implode())).then(1).otherwise(2).cast(pl.Int8))
     intervals = slices.select(iv_idx="event_idx", pid="pid", tid="tid", nest=nest, ts_ns="ts_ns", end_ns="end_ns")
-    each_nest = points.join(pl.DataFrame({"nest": [code for _, code, _ in NESTS]}, schema={"nest": pl.Int8}),
-                            how="cross")
-    found = nesting.around(each_nest, intervals, nesting.LONGER_FIRST, by=("pid", "tid", "nest"))
-    outermost = pl.col("nest").is_in([code for _, code, outer in NESTS if outer])
-    found = (found.select("point_id", "nest", iv_idx=pl.when(outermost).then("outermost").otherwise("innermost"))
-             .join(slices.select(iv_idx="event_idx", name="name"), on="iv_idx", how="inner"))
-    out = points.select(event_idx="point_id")
-    for name, code, _ in NESTS:
-        of_nest = found.filter(pl.col("nest") == code).select(
-            event_idx="point_id", **{f"{name}_event_idx": "iv_idx", f"{name}_name": pl.col("name").cast(pl.String)})
-        out = out.join(of_nest, on="event_idx", how="left", maintain_order="left")
-    return out.select("event_idx", cpu_op_event_idx="cpu_op_event_idx",
-                      cpu_op_link=pl.when(pl.col("cpu_op_event_idx").is_not_null()).then(pl.lit("nesting")),
-                      cpu_op_name="cpu_op_name", step_name="step_name", annotation="annotation_name",
-                      module="module_name")
+    # every point once per nest, nest after nest: the answers of nest k are rows k*n to (k+1)*n
+    each_nest = pl.concat([points.select("pid", "tid", "t", nest=pl.lit(code, pl.Int8)) for _, code, _ in NESTS])
+    found = nesting.around_each(each_nest, intervals, nesting.LONGER_FIRST, by=("pid", "tid", "nest"))
+    outermost = each_nest["nest"].is_in([code for _, code, outer in NESTS if outer])
+    named = (found.select(iv_idx=pl.when(outermost).then("outermost").otherwise("innermost"))
+             .join(slices.select(iv_idx="event_idx", name="name"), on="iv_idx", how="left", maintain_order="left")
+             .with_columns(pl.col("name").cast(pl.String)))
+    n = points.height
+    of_nest = {name: named.slice(k * n, n) for k, (name, _, _) in enumerate(NESTS)}
+    cpu_op_event_idx = of_nest["cpu_op"]["iv_idx"]
+    return points.select(event_idx="point_id").with_columns(
+        cpu_op_event_idx=cpu_op_event_idx,
+        cpu_op_link=pl.when(cpu_op_event_idx.is_not_null()).then(pl.lit("nesting")),
+        cpu_op_name=of_nest["cpu_op"]["name"], step_name=of_nest["step"]["name"],
+        annotation=of_nest["annotation"]["name"], module=of_nest["module"]["name"])
 
 
-def _slices_running(src: LinkSources, points: pl.DataFrame) -> pl.DataFrame:
+def _slices_running(src: LinkSources, running: RunningSlices, points: pl.DataFrame) -> pl.DataFrame:
     """(event_idx, kind, name, pid, tid, ts_ns, end_ns) of the CPU slices (ops, annotations, modules)
     on the points' threads (pid, tid) that run at some time from the first point t to the last."""
-    end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)
     threads = points.select("pid", "tid").unique()
     if points.is_empty():
-        running = pl.lit(False)
-    else:
-        a, b = points["t"].min(), points["t"].max()
-        earliest = src.reach.earliest_start(a)
-        running = ((pl.col("ts_ns") <= b) & (end >= a)
-                   & (pl.lit(True) if earliest is None else pl.col("ts_ns") >= earliest))
+        return _context_slices(src, pl.lit(False), threads)
+    return running.between(threads, points["t"].min(), points["t"].max())
+
+
+def _context_slices(src: LinkSources, where: pl.Expr, threads: pl.DataFrame) -> pl.DataFrame:
+    """(event_idx, kind, name, pid, tid, ts_ns, end_ns) of the CPU slices on `threads` (pid, tid)
+    that `where` selects (`RunningSlices`' reads)."""
+    end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)
     on_threads = pl.col("pid").is_in(threads["pid"].implode()) & pl.col("tid").is_in(threads["tid"].implode())
-    slices = _read(src.events, src.is_slice(*CONTEXT_KINDS) & running & on_threads,
+    slices = _read(src.events, src.is_slice(*CONTEXT_KINDS) & where & on_threads,
                    ["event_idx", src.kind().alias("kind"), pl.col("name").cast(pl.Categorical), "pid", "tid",
                     "ts_ns", end.alias("end_ns")])
     return slices.join(threads, on=["pid", "tid"], how="semi")

@@ -1,27 +1,32 @@
 """nesting: how intervals on a thread nest (depth, parent) and which of them enclose points in time.
 
-Intervals are (iv_idx, pid, tid, ts_ns, end_ns), one thread being a (pid, tid). The depth of an
-instant is the number of intervals open there: the starts before it minus the ends before it, in
-this order at one instant: ends of non-empty intervals, then starts (in a given start order),
-then points, then ends of zero-length intervals. So an end counts before time t when it is <= t,
-or < t for a zero-length interval, i.e. when its `effective end` (end, or end + 1 for a
-zero-length interval; times are integer ns) is <= t.
+Intervals are (iv_idx, pid, tid, ts_ns, end_ns), one thread being a (pid, tid); times are not
+null. The depth of an instant is the number of intervals open there: the starts before it minus
+the ends before it, in this order at one instant: ends of non-empty intervals, then starts (in a
+given start order), then points, then ends of zero-length intervals. So an end counts before
+time t when it is <= t, or < t for a zero-length interval, i.e. when its `effective end` (end,
+or end + 1 for a zero-length interval; times are integer ns) is <= t.
 
-Both counts are binary searches (`search_sorted`) in one thread's sorted starts and sorted
-effective ends: a thread's starts, ends and points are never sorted together. That merged sort
-(three rows per interval, five sort keys) was the memory peak of linking a large trace; these
-sorts hold one narrow row per interval, one thread at a time.
+Both counts are binary searches (`search_sorted`) in a thread's sorted starts and sorted
+effective ends: starts, ends and points are never sorted together (that merged sort, three rows
+per interval and five sort keys, was the memory peak of linking a large trace).
 
 Answers, per thread:
 - the depth of every interval (of its start), and its parent: the last start at depth - 1 before
   it in start order (`nesting`);
 - for points (point_id, pid, tid, t): the innermost interval around each point, the last start at
   the point's depth before it that has not ended before t, or the outermost (depth 1)
-  (`enclosing`).
+  (`enclosing`, `around`).
 
 "The last start at depth d before position s" is one more binary search: starts sorted by the key
-depth * (n + 1) + position (n starts on the thread) put each depth's starts together in start
-order, and the search for d * (n + 1) + s lands just after the wanted one.
+(depth, position) put each depth's starts together in start order, and the search for (d, s)
+lands just after the wanted one.
+
+All threads are answered at once, without a loop over threads: the intervals are sorted once by
+(thread, start order), and every per-thread search becomes one search over all threads by keys
+that put the thread first: thread number * width + value, in int64 (`_Keys`). A thread's starts
+are then the rows from its first one on (`first`), and counts within it are positions minus
+`first`.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 import polars as pl
 
 THREAD = ["pid", "tid"]
+_INT64_ROOM = 1 << 62  # composite keys stay below this (int64, with room for one more step)
 
 
 @dataclass(frozen=True)
@@ -50,56 +56,98 @@ def _columns(frame: pl.LazyFrame | pl.DataFrame, *columns: str) -> pl.DataFrame:
     return frame.select(columns) if isinstance(frame, pl.DataFrame) else frame.select(columns).collect()
 
 
-def _by_thread(frame: pl.DataFrame, order: list[str], descending: list[bool],
-               by: tuple[str, ...] = THREAD) -> dict[tuple, pl.DataFrame]:
-    """The rows of each thread (`by`) sorted by `order`, without the thread columns. Split first,
-    then each thread sorted: one sort on all the keys costs several times more."""
-    parts = frame.partition_by(list(by), as_dict=True, maintain_order=True)
-    return {thread: (part.sort(order, descending=descending) if order else part).drop(by)
-            for thread, part in parts.items()}
+@dataclass(frozen=True)
+class _Keys:
+    """Order- and equality-preserving int64 keys for values of one kind (times, depths) on many
+    threads: thread * width + offset, the offset being the value minus the smallest known one
+    (clipped just outside the known range), or, when threads x range would not fit in `room`,
+    its place among the distinct known values: 2i + 1 for the i-th one, 2i for values between
+    the (i-1)-th and the i-th (the same comparisons and equalities with known values, in a
+    range of twice their count)."""
+
+    low: int
+    width: int
+    known: pl.Series | None  # sorted distinct values, when offsets are places among them
+
+    @classmethod
+    def over(cls, known: pl.Series, threads: int, room: int = _INT64_ROOM) -> "_Keys":
+        low, high = (known.min(), known.max()) if known.len() else (0, 0)
+        if (high - low + 3) * max(threads, 1) < room:
+            return cls(low - 1, high - low + 3, None)
+        distinct = known.unique().sort()
+        return cls(0, 2 * distinct.len() + 1, distinct)
+
+    def of(self, value: pl.Series, thread: pl.Series | None = None) -> pl.Series:
+        """The key of each value (on each thread)."""
+        if self.known is None:
+            offset = (value.cast(pl.Int64) - self.low).clip(0, self.width - 1)
+        else:
+            offset = (self.known.search_sorted(value, side="left").cast(pl.Int64)
+                      + self.known.search_sorted(value, side="right").cast(pl.Int64))
+        return offset if thread is None else thread.cast(pl.Int64) * self.width + offset
 
 
-def _starts(intervals: pl.LazyFrame | pl.DataFrame, start_order: StartOrder,
-            by: tuple[str, ...] = THREAD) -> dict[tuple, pl.DataFrame]:
-    """Each thread's intervals in start order (iv_idx, ts_ns, end_ns)."""
-    iv = _columns(intervals, "iv_idx", *by, "ts_ns", "end_ns")
-    return _by_thread(iv, ["ts_ns", *start_order.columns], [False, *start_order.descending], by)
+@dataclass(frozen=True)
+class _Threads:
+    """All threads' intervals in start order, one row each (its position is its row number), with
+    `g` (the thread's number), `first` (the position of the thread's first start), `depth`; and
+    the sorted keys that the searches of `around` and `nesting` run in."""
 
+    starts: pl.DataFrame  # iv_idx, g, first, ts_ns, end_ns, depth
+    threads: pl.DataFrame  # *by, g, first
+    times: _Keys
+    start_keys: pl.Series  # (thread, start), in row order (sorted)
+    end_keys: pl.Series  # (thread, effective end), sorted
+    depths: _Keys  # of (thread, depth)
+    levels: _Keys  # of the (thread, depth) keys of the starts
+    depth_keys: pl.Series  # level * (n + 1) + position, sorted
 
-def _with_depth(starts: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
-    """One thread's intervals (in start order) with `seq` (0, 1, ...) and the `depth` of their
-    start, and the thread's effective ends, sorted (see the module doc)."""
-    zero_length = pl.col("end_ns") == pl.col("ts_ns")
-    ends = starts.select(pl.when(zero_length).then(pl.col("end_ns") + 1).otherwise(pl.col("end_ns"))).to_series().sort()
-    ended = pl.lit(ends).search_sorted(pl.col("ts_ns"), side="right").cast(pl.Int64)
-    return starts.with_row_index("seq").with_columns(depth=pl.col("seq").cast(pl.Int64) + 1 - ended), ends
+    @classmethod
+    def of(cls, intervals: pl.LazyFrame | pl.DataFrame, start_order: StartOrder,
+           by: tuple[str, ...] = tuple(THREAD)) -> "_Threads":
+        iv = (_columns(intervals, "iv_idx", *by, "ts_ns", "end_ns")
+              .filter(pl.col("ts_ns").is_not_null() & pl.col("end_ns").is_not_null())
+              .with_columns(g=pl.struct(*by).rank("dense").cast(pl.Int64) - 1,
+                            effective_end=pl.when(pl.col("end_ns") == pl.col("ts_ns")).then(pl.col("end_ns") + 1)
+                            .otherwise(pl.col("end_ns"))))
+        n_threads = iv["g"].max() + 1 if iv.height else 0
+        times = _Keys.over(pl.concat([iv["ts_ns"], iv["effective_end"]]), n_threads)
+        # (thread, start) as one key: sorting by it and the start order costs a third of sorting
+        # by the thread's columns, the start and the start order
+        iv = (iv.with_columns(start_key=times.of(iv["ts_ns"], iv["g"]))
+              .sort(["start_key", *start_order.columns], descending=[False, *start_order.descending]))
+        iv = iv.with_row_index("pos").with_columns(pl.col("pos").cast(pl.Int64),
+                                                   first=iv["g"].search_sorted(iv["g"], side="left").cast(pl.Int64))
+        threads = iv.filter(pl.col("pos") == pl.col("first")).select(*by, "g", "first")
+        start_keys = iv["start_key"]
+        end_keys = times.of(iv["effective_end"], iv["g"]).sort()
+        ended = end_keys.search_sorted(start_keys, side="right").cast(pl.Int64) - iv["first"]
+        iv = iv.with_columns(depth=pl.col("pos") - pl.col("first") + 1 - ended)
+        positions = iv.height + 1
+        depths = _Keys.over(iv["depth"], threads.height)
+        at_depth = depths.of(iv["depth"], iv["g"])
+        levels = _Keys.over(at_depth, 1, room=_INT64_ROOM // positions)
+        depth_keys = (levels.of(at_depth) * positions + iv["pos"]).sort()
+        return cls(iv.drop("pos", "start_key", "effective_end"), threads, times, start_keys, end_keys, depths,
+                   levels, depth_keys)
 
-
-def _depth_keys(starts: pl.DataFrame) -> pl.Series:
-    """The keys depth * (n + 1) + seq of one thread's starts (n of them), sorted (see the module doc)."""
-    return starts.select(pl.col("depth") * (starts.height + 1) + pl.col("seq").cast(pl.Int64)).to_series().sort()
-
-
-def _last_start_at(starts: pl.DataFrame, depth: pl.Series, before: pl.Series, keys: pl.Series | None = None
-                   ) -> pl.Series:
-    """For each (depth d, position s): the seq of the last start at depth d with seq < s, else null
-    (`keys`: the starts' `_depth_keys`, when they are at hand)."""
-    span = starts.height + 1
-    keys = _depth_keys(starts) if keys is None else keys
-    wanted = depth.cast(pl.Int64) * span + before.cast(pl.Int64)
-    pos = keys.search_sorted(wanted, side="left").cast(pl.Int64) - 1  # the last key below `wanted`
-    key = keys.gather(pos.clip(0))
-    return pl.select(pl.when((pos >= 0) & (key // span == depth.cast(pl.Int64))).then(key % span)).to_series()
+    def last_start_at(self, g: pl.Series, depth: pl.Series, before: pl.Series) -> pl.Series:
+        """For each (thread g, depth d, position s): the position of the last start of thread g at
+        depth d before position s, else null."""
+        positions = self.starts.height + 1
+        level = self.levels.of(self.depths.of(depth, g))
+        pos = self.depth_keys.search_sorted(level * positions + before, side="left").cast(pl.Int64) - 1
+        key = self.depth_keys.gather(pos.clip(0))
+        return pl.select(pl.when((pos >= 0) & (key // positions == level)).then(key % positions)).to_series()
 
 
 def nesting(intervals: pl.LazyFrame | pl.DataFrame, start_order: StartOrder) -> pl.DataFrame:
     """(iv_idx, depth, parent_idx) of intervals (iv_idx, pid, tid, ts_ns, end_ns)."""
-    out = [pl.DataFrame(schema={"iv_idx": pl.Int64, "depth": pl.Int64, "parent_idx": pl.Int64})]
-    for starts in _starts(intervals, start_order).values():
-        starts, _ = _with_depth(starts)
-        parent = _last_start_at(starts, starts["depth"] - 1, starts["seq"])
-        out.append(starts.select("iv_idx", "depth", parent_idx=starts["iv_idx"].gather(parent)))
-    return pl.concat(out)
+    t = _Threads.of(intervals, start_order)
+    s = t.starts.with_row_index("pos")
+    pos = s["pos"].cast(pl.Int64)
+    parent = t.last_start_at(s["g"], s["depth"] - 1, pos)
+    return s.select("iv_idx", pl.col("depth").cast(pl.Int64), parent_idx=s["iv_idx"].gather(parent))
 
 
 def enclosing(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.DataFrame,
@@ -112,34 +160,40 @@ def enclosing(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.
 
 
 def around(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.DataFrame,
-           start_order: StartOrder, by: tuple[str, ...] = THREAD) -> pl.DataFrame:
+           start_order: StartOrder, by: tuple[str, ...] = tuple(THREAD)) -> pl.DataFrame:
     """(point_id, *by, innermost, outermost): for each point (point_id, *by, t) the innermost and the
     outermost interval (iv_idx, *by, ts_ns, end_ns) that contain it, null where none does; points
     inside none are left out. `by` names a thread: it may add columns to (pid, tid) to nest
     several kinds of intervals apart in one call."""
     points = _columns(points, "point_id", *by, "t")
-    starts_of = _starts(intervals, start_order, by)
-    out = [pl.DataFrame(schema={"point_id": pl.Int64, **{c: points.schema[c] for c in by},
-                                "innermost": pl.Int64, "outermost": pl.Int64})]
-    for thread, p in _by_thread(points, [], [], by).items():
-        if thread not in starts_of:
-            continue
-        starts, ends = _with_depth(starts_of[thread])
-        started = starts["ts_ns"].search_sorted(p["t"], side="right").cast(pl.Int64)
-        depth = started - ends.search_sorted(p["t"], side="right").cast(pl.Int64)
-        p = p.with_columns(started=started, depth=depth).filter(pl.col("depth") > 0)
-        keys = _depth_keys(starts)
-        innermost = _open_at(starts, p, p["depth"], keys)
-        outermost = _open_at(starts, p, pl.repeat(1, p.height, dtype=pl.Int64, eager=True), keys)
-        found = p.select("point_id", *(pl.lit(v, points.schema[c]).alias(c) for c, v in zip(by, thread)),
-                         innermost=innermost, outermost=outermost)
-        out.append(found.filter(pl.col("innermost").is_not_null() | pl.col("outermost").is_not_null()))
-    return pl.concat(out)
+    found = points.select("point_id", *by).hstack(around_each(points, intervals, start_order, by))
+    return found.filter(pl.col("innermost").is_not_null() | pl.col("outermost").is_not_null())
 
 
-def _open_at(starts: pl.DataFrame, points: pl.DataFrame, depth: pl.Series, keys: pl.Series) -> pl.Series:
-    """iv_idx of the last interval at `depth` that started before each point (`started` starts
-    before it), if it has not ended before the point's t; else null."""
-    seq = _last_start_at(starts, depth, points["started"], keys)
-    return points.select(pl.when(starts["end_ns"].gather(seq) >= pl.col("t")).then(starts["iv_idx"].gather(seq))
+def around_each(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.DataFrame,
+                start_order: StartOrder, by: tuple[str, ...] = tuple(THREAD)) -> pl.DataFrame:
+    """(innermost, outermost) of each point (*by, t), in the points' order: the innermost and the
+    outermost interval (iv_idx, *by, ts_ns, end_ns) that contain it, null where none does."""
+    by = tuple(by)
+    points = _columns(points, *by, "t")
+    t = _Threads.of(intervals, start_order, by)
+    none = pl.repeat(None, points.height, dtype=pl.Int64, eager=True)
+    if t.starts.is_empty():
+        return pl.DataFrame({"innermost": none, "outermost": none})
+    p = points.join(t.threads, on=list(by), how="left", nulls_equal=True, maintain_order="left")
+    known = p["g"].is_not_null() & p["t"].is_not_null()  # on a thread with intervals
+    p = p.with_columns(pl.col("g", "t").fill_null(0))
+    key = t.times.of(p["t"], p["g"])
+    started = t.start_keys.search_sorted(key, side="right").cast(pl.Int64)  # a position: first + count
+    p = p.with_columns(started=started, depth=started - t.end_keys.search_sorted(key, side="right").cast(pl.Int64))
+    inside = known & (p["depth"] > 0)
+    found = pl.DataFrame({"innermost": _open_at(t, p, p["depth"]), "outermost": _open_at(t, p, none.fill_null(1))})
+    return found.select(pl.when(inside).then(pl.all()))
+
+
+def _open_at(t: _Threads, points: pl.DataFrame, depth: pl.Series) -> pl.Series:
+    """iv_idx of the last interval at `depth` that started before each point (on its thread `g`,
+    at a position before `started`), if it has not ended before the point's t; else null."""
+    pos = t.last_start_at(points["g"], depth, points["started"])
+    return points.select(pl.when(t.starts["end_ns"].gather(pos) >= pl.col("t")).then(t.starts["iv_idx"].gather(pos))
                          ).to_series()

@@ -28,9 +28,10 @@ that all reports share:
   with the GPU time they launched themselves and anywhere inside them (prefix sums of the launches
   on their thread), folded per op key (op table) or per stack (collapsed stacks, with
   python_function frames), and the few ProfilerSteps and compiled regions (compile view).
-Sums of nanoseconds stay exact integers until they become µs; float sums (FLOPs, bytes) are added
-in a fixed order. So the output does not change from run to run: ties in a sort (equal times) are
-broken by name, as are ties for a kernel's most common category and op.
+`analyze` makes both sweeps at once (`Flat.sweep_both`). Sums of nanoseconds stay exact integers
+until they become µs, and float sums (FLOPs, bytes) are nearly exact and added in a fixed order,
+so the output does not change from run to run; ties in a sort (equal times) are broken by name,
+as are ties for a kernel's most common category and op.
 """
 from __future__ import annotations
 
@@ -38,15 +39,16 @@ import math
 import shutil
 import tempfile
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import polars as pl
 
-from . import link, schema, store
+from . import link, schema, store, sweep
 from .errors import BadTrace, DatasetError, UsageError
 from .categories import CATEGORIES, OTHER, Category, CategoryMemo, category_expr, with_category  # noqa: F401 (re-exported)
 from .nesting import LONGER_FIRST, nesting as _nest
@@ -198,14 +200,30 @@ class Flat:
         return (pl.scan_parquet(self.gpu_ops_file).filter(launched).group_by("cpu_op_name")
                 .agg(calls=pl.col("cpu_op_event_idx").n_unique().cast(pl.Int64)).collect(engine="streaming"))
 
-    def cpu(self, group_by: str | None = None, stack_n: int = 5, frames: bool = False) -> CpuOps:
+    def cpu(self, group_by: str | None = None, stack_n: int = 5, frames: bool = False,
+            activity: Callable[[], Activity] | None = None) -> CpuOps:
         """The CPU sweep for an op grouping (`frames`: python_function frames swept too, for
-        stacks; grouping by stack needs them). Each is swept once."""
+        stacks; grouping by stack needs them). Each is swept once. `activity`: how to get the GPU
+        sweep's totals when they are needed (default `Flat.activity`)."""
         frames = frames or group_by == "stack"
         key = (group_by, stack_n if group_by == "stack" else None, frames)
         if key not in self._cpu:
-            self._cpu[key] = cpu_sweep(self, group_by, stack_n, frames)
+            self._cpu[key] = cpu_sweep(self, group_by, stack_n, frames, activity or (lambda: self.activity))
         return self._cpu[key]
+
+    def sweep_both(self, group_by: str | None = None):
+        """Make the GPU and the CPU sweep at once, the GPU one in a second thread: most of their
+        work runs in polars, outside the GIL, and each alone keeps two cores only half busy."""
+        if not self.has_gpu or "activity" in self.__dict__:
+            self.cpu(group_by)
+            return
+        _ = self.gpu_ops_file  # made once, before both threads need it (it may link a copy)
+        with ThreadPoolExecutor(1) as other:
+            gpu = other.submit(gpu_sweep, self)
+            try:
+                self.cpu(group_by, activity=gpu.result)
+            finally:
+                self.__dict__["activity"] = gpu.result()
 
     def any_cpu(self) -> CpuOps:
         """A CPU sweep for what no grouping changes (steps, regions, CPU-only activity): any made so far."""
@@ -465,7 +483,7 @@ def gpu_sweep(f: Flat) -> Activity:
             .unique().collect(engine="streaming"))
     keys = with_category(keys, memo=memo)
     tally = ActivityTally(keys.filter(KERNEL & COLLECTIVE)["device"].unique())
-    for window in time_windows(path, pl.lit(True)):
+    for window in time_windows(path, pl.lit(True), max(1, sweep.PER_WINDOW // 2)):  # beside the CPU sweep's
         tally.add_gpu(_activity_rows(read(path, within(window), columns), memo))
     return tally.result()
 
@@ -660,7 +678,8 @@ def _cpu_activity(ops: pl.DataFrame, memo: CategoryMemo) -> pl.DataFrame:
     return with_category(rows, "name", "name", "kind", memo=memo)
 
 
-def cpu_sweep(f: Flat, group_by: str | None, stack_n: int, frames: bool) -> CpuOps:
+def cpu_sweep(f: Flat, group_by: str | None, stack_n: int, frames: bool,
+              activity: Callable[[], Activity]) -> CpuOps:
     """The totals of a trace's CPU ops and annotations (with python_function frames if `frames`),
     read window by window in time: parents and self times among ops (and among frames), the GPU
     time they launched, their keys for an op grouping."""
@@ -676,17 +695,17 @@ def cpu_sweep(f: Flat, group_by: str | None, stack_n: int, frames: bool) -> CpuO
         return _with_args(f, launches.own(owned, per_op=frames or group_by is not None), group_by)
 
     label = pl.col("name").fill_null("?").str.replace_many(STACK_TRANSLATE)
-    sweep = SliceSweep(events, where, nests, time_windows(events, where), extend,
-                       at_end=launches.inside if launches else None, path=("frame", label) if frames else None)
-    tally = CpuTally(group_by, stack_n, frames, None if f.has_gpu else ActivityTally(), sweep.paths)
-    for _, owned, final in sweep.windows():
+    slices = SliceSweep(events, where, nests, time_windows(events, where), extend,
+                        at_end=launches.inside if launches else None, path=("frame", label) if frames else None)
+    tally = CpuTally(group_by, stack_n, frames, None if f.has_gpu else ActivityTally(), slices.paths)
+    for _, owned, final in slices.windows():
         tally.add_owned(owned.filter(IS_OP) if frames else owned)
         zero = pl.lit(0, pl.Int64)
         tally.add_final(final if launches else final.with_columns(device_ns=zero, kernels=zero))
     totals = tally.result()
     if launches is None or frames or group_by is not None:
         return totals
-    return replace(totals, ops=_with_own_by_name(totals.ops, f.activity))
+    return replace(totals, ops=_with_own_by_name(totals.ops, activity()))
 
 
 # ------------------------------------------------------------------ categories and names
@@ -957,7 +976,7 @@ def analyze(flat, group_by: str | None = None, sort: str | None = None) -> dict[
     """Every report of one trace, by section name (see `SECTIONS`)."""
     f = as_flat(flat)
     check_options("table", group_by=group_by)
-    f.cpu(group_by)  # first: its sweep serves the compile view, and the device tables of a CPU-only trace
+    f.sweep_both(group_by)  # the CPU sweep also serves the compile view, and a CPU-only trace's device tables
     return {
         "devices": busy(f),
         "kernels": kernel_table(f),

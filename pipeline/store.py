@@ -104,17 +104,46 @@ def write_extended(source: Path, path: Path, name: str, extend: Callable[[pl.Dat
 
 def _extended(source: Path, name: str, extend: Callable[[pl.DataFrame], pl.DataFrame], inputs: list[str], key: str,
               batch_rows: int) -> Iterator[pa.Table]:
-    batches = pq.ParquetFile(source).iter_batches(batch_size=batch_rows, columns=schema.table(name).names(),
-                                                  use_threads=False)  # threads hold more memory than they save time
-    for batch in batches:
-        extra = extend(pl.from_arrow(batch.select(inputs)))
-        if not extra[key].to_arrow().equals(batch.column(key)):
+    """The batches of `write_extended`, their repeated text columns read as dictionaries: decoding
+    them into strings is slower than expanding their dictionaries when they are written."""
+    columns = schema.table(name).names()
+    repeated = [c for c in _dictionary_columns(name, schema.ALL_STAGES) if c in columns]
+    # threads hold more memory than they save time
+    for batch in read_batches(source, batch_rows, columns, read_dictionary=repeated, use_threads=False):
+        extra = extend(pl.from_arrow(_plain(batch.select(inputs))))
+        if not extra[key].equals(pl.from_arrow(batch.column(key))):
             raise ValueError(f"{source}: rows do not line up with the {key} of the columns to add")
         replaced = [c for c in extra.columns if c in batch.schema.names and c != key]
-        tbl = pa.Table.from_batches([batch]).drop_columns(replaced)
+        tbl = batch.drop_columns(replaced)
         for col in extra.drop(key):
-            tbl = tbl.append_column(col.name, col.to_arrow())
+            tbl = tbl.append_column(col.name, col.to_arrow(compat_level=pl.CompatLevel.newest()))
         yield tbl
+
+
+def read_batches(path: Path, rows: int, columns: list[str], read_dictionary: list[str] = (),
+                 use_threads: bool = True) -> Iterator[pa.Table]:
+    """The `columns` of a Parquet file (those it has), `rows` rows at a time (the last fewer; none
+    when the file has no rows); `read_dictionary` columns as dictionaries (the reader ends its
+    batches at row group ends then: they are put back together)."""
+    held, have = [], 0
+    parquet = pq.ParquetFile(path, read_dictionary=list(read_dictionary))
+    for batch in parquet.iter_batches(batch_size=rows, columns=columns, use_threads=use_threads):
+        while batch.num_rows:
+            part = batch.slice(0, rows - have)
+            batch = batch.slice(part.num_rows)
+            held.append(part)
+            have += part.num_rows
+            if have == rows:
+                yield pa.Table.from_batches(held)
+                held, have = [], 0
+    if held:
+        yield pa.Table.from_batches(held)
+
+
+def _plain(tbl: pa.Table) -> pa.Table:
+    """The table with its dictionary columns as plain strings."""
+    return tbl.cast(pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                               for f in tbl.schema]))
 
 
 def sort_by_key(path: Path, name: str, key: str = "event_idx"):
@@ -166,15 +195,19 @@ def spill_file(directory: Path, stem: str) -> Iterator[Path]:
 
 
 class SpillWriter:
-    """Rows written to an Arrow IPC stream file, frame by frame, cast to one schema."""
+    """Rows written to an Arrow IPC stream file, frame by frame, cast to one schema. Strings are
+    kept as polars holds them (string views): converting them to plain strings on the way out
+    was most of the time of a write."""
 
     def __init__(self, path: Path, fields: list[pa.Field]):
-        self._schema = pa.schema(fields)
+        self._schema = pa.schema([f.with_type(pa.string_view()) if f.type in (pa.string(), pa.large_string()) else f
+                                  for f in fields])
         self._sink = pa.OSFile(str(path), "wb")
         self._writer = pa.ipc.new_stream(self._sink, self._schema)
 
     def write(self, frame: pl.DataFrame):
-        self._writer.write_table(frame.to_arrow().select(self._schema.names).cast(self._schema))
+        arrow = frame.select(self._schema.names).to_arrow(compat_level=pl.CompatLevel.newest())
+        self._writer.write_table(arrow.cast(self._schema))
 
     def __enter__(self) -> "SpillWriter":
         return self

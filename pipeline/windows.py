@@ -14,11 +14,14 @@ small and cheap:
   it, even when a batch's GPU ops are spread over the whole trace.
 
 Both only make reads cheaper: the reads' own predicates decide which rows are returned.
+`RunningSlices` serves those reads window after window, reading only what the window before did
+not: windows that move forward through a trace read each row group about once.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -107,3 +110,59 @@ class TimeCells:
     def cell(self, t: pl.Series) -> pl.Series:
         """The cell of each time."""
         return self.cuts.search_sorted(t, side="right")
+
+
+THREAD = ["pid", "tid"]
+_START = pl.col("ts_ns")
+_END = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)  # in the events file; `end_ns` in the rows read
+
+
+class RunningSlices:
+    """The slices of an events file running at some time of a window [a, b] on some threads, i.e.
+    those with ts_ns <= b and end >= a (end = ts_ns + dur_ns, a null duration 0), window after
+    window.
+
+    `read(where, threads)` reads the rows of the slices on `threads` (pid, tid) that `where`
+    selects (a predicate on ts_ns and dur_ns), with their pid, tid, ts_ns and end_ns. A fresh read
+    of [a, b] starts at `EventReach.earliest_start(a)`: the row groups before the window that
+    some long slice may span are decoded too, for the few slices still running. So the rows of
+    the last read are kept: a window that starts no earlier than the one before, on threads read
+    already, takes those still running from them and reads only the slices that started after
+    the last read's end, from the row groups after it (Kineto writes events roughly in time
+    order). Which rows a window gets does not depend on the windows before it; the rows kept are
+    about a window's worth."""
+
+    def __init__(self, read: Callable[[pl.Expr, pl.DataFrame], pl.DataFrame], reach: EventReach):
+        self._read, self._reach = read, reach
+        self._threads: pl.DataFrame | None = None  # the threads of the rows held
+        self._since = self._until = 0  # the rows held: on those threads, end >= _since, ts_ns <= _until
+        self._rows: pl.DataFrame | None = None
+
+    def between(self, threads: pl.DataFrame, a: int, b: int) -> pl.DataFrame:
+        """The slices on `threads` (pid, tid) with ts_ns <= b and end >= a."""
+        threads = threads.select(THREAD)
+        if self._rows is None or a < self._since or not self._holds(threads):
+            self._fresh(threads, a, b)
+        else:
+            self._advance(a, b)
+        return self._rows.filter(pl.col("ts_ns") <= b).join(threads, on=THREAD, how="semi")
+
+    def _holds(self, threads: pl.DataFrame) -> bool:
+        return threads.join(self._threads, on=THREAD, how="anti", nulls_equal=True).is_empty()
+
+    def _fresh(self, threads: pl.DataFrame, a: int, b: int):
+        """Read the window for these threads and those held (which later windows may ask for)."""
+        if self._threads is not None:
+            threads = pl.concat([self._threads, threads]).unique(maintain_order=True)
+        earliest = self._reach.earliest_start(a)
+        where = (_START <= b) & (_END >= a) & (pl.lit(True) if earliest is None else _START >= earliest)
+        self._threads, self._since, self._until = threads, a, b
+        self._rows = self._read(where, threads)
+
+    def _advance(self, a: int, b: int):
+        """Drop the rows ended before a; read those started after the last read, up to b."""
+        rows = self._rows.filter(pl.col("end_ns") >= a)
+        if b > self._until:
+            rows = pl.concat([rows, self._read((_START > self._until) & (_START <= b) & (_END >= a), self._threads)])
+            self._until = b
+        self._rows, self._since = rows, a

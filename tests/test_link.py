@@ -26,12 +26,12 @@ def _flat(tmp_path: Path, trace: dict, name: str = "t") -> Path:
 
 def _enrich(flat_dir: Path, dst: Path, monkeypatch, **sizes) -> tuple[pl.DataFrame, dict]:
     """gpu_ops and the trace row after `cost.enrich` on a copy of `flat_dir`, with link.BATCH_ROWS,
-    link.CELL_SLICES and cost.WRITE_BATCH_ROWS set from `sizes`."""
+    link.CELL_SLICES, cost.COST_BLOCK_ROWS and cost.WRITE_BATCH_ROWS set from `sizes`."""
     shutil.copytree(flat_dir, dst)
     row = pq.read_table(dst / "trace.parquet").to_pylist()[0]
     with monkeypatch.context() as m:
         for name, value in sizes.items():
-            m.setattr(cost if name == "WRITE_BATCH_ROWS" else link, name, value)
+            m.setattr(cost if hasattr(cost, name) else link, name, value)
         cost.enrich(dst, row)
     row.pop("flattened_at", None)
     row["problems_json"] = orjson.loads(row["problems_json"])
@@ -43,7 +43,7 @@ def test_batches_and_time_cells_give_the_same_tables(tmp_path, monkeypatch, layo
     flat = _flat(tmp_path, synth.make_trace(n_steps=6, ops_per_step=5, layout=layout))
     whole, whole_row = _enrich(flat, tmp_path / "whole", monkeypatch)
     parts, parts_row = _enrich(flat, tmp_path / "parts", monkeypatch, BATCH_ROWS=3, CELL_SLICES=4,
-                               WRITE_BATCH_ROWS=5)
+                               COST_BLOCK_ROWS=7, WRITE_BATCH_ROWS=5)
     assert whole["launch_event_idx"].is_not_null().sum() > 0 and whole["cpu_op_event_idx"].is_not_null().sum() > 0
     assert whole["flops"].is_not_null().sum() > 0
     assert layout == "oldest" or whole["step"].is_not_null().sum() > 0  # its steps are Operator events
@@ -168,3 +168,84 @@ def test_gpu_ops_out_of_order_are_sorted_first(tmp_path):
     store.write_table(pa.table({"event_idx": [3, 1, 2], "name": ["c", "a", "b"]}), src, "gpu_ops", ("flatten",))
     store.sort_by_key(src, "gpu_ops")
     assert pl.read_parquet(src, columns=["event_idx", "name"]).rows() == [(1, "a"), (2, "b"), (3, "c")]
+
+
+def _running_slices_file(tmp_path: Path, rng: random.Random) -> tuple[Path, pl.DataFrame]:
+    """An events file of slices on three threads, roughly in time order (as Kineto writes them),
+    some long, in small row groups; and the slices as a frame (with end_ns)."""
+    rows = []
+    for i in range(3_000):
+        ts = i * 10 + rng.randint(-40, 40)
+        dur = rng.choice([None, 0, rng.randint(0, 50), rng.randint(0, 3_000)])
+        rows.append({"event_idx": i, "pid": 1, "tid": rng.randint(1, 3), "ts_ns": ts, "dur_ns": dur})
+    table = pa.Table.from_pylist(rows, schema=pa.schema([(c, pa.int64()) for c in rows[0]]))
+    path = tmp_path / "events.parquet"
+    pq.write_table(table, path, row_group_size=200)
+    frame = pl.from_arrow(table).with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0))
+    return path, frame
+
+
+def test_running_slices_give_what_a_fresh_read_of_each_window_gives(tmp_path):
+    """Windows moving forward (carrying the rows still running), backward and onto new threads
+    (read afresh) get the slices with ts_ns <= b and end >= a on their threads."""
+    from pipeline.windows import RunningSlices
+
+    rng = random.Random(11)
+    path, frame = _running_slices_file(tmp_path, rng)
+    reads = []
+
+    def read(where: pl.Expr, threads: pl.DataFrame) -> pl.DataFrame:
+        reads.append(where)
+        got = pl.scan_parquet(path).filter(where).collect()
+        return (got.with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0))
+                .join(threads, on=["pid", "tid"], how="semi"))
+
+    running = RunningSlices(read, EventReach.of(path))
+    fresh, fresh_read = [], running._fresh
+    running._fresh = lambda *args: (fresh.append(args), fresh_read(*args))
+    a, backward = 0, 0
+    for step in range(60):
+        previous, a = a, max(-100, a + rng.randint(-300, 800))
+        backward += a < previous
+        b = a + rng.randint(0, 900)
+        threads = pl.DataFrame({"pid": [1] * 2, "tid": rng.sample([1, 2, 3], 2)})
+        got = running.between(threads, a, b)
+        want = frame.filter((pl.col("ts_ns") <= b) & (pl.col("end_ns") >= a)).join(threads, on=["pid", "tid"],
+                                                                                    how="semi")
+        assert sorted(got["event_idx"]) == sorted(want["event_idx"]), (step, a, b)
+    assert 0 < backward and len(fresh) <= backward + 3  # afresh only backward and onto new threads (3)
+    assert len(reads) < 60  # forward: only what was not held, if anything
+
+
+def test_op_shapes_share_costs_only_with_the_same_signature():
+    """`_shape` drops the members whose values are scalars (per-op ids), except when a signature
+    member is a scalar; ops with one shape have one signature."""
+    args = pl.Series("args", [
+        '{"External id": 5, "Ev Idx": 4, "Input Dims": [[4, 8], [8, 2]], "Input type": ["float", "float"]}',
+        '{"External id": 9, "Ev Idx": 8, "Input Dims": [[4, 8], [8, 2]], "Input type": ["float", "float"]}',
+        '{"External id": 9, "Ev Idx": 8, "Input Dims": [[4, 8], [8, 3]], "Input type": ["float", "float"]}',
+        '{"External id": 1, "Group size": 8, "dtype": "Float", "In msg nelems": 1024}',
+        '{"External id": 2, "Group size": 4, "dtype": "Float", "In msg nelems": 1024}',
+        '{"Record function id": 3, "Concrete Inputs": ["", "2.5"], "Input Dims": [[2], []], "x": true, "y": 1e-3}',
+        '{"Record function id": 7, "Concrete Inputs": ["", "3.5"], "Input Dims": [[2], []], "x": false, "y": 2}',
+        '{"Sequence number": 1, "Input Dims": [[2]], "note": "a\\": 5, \\"b"}',
+        None,
+    ])
+    frame = pl.DataFrame(args).with_columns(shape=cost._shape(pl.col("args")))
+    signatures = frame.select("shape", *cost._signature(pl.col("args")))
+    assert signatures.unique().height == signatures.select("shape").unique().height  # one signature per shape
+    shapes = frame["shape"].to_list()
+    assert shapes[0] == shapes[1] != shapes[2]
+    assert shapes[3] == args[3] and shapes[4] == args[4]  # a scalar signature member: the whole args
+    assert shapes[5] != shapes[6] and '"Concrete Inputs": ["", "2.5"]' in shapes[5]
+
+
+def test_batches_read_back_in_the_asked_sizes_across_row_groups(tmp_path):
+    path = tmp_path / "t.parquet"
+    names = [f"kernel_{i % 7}" for i in range(1_000)]
+    pq.write_table(pa.table({"event_idx": range(1_000), "name": names}), path, row_group_size=130)
+    batches = list(store.read_batches(path, 300, ["event_idx", "name"], read_dictionary=["name"]))
+    assert [b.num_rows for b in batches] == [300, 300, 300, 100]
+    back = pl.concat([pl.from_arrow(b) for b in batches])
+    assert back["event_idx"].to_list() == list(range(1_000))
+    assert back["name"].cast(pl.String).to_list() == names
