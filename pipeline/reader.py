@@ -125,7 +125,10 @@ class GzipStream:
             data = self._input or self._raw.read(self.IN_BYTES)
             if not data:
                 raise EOFError("compressed stream ended before the end-of-stream marker")
-            out = self._dec.decompress(data, n)
+            try:
+                out = self._dec.decompress(data, n)
+            except _inflate.error as e:  # ISA-L's IsalError is not a zlib.error: one kind for callers
+                raise zlib.error(str(e)) from e
             self._input = self._dec.unconsumed_tail or self._dec.unused_data
             if out:
                 return out
@@ -156,7 +159,7 @@ class GzipStream:
         self._raw.close()
 
 
-_DECOMPRESS_ERRORS = (OSError, EOFError, zlib.error, getattr(_inflate, "error", zlib.error))
+_DECOMPRESS_ERRORS = (OSError, EOFError, zlib.error)
 
 
 def _read(stream, n: int) -> tuple[bytes, str | None]:
