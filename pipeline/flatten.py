@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from . import __version__, schema, store
 from .columns import ChunkTables, Problems, as_int, build_chunk, build_from_text, dumps
 from .errors import BadTrace
-from .reader import FileSpan, TraceSource, _run_local, ordered_results, text_of
+from .reader import FileSpan, TraceSource, _run_local, json_bytes_estimate, ordered_results, text_of
 PARALLEL_MIN_BYTES = 48 << 20
 SECRET_KEY = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|COOKIE|AUTH|(^|[_\-. ])(API|ACCESS)?_?KEY([_\-. ]|$)", re.I)
 SECRET_VALUE = re.compile(r"^(hf_|ghp_|gho_|ghs_|github_pat_|sk-|xox[abpr]-|AKIA|ASIA|glpat-)[A-Za-z0-9_\-]{8,}")
@@ -128,8 +128,10 @@ def _stop_forkserver():
 
 
 def default_workers(path: str) -> int:
+    """All cores (up to 8) for a trace of PARALLEL_MIN_BYTES of JSON or more, compressed or not
+    (a 1 GB trace gzips to ~50 MB), else 1: starting workers costs more than a small trace."""
     try:
-        size = os.path.getsize(path)
+        size = json_bytes_estimate(path)
     except OSError:
         return 1
     if size < PARALLEL_MIN_BYTES:

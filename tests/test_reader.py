@@ -426,3 +426,39 @@ def test_gzip_breaking_off_returns_every_byte_before_the_error(inflate):
     broken = comp[:len(comp) // 2] + bytes(255 - x for x in comp[len(comp) // 2: len(comp) // 2 + 64]) + comp[-100:]
     got, err = _read_through(broken, n=4096)  # deflate has no checksum before the end: bytes may be wrong
     assert isinstance(err, (zlib.error, OSError, EOFError)) and got != data
+
+
+def test_json_bytes_estimate_sees_through_compression(tmp_path):
+    """Plain: the file's size. gzip: its trailer's size, at least 4x the file (a trailer modulo
+    2**32 or of a last small member says less). zstd: the declared size, else at least 4x."""
+    zstandard = pytest.importorskip("zstandard")
+    text = json.dumps({"traceEvents": [{"ph": "X", "name": f"op{i}", "ts": i, "dur": 1} for i in range(5000)]}).encode()
+    plain, gz, two, zst, zst_undeclared = (tmp_path / n for n in ("t.json", "t.json.gz", "two.json.gz", "t.json.zst",
+                                                                  "u.json.zst"))
+    plain.write_bytes(text)
+    gz.write_bytes(gzip.compress(text))
+    two.write_bytes(gzip.compress(text) + gzip.compress(b" "))  # the trailer is the small member's
+    zst.write_bytes(zstandard.ZstdCompressor().compress(text))
+    with open(zst_undeclared, "wb") as f, zstandard.ZstdCompressor().stream_writer(f) as w:
+        w.write(text)
+    assert reader.json_bytes_estimate(str(plain)) == len(text)
+    assert reader.json_bytes_estimate(str(gz)) == len(text)
+    assert reader.json_bytes_estimate(str(two)) == reader.MIN_COMPRESSION_RATIO * two.stat().st_size
+    assert reader.json_bytes_estimate(str(zst)) == len(text)
+    assert reader.json_bytes_estimate(str(zst_undeclared)) == reader.MIN_COMPRESSION_RATIO * zst_undeclared.stat().st_size
+    assert reader.json_bytes_estimate(str(two)) < len(text)  # a floor, not the truth: a 2-member file reads less
+
+
+def test_a_compressed_trace_gets_workers_by_its_json_size(tmp_path, monkeypatch):
+    """A 1 GB trace gzips to ~50 MB: whether it is parsed in workers depends on the JSON it holds,
+    not on the file's size (it was parsed on one core below 48 MB of gzip)."""
+    import importlib
+    flatten_module = importlib.import_module("pipeline.flatten")  # `pipeline.flatten` is the function
+    text = json.dumps({"traceEvents": [{"ph": "X", "name": "op", "ts": i, "dur": 1} for i in range(20000)]}).encode()
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(text))
+    monkeypatch.setattr(flatten_module, "PARALLEL_MIN_BYTES", len(text) - 1)
+    assert gz.stat().st_size < flatten_module.PARALLEL_MIN_BYTES < len(text)
+    assert flatten_module.default_workers(str(gz)) == min(len(os.sched_getaffinity(0)), 8)
+    monkeypatch.setattr(flatten_module, "PARALLEL_MIN_BYTES", len(text) + 1)
+    assert flatten_module.default_workers(str(gz)) == 1
