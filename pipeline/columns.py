@@ -187,6 +187,7 @@ class ChunkTables:
 
 
 _TS_TEXT = re.compile(rb'"ts"\s*:\s*(-?[0-9][0-9.eE+-]*|[^,}\s]+)')
+_PLAIN_DECIMAL = re.compile(rb"-?[0-9]+(?:\.[0-9]+)?\Z")
 
 
 class TimestampTexts:
@@ -210,11 +211,9 @@ class TimestampTexts:
                 raise NeedsExactParse("ts")
             self._ordinal = {j: k for k, j in enumerate(with_ts)}
         t = self._texts[self._ordinal[i]]
-        whole, dot, frac = t.partition(b".")
-        if not dot or len(frac) > 3 or not frac.isdigit() or float(t) != value:
+        if not _PLAIN_DECIMAL.match(t) or float(t) != value:
             raise NeedsExactParse("ts")
-        ns = abs(int(whole)) * 1000 + int(frac.ljust(3, b"0"))
-        return -ns if whole.startswith(b"-") else ns
+        return int((Decimal(t.decode()) * _NS).to_integral_value())  # as us_to_ns does with ijson's Decimal
 
 
 def build_from_text(text: bytes) -> ChunkTables:
@@ -626,12 +625,11 @@ def _ns_column(values: list, text: bytes | None, typed: bool = False) -> pa.Arra
     """µs values (int/float/None) as int64 ns, exactly as `us_to_ns`; None if that needs coercion.
 
     Floats below FLOAT_EXACT_US: round(v * 1000) (Arrow rounds half to even, as Python does).
-    Larger floats (epoch-based timestamps) take their exact decimal text from the chunk
+    Larger ones (epoch-based timestamps) take their exact decimal text from the chunk
     (`_exact_ns_from_text`); without text they are left to the event-by-event path.
     `typed`: the values are known to be ints, floats or None: Arrow's type inference tells which
     (and its array is used as it is).
     """
-    has_int = None  # looked at only where it matters
     if typed:
         try:
             arr = pa.array(values)
@@ -647,9 +645,12 @@ def _ns_column(values: list, text: bytes | None, typed: bool = False) -> pa.Arra
         types = set(map(type, values))
         if types - _NUMBER_OR_NONE:
             return None
-        has_float, has_int = float in types, int in types
+        has_float = float in types
         ints = None if has_float else _int_column(values, typed=True)
-        arr = pa.array(values, pa.float64()) if has_float else None
+        try:
+            arr = pa.array(values, pa.float64()) if has_float else None
+        except pa.ArrowInvalid:  # an int beside the floats that a float64 cannot hold exactly
+            return None
     if not has_float:
         if ints is None:
             return None
@@ -659,39 +660,48 @@ def _ns_column(values: list, text: bytes | None, typed: bool = False) -> pa.Arra
             return None
     if pc.all(pc.less(pc.abs(arr), FLOAT_EXACT_US)).as_py() is not False:
         return pc.cast(pc.round(pc.multiply(arr, 1000.0)), pa.int64())
-    if has_int is None:
-        has_int = int in set(map(type, values))
-    if text is None or has_int or arr.null_count:
-        return None  # a null ts: leave it to the careful path
+    if text is None:
+        return None
     return _exact_ns_from_text(arr, text)
 
 
-_EXACT_TS_TEXT = r"^-?[0-9]+\.[0-9]{1,3}$"
+_EXACT_TS_TEXT = r"^-?[0-9]+(?:\.[0-9]+)?$"
 
 
 def _exact_ns_from_text(values: pa.Array, text: bytes) -> pa.Array | None:
-    """int64 ns of float timestamps (one per event, none null) from their decimal text in the
-    chunk (see TimestampTexts).
+    """int64 ns of timestamps (float64, null where an event has none; some may have been ints)
+    from their decimal text in the chunk (see TimestampTexts): the µs text times 1000, digits
+    below a nanosecond rounded half to even, exactly as `us_to_ns` turns ijson's Decimals.
 
-    The k-th `"ts":` text belongs to the k-th event; that alignment and every value are verified
-    (as many texts as events, and each text parses to the same float) or None is returned.
+    The k-th `"ts":` text belongs to the k-th event that has a ts; that alignment and every value
+    are verified (as many texts as timestamps, and each text parses to the same float) or None
+    is returned (a `"ts"` inside args, `"ts": null`, exponents: the careful path decides).
     """
     if not pc.all(pc.less(pc.abs(values), 9.2e15)).as_py():
         return None
     texts = _TS_TEXT.findall(text)
-    if len(texts) != len(values):
-        return None  # a ts key inside args: leave it to the careful path
+    if len(texts) != len(values) - values.null_count:
+        return None
     s = pa.array(texts, pa.binary()).cast(pa.string())
     if not pc.all(pc.match_substring_regex(s, _EXACT_TS_TEXT)).as_py():
         return None
-    if not pc.all(pc.equal(pc.cast(s, pa.float64()), values)).as_py():
+    present = values.is_valid()
+    if not pc.all(pc.equal(pc.cast(s, pa.float64()), values.filter(present))).as_py():
         return None
-    negative = pc.starts_with(s, "-")
-    parts = pc.split_pattern(pc.utf8_ltrim(s, "-"), ".")
-    whole = pc.cast(pc.list_element(parts, 0), pa.int64())
-    frac = pc.cast(pc.utf8_rpad(pc.list_element(parts, 1), 3, "0"), pa.int64())
-    ns = pc.add(pc.multiply(whole, 1000), frac)
-    return pc.if_else(negative, pc.negate(ns), ns)
+    ns = _ns_of_decimal_texts(s)
+    return ns if not values.null_count else pc.replace_with_mask(pa.nulls(len(values), pa.int64()), present, ns)
+
+
+def _ns_of_decimal_texts(s: pa.Array) -> pa.Array:
+    """int64 ns of µs decimal texts (`-?digits[.digits]`, below 9.2e15 µs), rounded half to even."""
+    parts = pc.extract_regex(s, r"^(?P<sign>-?)(?P<whole>[0-9]+)(?:\.(?P<digits>[0-9]+))?$")
+    whole, digits = pc.struct_field(parts, "whole"), pc.struct_field(parts, "digits")  # no fraction: ""
+    ns = pc.add(pc.multiply(pc.cast(whole, pa.int64()), 1000),
+                pc.cast(pc.utf8_slice_codeunits(pc.utf8_rpad(digits, 3, "0"), 0, 3), pa.int64()))
+    below = pc.utf8_rtrim(pc.utf8_slice_codeunits(digits, 3), "0")  # digits below a ns
+    up = pc.or_(pc.greater(below, "5"), pc.and_(pc.equal(below, "5"), pc.equal(pc.bit_wise_and(ns, 1), 1)))
+    ns = pc.add(ns, pc.cast(up, pa.int64()))
+    return pc.if_else(pc.equal(pc.struct_field(parts, "sign"), "-"), pc.negate(ns), ns)
 
 
 def _events_by_event(events: list, text: bytes | None, raw_args: list | None, problems: Problems) -> pa.Table:

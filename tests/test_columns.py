@@ -86,7 +86,6 @@ ODD = {  # chunks the struct path must decline (the dict path coerces or keeps t
     "huge id": {"ph": "s", "id": 2**70},
     "string grid": {"ph": "X", "cat": "kernel", "args": {"grid": "4,1,1"}},
     "short grid": {"ph": "X", "cat": "kernel", "args": {"grid": [4]}},
-    "ts too long for a float": {"ph": "X", "ts": 1712195495519695.8},
     "ts as a string": {"ph": "X", "ts": "12.5"},
 }
 
@@ -94,8 +93,6 @@ ODD = {  # chunks the struct path must decline (the dict path coerces or keeps t
 @pytest.mark.parametrize("case", sorted(ODD))
 def test_odd_values_take_the_dict_path(case):
     text = chunk([PLAIN[0], ODD[case], PLAIN[3]])
-    if case == "ts too long for a float":
-        text = text.replace(b"1712195495519695.8", b"1712195495519695.812")
     assert C._tables_by_struct(text) is None
     assert_same(C.build_from_text(text), by_dicts(text))
 
@@ -177,3 +174,58 @@ def test_plain_events_always_take_the_struct_path(events, indent):
     fast = C._tables_by_struct(text)
     assert fast is not None
     assert_same(fast, by_dicts(text))
+
+
+# ------------------------------------------------------------------ timestamps beyond a float's ns
+def by_exact_parse(text: bytes) -> C.ChunkTables:
+    """The tables of the careful path: ijson's exact Decimals, converted by `us_to_ns`."""
+    from pipeline.reader import parse_chunk_exact
+    return C.build_chunk(parse_chunk_exact(text), None, C._raw_args(text))
+
+
+_big_ts = st.one_of(
+    st.builds(lambda whole, digits: f"{whole}.{digits}" if digits else str(whole),
+              st.integers(4_390_000_000_000, 2**53),  # an int beyond 2**53 beside floats: see below
+              st.one_of(st.just(""), st.from_regex(r"[0-9]{1,6}", fullmatch=True))),
+    st.none())  # no ts key
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_big_ts, min_size=1, max_size=12), st.booleans())
+def test_long_timestamps_take_the_struct_path_exactly(stamps, negative):
+    """Epoch-scale µs timestamps with any number of decimals (more than a float64 holds, as a
+    scaled or re-written trace has), ints among them, some events without one: the struct path
+    builds them, to the nanosecond the Decimal path gives (digits below a ns rounded half to even)."""
+    events = []
+    for i, t in enumerate(stamps):
+        ts = "" if t is None else f'"ts": {"-" if negative else ""}{t}, '
+        events.append(f'{{"ph": "X", "cat": "cpu_op", "name": "op{i}", "pid": 1, "tid": 2, {ts}"dur": 1.5}}')
+    text = ",".join(events).encode()
+    fast = C._tables_by_struct(text)
+    if all(t is None for t in stamps):
+        return
+    assert fast is not None
+    assert_same(fast, by_exact_parse(text))
+    assert_same(C.build_chunk(parse_chunk(text), text, C._raw_args(text)), by_exact_parse(text))  # the dict path too
+
+
+def test_epoch_timestamps_beside_ints_and_huge_ints():
+    """Epoch µs with ns digits beside plain ints (PLAIN's) take the struct path; an int beyond 2**53
+    beside floats has no exact float64 column: the careful path builds it, exactly."""
+    text = chunk([PLAIN[0], {"ph": "X", "ts": 1712195495519695.8}, PLAIN[3]])
+    text = text.replace(b"1712195495519695.8", b"1712195495519695.812")
+    fast = C._tables_by_struct(text)
+    assert fast is not None and fast.events.column("ts_ns").to_pylist()[1] == 1712195495519695812
+    assert_same(fast, by_exact_parse(text))
+    huge = b'{"ph": "X", "ts": 4390000000000.5},{"ph": "X", "ts": 9007199254740993}'
+    assert C._tables_by_struct(huge) is None
+    assert C.build_from_text(huge).events.column("ts_ns").to_pylist() == [4390000000000500, 9007199254740993000]
+
+
+def test_sub_nanosecond_digits_round_half_to_even():
+    text = b",".join(b'{"ph": "X", "ts": %s}' % t for t in (
+        b"4458693246765.2705", b"4458693246765.2715", b"4458693246765.27051", b"4458693246765.2704999", b"4458693246765"))
+    fast = C._tables_by_struct(text)
+    assert fast is not None
+    assert fast.events.column("ts_ns").to_pylist() == [
+        4458693246765270, 4458693246765272, 4458693246765271, 4458693246765270, 4458693246765000]
