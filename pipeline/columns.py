@@ -608,9 +608,8 @@ def _int_or_str_columns(values: list, typed: bool = False) -> tuple[pa.Array, pa
             ints = _int_column(values, typed=True)  # raises at the first string
             return None if ints is None else (ints, pa.nulls(len(values), pa.string()))
         except (pa.ArrowInvalid, pa.ArrowTypeError):
-            types = {int, str}
-    else:
-        types = set(map(type, values))
+            return _ints_beside_strings(values)
+    types = set(map(type, values))
     if not types - _INT_OR_NONE:
         ints = _int_column(values)
         return None if ints is None else (ints, pa.nulls(len(values), pa.string()))
@@ -619,6 +618,17 @@ def _int_or_str_columns(values: list, typed: bool = False) -> tuple[pa.Array, pa
     ints = _int_column([v if type(v) is int else None for v in values])
     strs = pa.array([v if type(v) is str else None for v in values], pa.string())
     return None if ints is None else (ints, strs)
+
+
+def _ints_beside_strings(values: list) -> tuple[pa.Array, pa.Array] | None:
+    """`_int_or_str_columns` of typed values (ints, strings, None) some of which are strings, in one
+    pass over them: a trace names a few processes and threads ("Spans", "PyTorch Profiler"),
+    every other pid and tid is an int."""
+    ints, strs = list(values), [None] * len(values)
+    for i in [i for i, v in enumerate(values) if v.__class__ is str]:
+        strs[i], ints[i] = ints[i], None
+    column = _int_column(ints, typed=True)
+    return None if column is None else (column, pa.array(strs, pa.string()))
 
 
 def _ns_column(values: list, text: bytes | None, typed: bool = False) -> pa.Array | None:
