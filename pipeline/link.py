@@ -1,7 +1,7 @@
 """link: GPU activity -> CPU launch -> CPU op, and their context (step, annotation, module).
 
-All joins are polars queries over the flattened Parquet files; no Python loops over events (the
-nesting of rule 3 loops over threads, batches loop over GPU ops and time cells).
+All joins are polars queries over the flattened Parquet files; no Python loops over events or
+threads (batches loop over GPU ops and time cells).
 
 Rules (see README, "Link rules"):
 1. launch, by flow: a flow's `s` endpoint binds to the runtime/driver slice that starts at the
@@ -349,15 +349,19 @@ def _context_in_cell(points: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame
     nest = (pl.when(pl.col("kind") == CPU_OP).then(0).when(pl.col("kind") == MODULE).then(3)
             .when(pl.col("event_idx").is_in(steps.implode())).then(1).otherwise(2).cast(pl.Int8))
     intervals = slices.select(iv_idx="event_idx", pid="pid", tid="tid", nest=nest, ts_ns="ts_ns", end_ns="end_ns")
-    # every point once per nest, nest after nest: the answers of nest k are rows k*n to (k+1)*n
-    each_nest = pl.concat([points.select("pid", "tid", "t", nest=pl.lit(code, pl.Int8)) for _, code, _ in NESTS])
+    # every point once per nest that has slices here (modules often have none), nest after nest:
+    # the answers of the k-th of them are rows k*n to (k+1)*n
+    present = [(name, code) for name, code, _ in NESTS if code in set(intervals["nest"].unique())]
+    each_nest = pl.concat([points.select("pid", "tid", "t", nest=pl.lit(code, pl.Int8)) for _, code in present]
+                          or [points.select("pid", "tid", "t", nest=pl.lit(None, pl.Int8))])
     found = nesting.around_each(each_nest, intervals, nesting.LONGER_FIRST, by=("pid", "tid", "nest"))
     outermost = each_nest["nest"].is_in([code for _, code, outer in NESTS if outer])
     named = (found.select(iv_idx=pl.when(outermost).then("outermost").otherwise("innermost"))
              .join(slices.select(iv_idx="event_idx", name="name"), on="iv_idx", how="left", maintain_order="left")
              .with_columns(pl.col("name").cast(pl.String)))
     n = points.height
-    of_nest = {name: named.slice(k * n, n) for k, (name, _, _) in enumerate(NESTS)}
+    none = named.clear(n)  # a nest without slices: nothing around any point
+    of_nest = {name: none for name, _, _ in NESTS} | {name: named.slice(k * n, n) for k, (name, _) in enumerate(present)}
     cpu_op_event_idx = of_nest["cpu_op"]["iv_idx"]
     return points.select(event_idx="point_id").with_columns(
         cpu_op_event_idx=cpu_op_event_idx,

@@ -100,6 +100,23 @@ def test_context_of_launches_across_cells(tmp_path, monkeypatch):
     assert set(g["step"]) == {7} and set(g["annotation"]) == {"outer_region"} and set(g["module"]) == {"Net"}
 
 
+def test_context_where_some_kinds_of_slices_are_missing(tmp_path, monkeypatch):
+    """No steps or annotations anywhere and a module around the first launches only: each cell
+    nests the kinds it has, and every answer lands in its own column."""
+    rows = [("python_function", "nn.Module: Net", 1, 0, 395, {})]
+    for i in range(40):
+        t = 10 + 20 * i
+        rows += [("cpu_op", f"aten::op{i}", 1, t, 10, {}),
+                 ("cuda_runtime", "cudaLaunchKernel", 1, t + 1, 2, {"correlation": 100 + i}),
+                 ("kernel", f"k{i}", 7, t + 5, 3, {"device": 0, "stream": 7, "correlation": 100 + i})]
+    flat = _flat(tmp_path, _events(*rows))
+    for name, sizes in (("whole", {}), ("cells", {"BATCH_ROWS": 7, "CELL_SLICES": 3})):
+        g, _ = _enrich(flat, tmp_path / name, monkeypatch, **sizes)
+        assert g["cpu_op_name"].to_list() == [f"aten::op{i}" for i in range(40)]
+        assert g["module"].to_list() == ["Net"] * 20 + [None] * 20
+        assert g["step"].null_count() == 40 and g["annotation"].null_count() == 40
+
+
 def test_nesting_several_kinds_apart_in_one_call():
     """`nesting.around` with an extra thread column equals one `enclosing` call per kind."""
     rng = random.Random(7)
