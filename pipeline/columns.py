@@ -693,17 +693,58 @@ def _exact_ns_from_text(values: pa.Array, text: bytes) -> pa.Array | None:
     if len(texts) != len(values) - values.null_count:
         return None
     s = pa.array(texts, pa.binary()).cast(pa.string())
-    if not pc.all(pc.match_substring_regex(s, _EXACT_TS_TEXT)).as_py():
-        return None
     present = values.is_valid()
-    if not pc.all(pc.equal(pc.cast(s, pa.float64()), values.filter(present))).as_py():
+    try:
+        same = pc.all(pc.equal(pc.cast(s, pa.float64()), values.filter(present))).as_py()
+    except pa.ArrowInvalid:  # a text that is no number: a string "ts" inside args, say
+        return None
+    if not same:
         return None
     ns = _ns_of_decimal_texts(s)
+    if ns is None:
+        return None
     return ns if not values.null_count else pc.replace_with_mask(pa.nulls(len(values), pa.int64()), present, ns)
 
 
-def _ns_of_decimal_texts(s: pa.Array) -> pa.Array:
-    """int64 ns of µs decimal texts (`-?digits[.digits]`, below 9.2e15 µs), rounded half to even."""
+_INT64_DIGITS = 18  # any number of this many digits fits in an int64
+_TENS = pa.array([10**k for k in range(_INT64_DIGITS + 1)], pa.int64())
+
+
+def _ns_of_decimal_texts(s: pa.Array) -> pa.Array | None:
+    """int64 ns of µs decimal texts (`-?digits[.digits]`, below 9.2e15 µs), digits below a ns
+    rounded half to even (as a Decimal's to_integral_value); None if a text is not such a number.
+
+    Texts of up to 18 digits are read as one integer without the dot and scaled by their number
+    of decimals; longer ones are split at the dot (`_ns_of_long_decimal_texts`)."""
+    if pc.max(pc.utf8_length(s)).as_py() > _INT64_DIGITS + 1:  # sign or dot, and 18 digits
+        return _ns_of_long_decimal_texts(s)
+    try:
+        digits = pc.cast(pc.replace_substring(s, ".", ""), pa.int64())  # only digits and a sign cast
+    except pa.ArrowInvalid:
+        return None
+    dot = pc.find_substring(s, ".")
+    decimals = pc.if_else(pc.less(dot, 0), 0, pc.subtract(pc.subtract(pc.utf8_length(s), dot), 1))
+    if pc.max(pc.count_substring(s, ".")).as_py() > 1:
+        return None
+    magnitude = pc.abs(digits)
+    scale_up = pc.less_equal(decimals, 3)
+    ns = pc.if_else(scale_up, pc.multiply(magnitude, _TENS.take(pc.subtract(3, pc.min_element_wise(decimals, 3)))),
+                    magnitude)
+    if not pc.all(scale_up).as_py():  # digits below a ns: divide, rounding half to even
+        below = _TENS.take(pc.subtract(pc.max_element_wise(decimals, 3), 3))
+        whole_ns = pc.divide(magnitude, below)  # integer division of non-negatives
+        rest = pc.subtract(magnitude, pc.multiply(whole_ns, below))
+        twice = pc.multiply(rest, 2)
+        up = pc.or_(pc.greater(twice, below), pc.and_(pc.equal(twice, below), pc.equal(pc.bit_wise_and(whole_ns, 1), 1)))
+        ns = pc.if_else(scale_up, ns, pc.add(whole_ns, pc.cast(up, pa.int64())))
+    return pc.if_else(pc.less(digits, 0), pc.negate(ns), ns)
+
+
+def _ns_of_long_decimal_texts(s: pa.Array) -> pa.Array | None:
+    """`_ns_of_decimal_texts` of texts with more digits than an int64 holds: whole µs and the
+    first three decimals read apart, the digits after them compared as text."""
+    if not pc.all(pc.match_substring_regex(s, _EXACT_TS_TEXT)).as_py():
+        return None
     parts = pc.extract_regex(s, r"^(?P<sign>-?)(?P<whole>[0-9]+)(?:\.(?P<digits>[0-9]+))?$")
     whole, digits = pc.struct_field(parts, "whole"), pc.struct_field(parts, "digits")  # no fraction: ""
     ns = pc.add(pc.multiply(pc.cast(whole, pa.int64()), 1000),

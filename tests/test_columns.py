@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -229,3 +230,12 @@ def test_sub_nanosecond_digits_round_half_to_even():
     assert fast is not None
     assert fast.events.column("ts_ns").to_pylist() == [
         4458693246765270, 4458693246765272, 4458693246765271, 4458693246765270, 4458693246765000]
+
+
+def test_timestamp_texts_that_are_no_plain_numbers_decline():
+    """A text that is no number where a timestamp was expected, or one with an exponent: the
+    struct path declines (the careful path decides), never raises."""
+    big = pa.array([4458693246765.5])
+    assert C._exact_ns_from_text(big, b'{"ts": "abc"}') is None
+    assert C._exact_ns_from_text(pa.array([4.4586932467655e12]), b'{"ts": 4.4586932467655e12}') is None
+    assert C._exact_ns_from_text(big, b'{"ts": 4458693246765.5}').to_pylist() == [4458693246765500]
