@@ -6,6 +6,8 @@ OUT     ?= dataset
 SQL     ?= select count(*) as events from events
 J       ?= 2
 SIZES   ?= 1000,2000
+TEMPLATE ?=
+SECTIONED ?=
 DEMO    := data/demo
 .DEFAULT_GOAL := help
 
@@ -31,8 +33,8 @@ oracle:          ## install the CPU torch wheel and run the FLOP-formula oracle 
 	$(PIP) install -q torch==2.13.0
 	$(PY) -m pytest -q tests/test_formulas_oracle.py
 
-bench: install   ## flatten speed/memory vs orjson.loads on generated 1 GB and 2 GB traces (+ .gz)
-	$(PY) bench/bench.py --sizes $(SIZES) --gz
+bench: install   ## flatten speed/memory vs orjson.loads on generated 1 GB and 2 GB traces (+ .gz); TEMPLATE=real.json.gz [SECTIONED=1] scales a real trace
+	$(PY) bench/bench.py --sizes $(SIZES) --gz $(if $(TEMPLATE),--template $(TEMPLATE) --workdir /tmp/tracepipe-bench-$(notdir $(TEMPLATE)) $(if $(SECTIONED),--sectioned))
 
 batch:           ## flatten a folder/archive of traces into a dataset: make batch SRC=... OUT=...
 	$(PY) -m pipeline batch $(SRC) -o $(OUT) -j $(J)

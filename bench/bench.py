@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import math
 import os
 import platform
 import re
@@ -30,24 +31,35 @@ from pipeline.demo import write_synthetic
 ID_ARGS = ("External id", "correlation")
 
 
-def write_replicated(src: str, path: Path, target_mb: float):
-    """Copies of a real trace's events, each shifted past the last in time and ids."""
+def write_replicated(src: str, path: Path, target_mb: float, sectioned: bool = False):
+    """Copies of a real trace's events, each shifted past the last in time and ids. `sectioned`:
+    laid out as one long Kineto run writes it, every copy's leading block of CPU events first,
+    then every copy's interleaved runtime calls, flows and GPU activity."""
     with (gzip.open if src.endswith(".gz") else open)(src, "rb") as f:
         trace = orjson.loads(f.read())
     events = trace.pop("traceEvents")
     ts = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
     span = max(ts) - min(ts) + 1000
     id_step = 10 ** (len(str(max(e.get("args", {}).get("correlation", 0) or 0 for e in events))) + 1)
+    copies = max(1, math.ceil(target_mb * 1e6 / len(orjson.dumps(events))))
+    lead = next((i for i, e in enumerate(events) if str(e.get("cat", "")).lower() in _LAUNCHED), len(events))
+    parts = [events[:lead], events[lead:]] if sectioned else [events]
     with open(path, "wb") as out:
         out.write(orjson.dumps(trace)[:-1] + b', "traceEvents": [\n')
-        written, copy = 0, 0
-        while written < target_mb * 1e6:
-            blob = b",\n".join(orjson.dumps(_shifted(e, copy * span, copy * id_step)) for e in events
-                               if not (copy and e.get("ph") == "M"))
-            out.write(blob if copy == 0 else b",\n" + blob)
-            written += len(blob)
-            copy += 1
+        first = True
+        for part in parts:
+            for copy in range(copies):
+                blob = b",\n".join(orjson.dumps(_shifted(e, copy * span, copy * id_step)) for e in part
+                                   if not (copy and e.get("ph") == "M"))
+                if blob:
+                    out.write(blob if first else b",\n" + blob)
+                    first = False
         out.write(b"\n]}\n")
+
+
+# the categories of launches, flows and GPU activity: a Kineto trace's leading CPU block ends at the first
+_LAUNCHED = {"cuda_runtime", "cuda_driver", "runtime", "kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset",
+             "ac2g", "async_cpu_to_gpu"}
 
 
 def _shifted(e: dict, dt: float, did: int) -> dict:
@@ -151,9 +163,13 @@ def main():
     ap.add_argument("--sizes", default="1000,2000", help="trace sizes in MB, comma-separated")
     ap.add_argument("--gz", action="store_true", help="also measure the first size gzip-compressed")
     ap.add_argument("--template", help="replicate this real trace instead of the synthetic template")
+    ap.add_argument("--sectioned", action="store_true",
+                    help="with --template: every copy's CPU block first, then every copy's GPU part (one long run's layout)")
     ap.add_argument("--workdir", default="/tmp/tracepipe-bench")
     ap.add_argument("--batch-only", action="store_true", help="only measure batch throughput")
     a = ap.parse_args()
+    if a.sectioned and not a.template:
+        ap.error("--sectioned lays out the copies of a real trace: give --template")
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
     if a.batch_only:
@@ -161,10 +177,10 @@ def main():
         return
     rows = []
     for i, mb in enumerate(float(s) for s in a.sizes.split(",")):
-        path = work / f"bench_{int(mb)}mb.json"
+        path = work / f"bench_{int(mb)}mb{'_sectioned' if a.sectioned else ''}.json"
         if not path.exists():
             print(f"bench: writing {path} ...", file=sys.stderr)
-            (write_replicated(a.template, path, mb) if a.template else write_synthetic(path, mb))
+            (write_replicated(a.template, path, mb, a.sectioned) if a.template else write_synthetic(path, mb))
         rows.append(bench_file(path, work))
         print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr)
         if a.gz and i == 0:

@@ -2,6 +2,7 @@
 same tables as in one go; the windows, spill files and nesting ties they rely on."""
 from __future__ import annotations
 
+import gzip
 import random
 import shutil
 from pathlib import Path
@@ -266,3 +267,29 @@ def test_batches_read_back_in_the_asked_sizes_across_row_groups(tmp_path):
     back = pl.concat([pl.from_arrow(b) for b in batches])
     assert back["event_idx"].to_list() == list(range(1_000))
     assert back["name"].cast(pl.String).to_list() == names
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("trace", ["hta/a100_old_format_rank0", "tracelens/h100_qwen1.5_0.5b"])
+def test_one_long_runs_layout_links_as_its_copies(shared_traces, tmp_path, monkeypatch, trace):
+    """Copies of a real trace laid out as one long Kineto run writes it (every CPU op first, then
+    every runtime call, flow and kernel: what a batch reads lies far apart in the file) link
+    exactly as the trace itself, copy for copy, in small batches and time cells."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench", Path(__file__).resolve().parents[1] / "bench" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    src = shared_traces / f"{trace}.json.gz"
+    one = flatten(src, tmp_path / "one").out_dir
+    copy_mb = len(orjson.dumps(orjson.loads(gzip.decompress(src.read_bytes()))["traceEvents"])) / 1e6
+    long_run = tmp_path / "long_run.json"
+    bench.write_replicated(str(src), long_run, 2.5 * copy_mb, sectioned=True)  # 3 copies
+    flat = flatten(long_run, tmp_path / "flat", link=False).out_dir
+    g, row = _enrich(flat, tmp_path / "linked", monkeypatch, BATCH_ROWS=4096, CELL_SLICES=8192)
+    want = pq.read_table(one / "trace.parquet").to_pylist()[0]
+    assert row["n_gpu_ops"] == 3 * want["n_gpu_ops"]
+    assert (row["n_launch_linked"], row["n_cpu_op_linked"]) == (3 * want["n_launch_linked"], 3 * want["n_cpu_op_linked"])
+    names = pl.read_parquet(one / "gpu_ops.parquet", columns=["name", "cpu_op_name"])
+    assert (g.group_by("name", "cpu_op_name").len().sort("name", "cpu_op_name", nulls_last=True)["len"].to_list()
+            == [3 * n for n in names.group_by("name", "cpu_op_name").len().sort("name", "cpu_op_name", nulls_last=True)["len"]])
