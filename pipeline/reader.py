@@ -191,7 +191,10 @@ class GzipStream:
         self._raw.close()
 
 
-_DECOMPRESS_ERRORS = (OSError, EOFError, zlib.error)
+def _one_line(e: BaseException) -> str:
+    """What a decompressor said, on one line, else the kind of error."""
+    said = " ".join(str(e).split())
+    return said[:200] if said else type(e).__name__
 
 
 def _read(stream, n: int) -> tuple[bytes, str | None]:
@@ -213,10 +216,8 @@ def _read(stream, n: int) -> tuple[bytes, str | None]:
         return bytes(out), None
     except EOFError:
         return bytes(out), "compressed stream ended early"
-    except _DECOMPRESS_ERRORS as e:
-        return bytes(out), f"corrupt compressed data ({type(e).__name__})"
-    except Exception as e:  # zstandard.ZstdError and friends
-        return bytes(out), f"corrupt compressed data ({type(e).__name__})"
+    except Exception as e:  # noqa: BLE001 - zlib.error, OSError, zstandard.ZstdError and friends
+        return bytes(out), f"corrupt compressed data ({_one_line(e)})"
 
 
 # ------------------------------------------------------------------ the header

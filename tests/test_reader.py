@@ -462,3 +462,16 @@ def test_a_compressed_trace_gets_workers_by_its_json_size(tmp_path, monkeypatch)
     assert flatten_module.default_workers(str(gz)) == min(len(os.sched_getaffinity(0)), 8)
     monkeypatch.setattr(flatten_module, "PARALLEL_MIN_BYTES", len(text) + 1)
     assert flatten_module.default_workers(str(gz)) == 1
+
+
+def test_a_corrupt_stream_is_reported_in_the_decompressors_words(inflate):
+    """The problem says what broke (the decompressor's message), not only an error class's name
+    (zlib's is `error`)."""
+    import io
+    data = os.urandom(200_000).hex().encode()
+    comp = gzip.compress(data)
+    mid = len(comp) // 2
+    broken = comp[:mid] + bytes(255 - x for x in comp[mid:mid + 64]) + comp[mid + 64:]
+    got, problem = reader._read(reader.GzipStream(io.BytesIO(broken)), 2 * len(data))  # on to the trailer
+    assert data.startswith(got[:1000]) and problem.startswith("corrupt compressed data (")
+    assert problem not in ("corrupt compressed data (error)", "corrupt compressed data ()") and "\n" not in problem
