@@ -82,6 +82,17 @@ def test_a_zero_length_op_at_the_start_of_a_longer_one_is_inside_it(tmp_path, mo
     assert dict(zip(g["name"], g["cpu_op_name"])) == {"k_at_start": "aten::empty", "k_inside": "aten::outer"}
 
 
+def _launch_rows(n: int) -> list:
+    """n ops 20 µs apart on thread 1 (aten::op0, ...), each launching a kernel (k0, ...) on stream 7."""
+    rows = []
+    for i in range(n):
+        t = 10 + 20 * i
+        rows += [("cpu_op", f"aten::op{i}", 1, t, 10, {}),
+                 ("cuda_runtime", "cudaLaunchKernel", 1, t + 1, 2, {"correlation": 100 + i}),
+                 ("kernel", f"k{i}", 7, t + 5, 3, {"device": 0, "stream": 7, "correlation": 100 + i})]
+    return rows
+
+
 def test_context_of_launches_across_cells(tmp_path, monkeypatch):
     """A step, an outermost annotation and module, and the innermost op, read one small time cell
     at a time: slices that started cells earlier still enclose the launches."""
@@ -89,12 +100,7 @@ def test_context_of_launches_across_cells(tmp_path, monkeypatch):
             ("user_annotation", "outer_region", 1, 1, 998, {}),
             ("user_annotation", "inner_region", 1, 2, 996, {}),
             ("python_function", "nn.Module: Net", 1, 3, 990, {}),
-            ("python_function", "nn.Module: Linear", 1, 4, 980, {})]
-    for i in range(40):
-        t = 10 + 20 * i
-        rows += [("cpu_op", f"aten::op{i}", 1, t, 10, {}),
-                 ("cuda_runtime", "cudaLaunchKernel", 1, t + 1, 2, {"correlation": 100 + i}),
-                 ("kernel", f"k{i}", 7, t + 5, 3, {"device": 0, "stream": 7, "correlation": 100 + i})]
+            ("python_function", "nn.Module: Linear", 1, 4, 980, {}), *_launch_rows(40)]
     flat = _flat(tmp_path, _events(*rows))
     g, _ = _enrich(flat, tmp_path / "cells", monkeypatch, BATCH_ROWS=7, CELL_SLICES=3)
     assert g["cpu_op_name"].to_list() == [f"aten::op{i}" for i in range(40)]
@@ -104,12 +110,7 @@ def test_context_of_launches_across_cells(tmp_path, monkeypatch):
 def test_context_where_some_kinds_of_slices_are_missing(tmp_path, monkeypatch):
     """No steps or annotations anywhere and a module around the first launches only: each cell
     nests the kinds it has, and every answer lands in its own column."""
-    rows = [("python_function", "nn.Module: Net", 1, 0, 395, {})]
-    for i in range(40):
-        t = 10 + 20 * i
-        rows += [("cpu_op", f"aten::op{i}", 1, t, 10, {}),
-                 ("cuda_runtime", "cudaLaunchKernel", 1, t + 1, 2, {"correlation": 100 + i}),
-                 ("kernel", f"k{i}", 7, t + 5, 3, {"device": 0, "stream": 7, "correlation": 100 + i})]
+    rows = [("python_function", "nn.Module: Net", 1, 0, 395, {}), *_launch_rows(40)]
     flat = _flat(tmp_path, _events(*rows))
     for name, sizes in (("whole", {}), ("cells", {"BATCH_ROWS": 7, "CELL_SLICES": 3})):
         g, _ = _enrich(flat, tmp_path / name, monkeypatch, **sizes)

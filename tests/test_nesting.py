@@ -55,19 +55,19 @@ def _case(rng: random.Random):
 def test_nesting_and_enclosing_match_a_direct_sweep(seed):
     rng = random.Random(seed)
     for _ in range(20):
-        intervals, points = _case(rng)
-        iv = pl.DataFrame(intervals, schema=["iv_idx", "pid", "tid", "ts_ns", "end_ns"], orient="row")
-        pts = pl.DataFrame(points, schema=["point_id", "pid", "tid", "t"], orient="row")
-        if not points:
-            pts = pts.cast(pl.Int64)
-        if not intervals:
-            iv = iv.cast(pl.Int64)
-        # longer first, then file order (the reports); file order only (linking)
-        depth, parent, _ = _sweep(intervals, points, lambda i, s, e: (-e, i))
-        got = nesting.nesting(iv, nesting.LONGER_FIRST)
-        assert {r[0]: (r[1], r[2]) for r in got.iter_rows()} == {i: (depth[i], parent[i]) for i in depth}
-        _, _, found = _sweep(intervals, points, lambda i, s, e: (i,))
-        for outermost, k in ((False, 0), (True, 1)):
-            got = nesting.enclosing(pts, iv, nesting.FILE_ORDER, outermost)
-            want = {p: c[k] for p, c in found.items() if c[k] is not None}
-            assert dict(got.iter_rows()) == want
+        check_against_sweep(*_case(rng))
+
+
+def check_against_sweep(intervals: list, points: list):
+    """nesting.nesting and nesting.enclosing of intervals (iv_idx, pid, tid, ts_ns, end_ns) and
+    points (point_id, pid, tid, t) give what a direct sweep gives: longer first, then file order
+    (the reports' order); file order only (linking's)."""
+    iv = pl.DataFrame(intervals, schema=["iv_idx", "pid", "tid", "ts_ns", "end_ns"], orient="row").cast(pl.Int64)
+    pts = pl.DataFrame(points, schema=["point_id", "pid", "tid", "t"], orient="row").cast(pl.Int64)
+    depth, parent, _ = _sweep(intervals, points, lambda i, s, e: (-e, i))
+    got = nesting.nesting(iv, nesting.LONGER_FIRST)
+    assert {r[0]: (r[1], r[2]) for r in got.iter_rows()} == {i: (depth[i], parent[i]) for i in depth}
+    _, _, found = _sweep(intervals, points, lambda i, s, e: (i,))
+    for outermost, k in ((False, 0), (True, 1)):
+        got = nesting.enclosing(pts, iv, nesting.FILE_ORDER, outermost)
+        assert dict(got.iter_rows()) == {p: c[k] for p, c in found.items() if c[k] is not None}

@@ -9,19 +9,7 @@ import polars as pl
 import pytest
 
 from pipeline import nesting
-from test_nesting import _case, _sweep
-
-
-def _check(intervals, points):
-    iv = pl.DataFrame(intervals, schema=["iv_idx", "pid", "tid", "ts_ns", "end_ns"], orient="row").cast(pl.Int64)
-    pts = pl.DataFrame(points, schema=["point_id", "pid", "tid", "t"], orient="row").cast(pl.Int64)
-    depth, parent, _ = _sweep(intervals, points, lambda i, s, e: (-e, i))
-    got = nesting.nesting(iv, nesting.LONGER_FIRST)
-    assert {r[0]: (r[1], r[2]) for r in got.iter_rows()} == {i: (depth[i], parent[i]) for i in depth}
-    _, _, found = _sweep(intervals, points, lambda i, s, e: (i,))
-    for outermost, k in ((False, 0), (True, 1)):
-        got = nesting.enclosing(pts, iv, nesting.FILE_ORDER, outermost)
-        assert dict(got.iter_rows()) == {p: c[k] for p, c in found.items() if c[k] is not None}
+from test_nesting import _case, check_against_sweep as _check
 
 
 @pytest.mark.parametrize("seed", range(10))
