@@ -718,14 +718,14 @@ def _ns_of_decimal_texts(s: pa.Array) -> pa.Array | None:
     of decimals; longer ones are split at the dot (`_ns_of_long_decimal_texts`)."""
     if pc.max(pc.utf8_length(s)).as_py() > _INT64_DIGITS + 1:  # sign or dot, and 18 digits
         return _ns_of_long_decimal_texts(s)
+    if pc.max(pc.count_substring(s, ".")).as_py() > 1:
+        return None
     try:
         digits = pc.cast(pc.replace_substring(s, ".", ""), pa.int64())  # only digits and a sign cast
     except pa.ArrowInvalid:
         return None
     dot = pc.find_substring(s, ".")
     decimals = pc.if_else(pc.less(dot, 0), 0, pc.subtract(pc.subtract(pc.utf8_length(s), dot), 1))
-    if pc.max(pc.count_substring(s, ".")).as_py() > 1:
-        return None
     magnitude = pc.abs(digits)
     scale_up = pc.less_equal(decimals, 3)
     ns = pc.if_else(scale_up, pc.multiply(magnitude, _TENS.take(pc.subtract(3, pc.min_element_wise(decimals, 3)))),

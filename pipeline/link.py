@@ -351,7 +351,8 @@ def _context_in_cell(points: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame
     intervals = slices.select(iv_idx="event_idx", pid="pid", tid="tid", nest=nest, ts_ns="ts_ns", end_ns="end_ns")
     # every point once per nest that has slices here (modules often have none), nest after nest:
     # the answers of the k-th of them are rows k*n to (k+1)*n
-    present = [(name, code) for name, code, _ in NESTS if code in set(intervals["nest"].unique())]
+    have = set(intervals["nest"].unique())
+    present = [(name, code) for name, code, _ in NESTS if code in have]
     each_nest = pl.concat([points.select("pid", "tid", "t", nest=pl.lit(code, pl.Int8)) for _, code in present]
                           or [points.select("pid", "tid", "t", nest=pl.lit(None, pl.Int8))])
     found = nesting.around_each(each_nest, intervals, nesting.LONGER_FIRST, by=("pid", "tid", "nest"))
