@@ -706,27 +706,25 @@ def _exact_ns_from_text(values: pa.Array, text: bytes) -> pa.Array | None:
     return ns if not values.null_count else pc.replace_with_mask(pa.nulls(len(values), pa.int64()), present, ns)
 
 
-_INT64_DIGITS = 18  # any number of this many digits fits in an int64
-_TENS = pa.array([10**k for k in range(_INT64_DIGITS + 1)], pa.int64())
+_TENS = pa.array([10**k for k in range(19)], pa.int64())  # an int64 holds 19 digits at the most
 
 
 def _ns_of_decimal_texts(s: pa.Array) -> pa.Array | None:
     """int64 ns of µs decimal texts (`-?digits[.digits]`, below 9.2e15 µs), digits below a ns
     rounded half to even (as a Decimal's to_integral_value); None if a text is not such a number.
 
-    Texts of up to 18 digits are read as one integer without the dot and scaled by their number
-    of decimals; longer ones are split at the dot (`_ns_of_long_decimal_texts`)."""
-    if pc.max(pc.utf8_length(s)).as_py() > _INT64_DIGITS + 1:  # sign or dot, and 18 digits
-        return _ns_of_long_decimal_texts(s)
+    Texts whose digits fit an int64 (epoch µs with three decimals do) are read as one integer
+    without the dot and scaled by their number of decimals; longer ones are split at the dot
+    (`_ns_of_long_decimal_texts`)."""
     if pc.max(pc.count_substring(s, ".")).as_py() > 1:
         return None
     try:
         digits = pc.cast(pc.replace_substring(s, ".", ""), pa.int64())  # only digits and a sign cast
-    except pa.ArrowInvalid:
-        return None
+        magnitude = pc.abs_checked(digits)
+    except pa.ArrowInvalid:  # more digits than an int64 holds, or no number
+        return _ns_of_long_decimal_texts(s)
     dot = pc.find_substring(s, ".")
     decimals = pc.if_else(pc.less(dot, 0), 0, pc.subtract(pc.subtract(pc.utf8_length(s), dot), 1))
-    magnitude = pc.abs(digits)
     scale_up = pc.less_equal(decimals, 3)
     ns = pc.if_else(scale_up, pc.multiply(magnitude, _TENS.take(pc.subtract(3, pc.min_element_wise(decimals, 3)))),
                     magnitude)

@@ -239,3 +239,12 @@ def test_timestamp_texts_that_are_no_plain_numbers_decline():
     assert C._exact_ns_from_text(big, b'{"ts": "abc"}') is None
     assert C._exact_ns_from_text(pa.array([4.4586932467655e12]), b'{"ts": 4.4586932467655e12}') is None
     assert C._exact_ns_from_text(big, b'{"ts": 4458693246765.5}').to_pylist() == [4458693246765500]
+
+
+def test_epoch_timestamps_with_three_decimals_and_int64_edges():
+    """Epoch µs with three decimals (Kineto's form: 19 digits) are read as one integer; digits
+    beyond an int64, or exactly -2**63, are read whole and decimals apart; all as Decimal rounds."""
+    from decimal import Decimal
+    texts = ["1712195495519695.812", "-1712195495519695.8125", "999999999999.99999995", "-0.9223372036854775808", "7"]
+    got = C._ns_of_decimal_texts(pa.array(texts)).to_pylist()
+    assert got == [int((Decimal(t) * 1000).to_integral_value()) for t in texts]
