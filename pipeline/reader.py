@@ -617,13 +617,16 @@ def ordered_results(
     max_inflight: int = 4,
     on_corrupt: Callable[[str], None] | None = None,
 ) -> Iterator[object]:
-    """Run `work_text` over every chunk (in workers via `submit`, else here), results in order.
+    """Run `work_text` over every chunk (in workers via `submit`, else here), results in order;
+    up to `max_inflight` chunks are submitted ahead of the one whose result is yielded (here, none:
+    holding results computed already would only hold their memory).
 
     A chunk whose parse fails is merged with the next one and run again here; if the merged
     text grows past MAX_CARRY_CHUNKS chunks the input is corrupt there: its complete events are
     salvaged, `on_corrupt` is told, and reading stops.
     """
     inflight: deque = deque()
+    ahead = max_inflight if submit is not None else 0  # run here, a result has nothing to wait for
     carry: bytes | None = None
     carried = 0
     next_try = 0  # parse a failing carry again once it is this long: doubling keeps it linear
@@ -670,7 +673,7 @@ def ordered_results(
                 inflight.append((piece, _run_local(work_text, text_of(piece))))
             else:
                 inflight.append((piece, submit(piece)))
-            while len(inflight) > max_inflight:
+            while len(inflight) > ahead:
                 raw, fut = inflight.popleft()
                 yield from settle(raw, _outcome(fut))
         while inflight:
