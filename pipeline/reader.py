@@ -285,6 +285,18 @@ def _metadata_before(buf: bytes, key_pos: int) -> dict:
     return meta
 
 
+_VALUE_START = frozenset(b'{["-0123456789tfn]')  # what may follow traceEvents' `[`: a value or its end
+
+
+def _check_first_value(buf: bytes, pos: int):
+    """Raise BadTrace when what follows the `[` that opens traceEvents (at pos) cannot start a JSON
+    value: a file of other bytes that happens to begin with `[` is no trace (salvaging it would
+    keep nothing and call it truncated)."""
+    rest = bytes(buf[pos:pos + 64]).lstrip(_WS)
+    if rest and rest[0] not in _VALUE_START:
+        raise BadTrace("not JSON: traceEvents does not hold JSON values")
+
+
 def read_header(stream) -> tuple[Header, str | None]:
     buf = bytearray()
     problem = None
@@ -294,6 +306,7 @@ def read_header(stream) -> tuple[Header, str | None]:
         found = _find_events_array(buf)
         if found:
             kind, pos, key_pos = found
+            _check_first_value(buf, pos)
             meta = {} if kind == "list" else _metadata_before(buf, key_pos)
             return Header(meta, kind == "list", bytearray(buf[pos:])), problem
         if not block:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import tempfile
 from decimal import Decimal
 from pathlib import Path
@@ -312,7 +313,8 @@ def test_salvaged_piece_when_truncated(tmp_path):
 def test_not_a_trace_inputs_raise_badtrace(tmp_path):
     cases = {"empty": b"", "ws": b"  \n ", "not json": b"hello", "no events": b'{"a": [1, 2]}',
              "events not list": b'{"traceEvents": {"a": 1}}', "events scalar": b'{"traceEvents": 5}',
-             "random": os.urandom(3000)}
+             "random": random.Random(7).randbytes(3000), "bracket then bytes": b"[\x8f\x02garbage",
+             "events of other bytes": b'{"traceEvents": [ \xff\x00}'}
     for name, data in cases.items():
         p = tmp_path / f"{name}.json"
         p.write_bytes(data)
