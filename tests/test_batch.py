@@ -5,6 +5,7 @@ import gzip
 import io
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -137,7 +138,7 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("batch")
     src = root / "src"
     traces = make_src(src)
-    (src / "garbage.json.gz").write_bytes(os.urandom(1024))
+    (src / "garbage.json.gz").write_bytes(random.Random(3).randbytes(1024))
     (src / "notatrace.json").write_text('{"a": 1}')
     (src / "README.md").write_text("not an input")
     ds = root / "ds"
