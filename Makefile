@@ -29,6 +29,9 @@ test: install    ## run the test suite (real-trace tests run when ../shared/trac
 test-fast:       ## the tests without the slow ones
 	$(PY) -m pytest -q -m "not slow"
 
+fuzz:            ## mutate real and synthetic traces through every command: make fuzz N=100000 [SEED=1]
+	$(PY) tests/fuzz.py --n $(or $(N),1000) --seed $(or $(SEED),0)
+
 oracle:          ## install the CPU torch wheel and run the FLOP-formula oracle tests
 	$(PIP) install -q torch==2.13.0
 	$(PY) -m pytest -q tests/test_formulas_oracle.py
@@ -51,7 +54,7 @@ acceptance:      ## run the shared acceptance checks (needs ../shared)
 clean:           ## remove generated outputs
 	rm -rf $(DEMO)/flat $(DEMO)/*.json.gz .pytest_cache
 
-.PHONY: help install demo test test-fast oracle bench batch query examples acceptance clean
+.PHONY: help install demo test test-fast fuzz oracle bench batch query examples acceptance clean
 
 docs:            ## regenerate the README sections derived from schemas, formulas and device specs
 	$(PY) scripts/gen_readme.py

@@ -96,8 +96,9 @@ def with_costs(batches, costs: list[tuple[int, dict]]):
         raise DatasetError(f"the flattened tables name event {nxt[0]}, past the trace's {base} events: they are stale")
 
 
-def augment(trace_path, out_path, flat_dir=None, **flatten_kwargs) -> AugmentResult:
-    """Write `trace_path` to `out_path` (.json or .json.gz) with cost fields in costed kernels' args.
+def augment(trace_path, out_path, flat_dir=None, keep_secrets: bool = False, **flatten_kwargs) -> AugmentResult:
+    """Write `trace_path` to `out_path` (.json or .json.gz) with cost fields in costed kernels' args;
+    secrets in its metadata redacted unless `keep_secrets` (the output is meant to be shared).
 
     With `flat_dir` (a flattened, linked directory of this trace) its gpu_ops costs are used;
     otherwise the trace is flattened to a temporary directory first (`flatten_kwargs`:
@@ -106,7 +107,7 @@ def augment(trace_path, out_path, flat_dir=None, **flatten_kwargs) -> AugmentRes
     path = str(trace_path)
     with open_trace(path) as src:  # a bad trace is reported before any flattening
         costs, warnings = _costs_of(path, flat_dir, flatten_kwargs)
-        with TraceWriter(out_path, src.header.metadata) as out:
+        with TraceWriter(out_path, src.header.metadata, keep_secrets=keep_secrets) as out:
             for events in with_costs(read_events(src), costs):
                 out.write(events)
             out.tail = metadata_after(src)

@@ -49,6 +49,7 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import stat
 import tarfile
 import threading
@@ -64,7 +65,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__, schema, store
-from .errors import DatasetError, TracepipeError, UsageError
+from .errors import DatasetError, OutputError, TracepipeError, UsageError
+from .limits import inflate_limit, not_regular, too_inflated
 
 TABLES = schema.TABLES
 MANIFEST = "traces"
@@ -74,6 +76,7 @@ STAGING = "_staging"
 TRACE_SUFFIXES = (".json", ".json.gz", ".json.zst")
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 ENGINES = ("local", "ray", "dask")
+FAULT_KILL = "TRACEPIPE_FAULT_KILL"  # tests: a worker given an input whose name holds this value dies
 
 MANIFEST_SCHEMA = pa.schema([
     ("path", pa.string()),              # the input as given; archive members as ARCHIVE!MEMBER
@@ -137,10 +140,17 @@ def file_hash(path: str) -> tuple[str, int]:
 
 
 def _file_item(path: str) -> Item:
+    """A file input, hashed. One that cannot be read for good (a FIFO, no permission) is
+    quarantined with the reason; one that vanished fails (retried by the next run)."""
+    why = not_regular(path)
+    if why == "no such file":
+        return Item(source=path, failed=why)
+    if why:
+        return Item(source=path, rejected=why)
     try:
         digest, size = file_hash(path)
     except OSError as e:
-        return Item(source=path, failed=e.strerror or str(e))
+        return Item(source=path, rejected=f"cannot read: {e.strerror or e}")
     return Item(source=path, path=path, size=size, content_hash=digest)
 
 
@@ -156,25 +166,38 @@ def unsafe_member(name: str) -> str | None:
     return None
 
 
-def _extract(stream, source: str, name: str, tmp: Path, n: int) -> Item:
-    """Copy one member's bytes into tmp/<n>/<basename>, hashing them on the way."""
+class _TooInflated(Exception):
+    pass
+
+
+def _extract(stream, source: str, name: str, tmp: Path, n: int, limit: int | None, compressed: int) -> Item:
+    """Copy one member's bytes into tmp/<n>/<basename>, hashing them on the way; a member that
+    inflates past `limit` bytes is removed again and quarantined (a decompression bomb)."""
     d = tmp / str(n)
     d.mkdir(parents=True)
     dst = d / PurePosixPath(name.replace("\\", "/")).name
     h = _Hasher()
-    with open(dst, "wb") as out:
-        while b := stream.read(1 << 20):
-            h.update(b)
-            out.write(b)
+    try:
+        with open(dst, "wb") as out:
+            while b := stream.read(1 << 20):
+                h.update(b)
+                if limit is not None and h.size > limit:
+                    raise _TooInflated()
+                out.write(b)
+    except _TooInflated:
+        shutil.rmtree(d, ignore_errors=True)
+        return Item(source=source, rejected=f"archive member {too_inflated(limit, compressed)}")
     return Item(source=source, path=str(dst), size=h.size, content_hash=h.h.hexdigest(), temp=True)
 
 
-def _tar_items(path: str, tmp: Path) -> Iterator[Item]:
-    """Members of a tar archive, streamed: one member on disk at a time per pending task."""
+def _tar_items(path: str, tmp: Path, ratio: float | None) -> Iterator[Item]:
+    """Members of a tar archive, streamed: one member on disk at a time per pending task. A
+    member may inflate to `inflate_limit` of the whole archive's size."""
     try:
         tf = tarfile.open(path, mode="r|*")
     except (tarfile.TarError, OSError) as e:
         raise UsageError(f"{path}: cannot read archive: {e}") from None
+    limit = inflate_limit(_size(path), ratio)
     with tf:
         n = 0
         try:
@@ -183,16 +206,20 @@ def _tar_items(path: str, tmp: Path) -> Iterator[Item]:
                     continue
                 src = f"{path}!{m.name}"
                 why = unsafe_member(m.name) or (None if m.isfile() else "archive member is a link or device")
+                if why is None and limit is not None and m.size > limit:
+                    why = f"archive member of {m.size:,} bytes {too_inflated(limit, _size(path))}"
                 if why:
                     yield Item(source=src, rejected=why)
                     continue
                 n += 1
-                yield _extract(tf.extractfile(m), src, m.name, tmp, n)
+                yield _extract(tf.extractfile(m), src, m.name, tmp, n, limit, _size(path))
         except (tarfile.TarError, OSError, EOFError, ValueError) as e:
             yield Item(source=path, failed=f"archive unreadable after {n} members: {e}")
 
 
-def _zip_items(path: str, tmp: Path) -> Iterator[Item]:
+def _zip_items(path: str, tmp: Path, ratio: float | None) -> Iterator[Item]:
+    """Members of a zip archive; each may inflate to `inflate_limit` of its compressed size (its
+    declared size is checked first, and the bytes as they come: a header may lie)."""
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as e:
@@ -203,14 +230,17 @@ def _zip_items(path: str, tmp: Path) -> Iterator[Item]:
                 continue
             src = f"{path}!{info.filename}"
             mode = info.external_attr >> 16
+            limit = inflate_limit(info.compress_size, ratio)
             why = unsafe_member(info.filename) or (
                 "archive member is a link or device" if stat.S_IFMT(mode) not in (0, stat.S_IFREG) else None)
+            if why is None and limit is not None and info.file_size > limit:
+                why = f"archive member of {info.file_size:,} bytes {too_inflated(limit, info.compress_size)}"
             if why:
                 yield Item(source=src, rejected=why)
                 continue
             try:
                 with zf.open(info) as stream:
-                    yield _extract(stream, src, info.filename, tmp, n)
+                    yield _extract(stream, src, info.filename, tmp, n, limit, info.compress_size)
             except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
                 yield Item(source=src, rejected=f"archive member unreadable: {e}")
 
@@ -245,11 +275,12 @@ def _list_items(listing: str) -> Iterator[Item]:
             continue
         if not os.path.isabs(p) and not os.path.exists(p) and os.path.exists(os.path.join(base, p)):
             p = os.path.join(base, p)  # relative to the current directory, else to the list file
-        yield _file_item(p) if os.path.isfile(p) else Item(source=p, failed="no such file")
+        yield _file_item(p)
 
 
-def inputs(src: str | os.PathLike, tmp: Path, dataset: Path) -> Iterator[Item]:
-    """Every input of SRC: a directory (recursive), an archive, a trace, or a list of paths."""
+def inputs(src: str | os.PathLike, tmp: Path, dataset: Path, max_inflate: float | None = None) -> Iterator[Item]:
+    """Every input of SRC: a directory (recursive), an archive, a trace, or a list of paths.
+    `max_inflate`: the ratio archive members may inflate by (`pipeline.limits`)."""
     src = str(src)
     if os.path.isdir(src):
         return _dir_items(src, dataset)
@@ -258,14 +289,10 @@ def inputs(src: str | os.PathLike, tmp: Path, dataset: Path) -> Iterator[Item]:
     low = src.lower()
     if is_trace_name(low):
         return iter([_file_item(src)])
-    if low.endswith(".zip"):
-        return _zip_items(src, tmp)
-    if low.endswith(TAR_SUFFIXES):
-        return _tar_items(src, tmp)
-    if zipfile.is_zipfile(src):
-        return _zip_items(src, tmp)
-    if tarfile.is_tarfile(src):
-        return _tar_items(src, tmp)
+    if low.endswith(".zip") or (not low.endswith(TAR_SUFFIXES) and zipfile.is_zipfile(src)):
+        return _zip_items(src, tmp, max_inflate)
+    if low.endswith(TAR_SUFFIXES) or tarfile.is_tarfile(src):
+        return _tar_items(src, tmp, max_inflate)
     return _list_items(src)
 
 
@@ -288,17 +315,21 @@ def _span(events: Path) -> tuple[int | None, int | None]:
     return lo, hi
 
 
-def process_one(path: str, source: str, trace_id: str, stage: str) -> dict:
+def process_one(path: str, source: str, trace_id: str, stage: str, max_inflate: float | None = None) -> dict:
     """Flatten one trace into STAGE/<table>/trace_id=<id>/part-0.parquet; return its manifest facts.
 
     A file that is not a readable trace yields status `quarantined`; other exceptions propagate.
     """
     from .flatten import flatten
 
+    if (doomed := os.environ.get(FAULT_KILL)) and doomed in source:  # fault injection, for tests
+        os.kill(os.getpid(), signal.SIGKILL)
     started = _now()
     stage = Path(stage)
     try:
-        r = flatten(path, stage / "flat", workers=1)
+        r = flatten(path, stage / "flat", workers=1, max_inflate=max_inflate)
+    except OutputError:
+        raise  # a full disk: not the file's fault, retried by the next run
     except TracepipeError as e:
         msg = str(e).replace(path, source)
         msg = msg[len(source) + 2:] if msg.startswith(f"{source}: ") else msg
@@ -387,6 +418,15 @@ def commit(ds: Path, stage: Path, item: Item, facts: dict):
     (ds / MANIFEST).mkdir(exist_ok=True)
     os.rename(mdir, ds / MANIFEST / part)
     shutil.rmtree(stage, ignore_errors=True)
+
+
+def uncommit(ds: Path, trace_id: str):
+    """Take back what a failed commit moved into the dataset (partitions without a manifest row)."""
+    part = f"{KEY}={trace_id}"
+    if (ds / MANIFEST / part / PART).is_file():
+        return  # committed after all
+    for name in TABLES:
+        shutil.rmtree(ds / name / part, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ engines
@@ -522,7 +562,8 @@ def default_jobs() -> int:
 
 
 def run_batch(src: str | os.PathLike, dataset: str | os.PathLike, *, jobs: int | None = None,
-              engine: str = "local", report: Callable[[str, str, str], None] | None = None) -> BatchResult:
+              engine: str = "local", report: Callable[[str, str, str], None] | None = None,
+              max_inflate: float | None = None) -> BatchResult:
     """Flatten every trace of SRC into DATASET (see the module docstring), skipping known content.
 
     `report(kind, source, message)` is called as inputs finish; kind is one of ok, truncated,
@@ -550,28 +591,55 @@ def run_batch(src: str | os.PathLike, dataset: str | os.PathLike, *, jobs: int |
         run = ds / STAGING / uuid.uuid4().hex[:12]
         run.mkdir(parents=True)
         pool, pending, seen = _Pool(engine, jobs), {}, set()
+        suspects: list = []  # inputs in flight when a worker died: each is run again alone
+        alone: set = set()  # the trace ids being run alone
+
+        def settle(item: Item, stage: Path, facts: dict):
+            """Commit a trace's outcome; a commit the disk refuses is undone and retried next run."""
+            try:
+                commit(ds, stage, item, facts)
+            except OSError as e:
+                uncommit(ds, item.trace_id)
+                res.failed += 1
+                note("failed", item, f"cannot commit: {e.strerror or e}")
+                seen.discard(item.trace_id)
+                return
+            st = facts["status"]
+            res.quarantined += st == "quarantined"
+            res.added += st != "quarantined"
+            res.truncated += st == "truncated"
+            note(st, item, facts.get("error") or "")
 
         def finish(fut):
             item, stage = pending.pop(fut)
+            keep_input = False
             try:
                 facts = fut.result()
+            except cf.process.BrokenProcessPool:  # a worker died (killed, out of memory): whose input was it?
+                if item.trace_id in alone:
+                    now = _now()
+                    settle(item, stage, {"status": "quarantined", "started_at": now, "finished_at": now,
+                                         "error": "the worker flattening it died (killed by a signal: out of memory?)"})
+                else:
+                    suspects.append((item, stage))
+                    keep_input = True
             except Exception as e:  # noqa: BLE001 - not the file's fault: commit nothing, retry next run
                 res.failed += 1
                 note("failed", item, f"{type(e).__name__}: {e}".splitlines()[0])
                 seen.discard(item.trace_id)
             else:
-                commit(ds, stage, item, facts)
-                st = facts["status"]
-                res.quarantined += st == "quarantined"
-                res.added += st != "quarantined"
-                res.truncated += st == "truncated"
-                note(st, item, facts.get("error") or "")
+                settle(item, stage, facts)
             finally:
-                if item.temp:
+                if item.temp and not keep_input:
                     shutil.rmtree(Path(item.path).parent, ignore_errors=True)
 
+        def submit(item: Item, stage: Path):
+            shutil.rmtree(stage, ignore_errors=True)  # what a dead worker may have left
+            pending[pool.submit(process_one, item.path, item.source, item.trace_id, str(stage), max_inflate)] = \
+                (item, stage)
+
         try:
-            for item in inputs(src, run / "x", ds):
+            for item in inputs(src, run / "x", ds, max_inflate):
                 if item.failed:
                     res.failed += 1
                     note("failed", item, item.failed)
@@ -597,17 +665,21 @@ def run_batch(src: str | os.PathLike, dataset: str | os.PathLike, *, jobs: int |
                 if item.rejected:
                     stage.mkdir()
                     now = _now()
-                    commit(ds, stage, item, {"status": "quarantined", "error": item.rejected,
-                                             "started_at": now, "finished_at": now})
-                    res.quarantined += 1
-                    note("quarantined", item, item.rejected)
+                    settle(item, stage, {"status": "quarantined", "error": item.rejected,
+                                         "started_at": now, "finished_at": now})
                     continue
                 while len(pending) >= 2 * jobs:
                     for f in cf.wait(pending, return_when=cf.FIRST_COMPLETED).done:
                         finish(f)
-                pending[pool.submit(process_one, item.path, item.source, tid, str(stage))] = (item, stage)
+                submit(item, stage)
             while pending:
                 for f in cf.wait(list(pending), return_when=cf.FIRST_COMPLETED).done:
+                    finish(f)
+            while suspects:  # one at a time: a worker that dies now died of this input
+                item, stage = suspects.pop(0)
+                alone.add(item.trace_id)
+                submit(item, stage)
+                for f in cf.wait(list(pending)).done:
                     finish(f)
         finally:
             pool.close()

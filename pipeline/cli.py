@@ -76,6 +76,7 @@ def flatten(
     device_specs: Optional[Path] = typer.Option(None, "--device-specs", help="CSV of extra/overriding device specs"),
     device: Optional[str] = typer.Option(None, "--device", help="force this device spec for every GPU"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype for ops whose trace records none (e.g. bf16)"),
+    max_inflate: Optional[float] = typer.Option(None, "--max-inflate", help="a compressed trace may inflate to this many times its size, at least 1 GiB (default 200; 0: no limit)"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
     """Flatten traces into OUT/<stem>/{events,gpu_ops,flows,devices,trace}.parquet."""
@@ -86,7 +87,7 @@ def flatten(
         size = t.stat().st_size if t.is_file() else None
         prog = Progress(t.name, size if not str(t).endswith((".gz", ".zst")) else None, quiet)
         try:
-            r = run(t, out, workers=workers, link=not no_link, progress=prog,
+            r = run(t, out, workers=workers, link=not no_link, progress=prog, max_inflate=max_inflate,
                     device_specs=str(device_specs) if device_specs else None, device=device, dtype=dtype)
         except TracepipeError as e:
             prog.done()
@@ -114,12 +115,14 @@ def augment(
     device_specs: Optional[Path] = typer.Option(None, "--device-specs", help="CSV of extra/overriding device specs"),
     device: Optional[str] = typer.Option(None, "--device", help="force this device spec for every GPU"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype for ops whose trace records none (e.g. bf16)"),
+    keep_secrets: bool = typer.Option(False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no summary"),
 ):
     """Write the trace again with FLOPs, bytes and roofline figures in each costed kernel's args."""
     from .augment import augment as run
 
-    r = run(trace, out, device_specs=str(device_specs) if device_specs else None, device=device, dtype=dtype)
+    r = run(trace, out, keep_secrets=keep_secrets, device_specs=str(device_specs) if device_specs else None,
+            device=device, dtype=dtype)
     for w in r.warnings:
         err(f"{trace.name}: {w}")
     if not quiet:
@@ -136,12 +139,13 @@ def combine(
     out: Path = typer.Option(..., "-o", "--out", help="output trace (.json, or .json.gz to compress)"),
     align: str = typer.Option("none", "--align", help="none: keep timestamps; start: shift each trace to start together"),
     label: Optional[List[str]] = typer.Option(None, "--label", help="label per trace, in order (default: file stems)"),
+    keep_secrets: bool = typer.Option(False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no summary"),
 ):
     """Combine traces into one: pids, flow ids and link ids renumbered apart, process names labelled."""
     from .combine import combine as run
 
-    r = run(traces, out, align=align, labels=label or None)
+    r = run(traces, out, align=align, labels=label or None, keep_secrets=keep_secrets)
     for i in r.truncated_inputs:
         err(f"{i.path}: truncated ({i.truncation_reason}); wrote its {i.n_events} complete events")
     if not quiet:
@@ -179,6 +183,7 @@ def batch(
     out: Path = typer.Option(..., "-o", "--out", help="the dataset directory (created or extended)"),
     jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="worker processes (default: all cores)"),
     engine: str = typer.Option("local", "--engine", help="local (processes), ray or dask"),
+    max_inflate: Optional[float] = typer.Option(None, "--max-inflate", help="a compressed trace or archive member may inflate to this many times its size, at least 1 GiB (default 200; 0: no limit)"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
     """Flatten many traces into one hive-partitioned dataset: OUT/<table>/trace_id=<id>/part-0.parquet.
@@ -201,7 +206,7 @@ def batch(
             sys.stderr.write(f"batch: {counts['done']} inputs done (last: {os.path.basename(source)})")
             sys.stderr.flush()
 
-    r = run_batch(src, out, jobs=jobs, engine=engine, report=report)
+    r = run_batch(src, out, jobs=jobs, engine=engine, report=report, max_inflate=max_inflate)
     if tty:
         sys.stderr.write("\r\x1b[K")
     if not quiet:
@@ -217,9 +222,16 @@ def query(
     fmt: str = typer.Option("table", "--format", "-f", help="table, csv, json (list of rows) or parquet"),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the result to this file"),
     example: Optional[str] = typer.Option(None, "--example", "-e", help="run a named example query instead of SQL"),
+    sql_file: Optional[Path] = typer.Option(None, "--sql-file", "-F", help="read the SQL from this file (- for stdin); sandboxed unless --no-sandbox"),
+    sandbox: Optional[bool] = typer.Option(None, "--sandbox/--no-sandbox", help="only the dataset's tables: no read_csv/read_parquet/... of other files or URLs (default: on for --sql-file, off for SQL on the command line)"),
     list_examples: bool = typer.Option(False, "--list-examples", help="list the example queries and exit"),
 ):
-    """Run SQL over a dataset's tables (lazily: only what the query needs is read)."""
+    """Run SQL over a dataset's tables (lazily: only what the query needs is read).
+
+    SQL typed on the command line may also read other files with polars' table functions
+    (read_csv('f.csv'), read_parquet(...)), as the user could anyway; SQL from a file (or a
+    service passing it on) runs in the sandbox, which allows only the dataset's tables.
+    """
     from . import query as q
     from .errors import UsageError
 
@@ -228,13 +240,25 @@ def query(
             typer.echo(f"{name}: {what}\n  " + " ".join(text.split()) + "\n")
         raise typer.Exit(EXIT_OK)
     if dataset is None:
-        raise UsageError("query needs DATASET and SQL (or --example NAME)")
-    if (sql is None) == (example is None):
-        raise UsageError("give either SQL or --example NAME (see --list-examples)")
+        raise UsageError("query needs DATASET and SQL (or --example NAME, or --sql-file FILE)")
+    if sum(x is not None for x in (sql, example, sql_file)) != 1:
+        raise UsageError("give one of SQL, --example NAME (see --list-examples) or --sql-file FILE")
+    if sql_file is not None:
+        sql = _read_sql(sql_file)
+        sandbox = True if sandbox is None else sandbox
     q.check_format(fmt, out)
-    df = q.run(dataset, q.example(example) if example else sql)
+    df = q.run(dataset, q.example(example) if example else sql, sandbox=bool(sandbox))
     q.write(df, fmt, out)
     raise typer.Exit(EXIT_OK)
+
+
+def _read_sql(path: Path) -> str:
+    from .errors import UsageError
+
+    try:
+        return sys.stdin.read() if str(path) == "-" else path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot read the SQL: {getattr(e, 'strerror', None) or e}") from None
 
 
 # ------------------------------------------------------------------ analyze + diff
@@ -316,28 +340,58 @@ def diff_cmd(
 
 
 # ------------------------------------------------------------------ entry point
-def main():
-    debug = os.environ.get("TRACEPIPE_DEBUG")
+def _click():
+    """The click that typer runs on: vendored as `typer._click` since typer 0.29 (which no longer
+    installs click), the click package before."""
     try:
-        rc = app(standalone_mode=False)
+        from typer import _click as click
+    except ImportError:  # typer < 0.29
+        import click
+    return click
+
+
+def usage_line(e) -> str:
+    """A click usage error as one line naming the command and where its help is."""
+    ctx = getattr(e, "ctx", None)
+    where = ctx.command_path if ctx is not None else "tracepipe"
+    said = " ".join(e.format_message().split()) or type(e).__name__
+    return f"{where}: {said} (see '{where} --help')"
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the command line `argv` (default: sys.argv[1:]) and return its exit code; every error
+    is one line on stderr (`TRACEPIPE_DEBUG=1`: internal errors raise)."""
+    debug = os.environ.get("TRACEPIPE_DEBUG")
+    click = _click()
+    try:
+        rc = app(args=argv, standalone_mode=False, prog_name="tracepipe")
     except typer.Exit as e:
-        sys.exit(e.exit_code)
+        return e.exit_code
     except TracepipeError as e:
         err(str(e))
-        sys.exit(e.exit_code)
+        return e.exit_code
     except KeyboardInterrupt:
         err("interrupted")
-        sys.exit(130)
-    except Exception as e:  # click usage errors and bugs
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(EXIT_BAD_INPUT)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(130)
+        return 130
+    except click.exceptions.NoArgsIsHelpError:
+        return EXIT_BAD_INPUT  # the help was shown
+    except click.exceptions.ClickException as e:  # usage: missing or unknown option, bad value, no such command
+        typer.echo(usage_line(e), err=True)
+        return EXIT_BAD_INPUT
+    except getattr(click.exceptions, "Abort", ()):  # click's Ctrl-C
+        return 130
+    except OSError as e:  # the environment, not a bug: a disk that filled, a permission
+        why = os.strerror(e.errno) if e.errno else " ".join(str(e).split())
+        err(f"{getattr(e, 'filename', None) or 'I/O error'}: {why}")
+        return EXIT_BAD_INPUT
+    except Exception as e:  # a bug
         if debug:
             raise
-        err(f"internal error: {type(e).__name__}: {e} (set TRACEPIPE_DEBUG=1 for details)")
-        sys.exit(EXIT_INTERNAL)
-    sys.exit(rc if isinstance(rc, int) else 0)
+        first = " ".join(str(e).split())[:300]
+        err(f"internal error: {type(e).__name__}: {first} (set TRACEPIPE_DEBUG=1 for details)")
+        return EXIT_INTERNAL
+    return rc if isinstance(rc, int) else EXIT_OK
+
+
+def main():
+    sys.exit(run())

@@ -18,6 +18,7 @@ valid JSON, so tables do not depend on which builder took a chunk.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from collections import Counter
@@ -32,7 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import schema
-from .reader import NeedsExactParse, parse_chunk, parse_chunk_exact
+from .reader import ChunkParseError, NeedsExactParse, parse_chunk, parse_chunk_exact
+from .tame import BAD_UNICODE, MAX_DEPTH, TOO_DEEP, TooDeep, scrub, tame_deep
 
 # cat -> kind of GPU/accelerator activity (case as written; old layouts capitalise)
 GPU_KINDS = {
@@ -59,20 +61,29 @@ def _json_default(v):
 
 
 def dumps(v) -> bytes:
-    """JSON text of a parsed value, exact: Decimals as their text, integers beyond 64 bits too."""
+    """JSON text of a parsed value, exact: Decimals as their text, integers beyond 64 bits too;
+    a part nested deeper than orjson writes (255 levels) as the JSON string of its text."""
     try:
         return orjson.dumps(v, default=_json_default)
-    except TypeError:  # orjson writes no integer beyond 64 bits
-        return orjson.dumps(_big_ints_as_text(v), default=_json_default)
+    except TypeError:  # orjson writes no integer beyond 64 bits, nothing nested past 255 levels,
+        try:  # no lone surrogate
+            return orjson.dumps(_writable(v, 0), default=_json_default)
+        except TypeError:
+            return orjson.dumps(_writable(scrub(v)[0], 0), default=_json_default)
 
 
-def _big_ints_as_text(v):
+def _writable(v, depth: int):
     if type(v) is int and not -(2**63) <= v < 2**64:
         return orjson.Fragment(str(v).encode())
+    if type(v) in (dict, list) and depth >= MAX_DEPTH:
+        try:
+            return json.dumps(v, default=str)
+        except (RecursionError, ValueError):
+            return "<nested too deep>"
     if type(v) is dict:
-        return {k: _big_ints_as_text(x) for k, x in v.items()}
+        return {k: _writable(x, depth + 1) for k, x in v.items()}
     if type(v) is list:
-        return [_big_ints_as_text(x) for x in v]
+        return [_writable(x, depth + 1) for x in v]
     return v
 
 
@@ -217,7 +228,20 @@ class TimestampTexts:
 
 
 def build_from_text(text: bytes) -> ChunkTables:
-    """Parse one chunk of traceEvents text and build its tables (the worker's job)."""
+    """Parse one chunk of traceEvents text and build its tables (the worker's job). Values nested
+    too deep for the parsers are kept as their text and counted (`pipeline.tame`)."""
+    try:
+        return _build_from_text(text)
+    except (RecursionError, TooDeep):
+        tamed, n = tame_deep(text)
+        if not n:  # the deep value goes on past this chunk: a cut to merge with the next
+            raise ChunkParseError("a value nested too deep goes on past the chunk") from None
+        tables = _build_from_text(tamed)
+        tables.problems.coerced[TOO_DEEP] += n
+        return tables
+
+
+def _build_from_text(text: bytes) -> ChunkTables:
     tables = _tables_by_struct(text)
     if tables is not None:
         return tables
@@ -229,6 +253,17 @@ def build_from_text(text: bytes) -> ChunkTables:
 
 
 def build_chunk(events: list, text: bytes | None = None, raw_args: list | None = None) -> ChunkTables:
+    """`_build_chunk`; strings holding a lone surrogate (no UTF-8 for it) fixed first and counted."""
+    try:
+        return _build_chunk(events, text, raw_args)
+    except UnicodeEncodeError:
+        events, n = scrub(events)
+        tables = _build_chunk(events, text, raw_args)
+        tables.problems.coerced[BAD_UNICODE] += n
+        return tables
+
+
+def _build_chunk(events: list, text: bytes | None = None, raw_args: list | None = None) -> ChunkTables:
     """Typed tables for one chunk of parsed events; event_idx is local (0-based) to the chunk.
 
     The common case (every value of the type its column wants) is built column by column by

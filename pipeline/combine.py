@@ -215,10 +215,10 @@ def combined_metadata(inputs: list[Input], metas: list[dict]) -> dict:
     return {**common, **({"deviceProperties": devices} if devices else {}), "combinedFrom": sources}
 
 
-def combine(paths, out_path, align: str = "none", labels=None) -> CombineResult:
+def combine(paths, out_path, align: str = "none", labels=None, keep_secrets: bool = False) -> CombineResult:
     """Write one trace holding every event of every input, ids renumbered apart (module docstring)."""
     inputs = _inputs([str(p) for p in paths], labels, align)
-    with TraceWriter(out_path) as out:
+    with TraceWriter(out_path, keep_secrets=keep_secrets) as out:
         metas = [_copy_events(inp, out) for inp in inputs]
         out.tail = combined_metadata(inputs, metas)
     return CombineResult(Path(out_path), out.n_events, inputs)

@@ -17,3 +17,15 @@ class UsageError(TracepipeError):
 
 class DatasetError(TracepipeError):
     """A flattened directory or dataset is missing or malformed."""
+
+
+class OutputError(TracepipeError):
+    """An output cannot be written (disk full, no permission, read-only filesystem)."""
+
+
+def output_error(target, e: OSError) -> OutputError:
+    """An OSError met while writing `target`, as one line in the system's words."""
+    import os
+
+    why = os.strerror(e.errno) if e.errno else (" ".join(str(e).split()) or type(e).__name__)
+    return OutputError(f"cannot write {target}: {why}")

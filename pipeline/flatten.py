@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -30,11 +31,11 @@ import pyarrow.compute as pc
 from . import __version__, schema, store
 from .columns import ChunkTables, Problems, as_int, build_chunk, build_from_text, dumps
 from .errors import BadTrace
+from .limits import not_regular
+from .redact import redact
+from .tame import BAD_UNICODE, TOO_LARGE, scrub
 from .reader import FileSpan, TraceSource, _run_local, json_bytes_estimate, ordered_results, text_of
 PARALLEL_MIN_BYTES = 48 << 20
-SECRET_KEY = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|COOKIE|AUTH|(^|[_\-. ])(API|ACCESS)?_?KEY([_\-. ]|$)", re.I)
-SECRET_VALUE = re.compile(r"^(hf_|ghp_|gho_|ghs_|github_pat_|sk-|xox[abpr]-|AKIA|ASIA|glpat-)[A-Za-z0-9_\-]{8,}")
-REDACTED = "<redacted>"
 
 
 @dataclass
@@ -53,18 +54,6 @@ class FlattenResult:
     @property
     def ok(self) -> bool:
         return not self.truncated
-
-
-def redact(obj):
-    """A copy of trace metadata with values under secret-looking keys (and token-like values) replaced."""
-    if isinstance(obj, dict):
-        return {k: (REDACTED if SECRET_KEY.search(str(k)) and obj[k] not in (None, "") else redact(v))
-                for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    if isinstance(obj, str) and SECRET_VALUE.match(obj):
-        return REDACTED
-    return obj
 
 
 def sampled_content_id(path: str) -> str:
@@ -211,7 +200,7 @@ def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail)
 
 
 def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: int | None = None,
-                 progress: Callable[[int], None] | None = None):
+                 progress: Callable[[int], None] | None = None, max_inflate: float | None = None):
     """Read one trace and write events/gpu_ops/flows/devices/trace Parquet files into `tmp`.
 
     Returns (trace_row dict, Problems, Tail). Link and cost run afterwards over these files.
@@ -219,18 +208,25 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
     the bytes themselves) and come back as Arrow files in shared memory (see `_spill`).
     """
     workers = default_workers(path) if workers is None else max(1, workers)
-    src = TraceSource(path, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {}))
+    src = TraceSource(path, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {}), max_inflate=max_inflate)
     problems = Problems()
     corrupt = []
-    writers: dict = {}
     device_ids: set = set()
-    pool = None
-    spill_dir = tempfile.mkdtemp(prefix="tracepipe-", dir=_SHARED_MEMORY if os.access(_SHARED_MEMORY, os.W_OK) else tmp)
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with ExitStack() as cleanup:  # undone in reverse, whatever happens (a full disk included)
+        cleanup.callback(src.close)
+        shm = _SHARED_MEMORY if os.access(_SHARED_MEMORY, os.W_OK) else tmp
+        spill_dir = tempfile.mkdtemp(prefix="tracepipe-", dir=shm)
+        cleanup.callback(shutil.rmtree, spill_dir, True)
+        if gc.isenabled():
+            gc.disable()
+            cleanup.callback(gc.enable)
         pool = _pool(workers) if workers > 1 else None  # before the outputs are open: workers inherit none
+        if pool:
+            cleanup.callback(_stop_forkserver)
+            cleanup.callback(pool.terminate)
         writers = {n: store.TableWriter(tmp / f"{n}.parquet", n) for n in ("events", "gpu_ops", "flows")}
+        for w in writers.values():
+            cleanup.callback(w.abandon)  # a no-op once closed
         in_flight = 4 * workers
         slots = _ChunkSlots(spill_dir, in_flight + 1)
         submit = (lambda piece: pool.apply_async(_run_chunk, (slots.put(piece), spill_dir))) if pool else None
@@ -246,17 +242,14 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
             device_ids |= ct.device_ids
             if progress:
                 progress(src.bytes_read)
-    finally:
-        if pool:
-            pool.terminate()
-            _stop_forkserver()
         for w in writers.values():
             w.close()
-        src.close()
-        shutil.rmtree(spill_dir, ignore_errors=True)
-        if was_enabled:
-            gc.enable()
+        if src.values_cut:
+            problems.coerced[TOO_LARGE] += src.values_cut
     tail = src.tail
+    src.metadata, bad_strings = scrub(src.metadata)
+    if bad_strings:
+        problems.coerced[BAD_UNICODE] += bad_strings
     if corrupt and not tail.truncated:
         tail.truncated, tail.reason = True, corrupt[0]
     devices = devices_table(src.metadata, device_ids, problems)
@@ -343,27 +336,29 @@ def write_trace_table(row: dict, tmp: Path):
 def flatten(path: str | os.PathLike, out: str | os.PathLike, *, workers: int | None = None,
             chunk_bytes: int | None = None, link: bool = True, device_specs: str | None = None,
             device: str | None = None, dtype: str | None = None,
-            progress: Callable[[int], None] | None = None) -> FlattenResult:
+            progress: Callable[[int], None] | None = None, max_inflate: float | None = None) -> FlattenResult:
     """Flatten one trace into OUT/<stem>/{events,gpu_ops,flows,devices,trace}.parquet.
 
     The directory appears complete or not at all. With `link` (default) GPU ops are linked to
     their launches and CPU ops and costed (see `pipeline.link` and `pipeline.cost`).
     """
     path = str(path)
-    if not os.path.isfile(path):
-        raise BadTrace(f"{path}: no such file")
+    why = not_regular(path)
+    if why:
+        raise BadTrace(f"{path}: {why}")
     final = Path(out) / store.trace_stem(path)
     warnings: list = []
     seconds = {}
-    with store.atomic_dir(final) as tmp:
-        t0 = time.perf_counter()
-        row, problems, tail = flatten_into(path, tmp, workers, chunk_bytes, progress)
-        seconds["flatten"] = time.perf_counter() - t0
-        if link:
-            from .cost import enrich
+    with store.output_of(final, made=Path(out)):
+        with store.atomic_dir(final) as tmp:
             t0 = time.perf_counter()
-            warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype)
-            seconds["link_cost"] = time.perf_counter() - t0
-        write_trace_table(row, tmp)
+            row, problems, tail = flatten_into(path, tmp, workers, chunk_bytes, progress, max_inflate)
+            seconds["flatten"] = time.perf_counter() - t0
+            if link:
+                from .cost import enrich
+                t0 = time.perf_counter()
+                warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype)
+                seconds["link_cost"] = time.perf_counter() - t0
+            write_trace_table(row, tmp)
     return FlattenResult(final, row["n_events"], row["n_gpu_ops"], row["n_flows"], row["n_devices"],
                          tail.truncated, tail.reason, orjson.loads(row["problems_json"]), warnings, seconds)

@@ -20,7 +20,9 @@ from typing import Iterator
 from . import store
 from .errors import BadTrace, UsageError
 from .columns import FLOAT_EXACT_US, dumps
-from .reader import TraceSource, ordered_results, parse_chunk, parse_chunk_exact
+from .reader import TraceSource, ordered_results, parse_chunk_exact, parse_chunk_tamed
+from .redact import redact
+from .tame import tame_deep
 
 GZIP_LEVEL = 6
 # events are parsed to Python objects here (~25x their text): smaller chunks than flatten's bound memory
@@ -34,7 +36,9 @@ def _lossy(v) -> bool:
 
 def parse_events(text: bytes) -> list:
     """The events of one chunk; parsed exactly when a float `ts`/`dur` would lose digits."""
-    events = parse_chunk(text)
+    events, tamed = parse_chunk_tamed(text)
+    if tamed:  # values nested too deep were kept as their text: parse that text exactly too
+        text = tame_deep(text)[0]
     for e in events:
         if type(e) is dict and (_lossy(e.get("ts")) or _lossy(e.get("dur"))):
             return parse_chunk_exact(text)
@@ -80,8 +84,9 @@ class TraceWriter:
     completes; on an exception nothing is left behind.
     """
 
-    def __init__(self, path, head: dict | None = None):
+    def __init__(self, path, head: dict | None = None, keep_secrets: bool = False):
         self.path = Path(path)
+        self.keep_secrets = keep_secrets  # else metadata is written redacted (`pipeline.redact`)
         if self.path.is_dir():
             raise UsageError(f"{self.path}: is a directory; give an output file name")
         self.head = dict(head or {})
@@ -97,10 +102,13 @@ class TraceWriter:
             out = self._stack.enter_context(open(tmp, "wb"))
             if self.path.name.endswith(".gz"):
                 out = self._stack.enter_context(gzip.GzipFile(fileobj=out, mode="wb", compresslevel=GZIP_LEVEL))
-            out.write(b"{" + _members(self.head) + b'"traceEvents": [\n')
+            out.write(b"{" + _members(self._shared(self.head)) + b'"traceEvents": [\n')
             self._out = out
             guard.pop_all()
         return self
+
+    def _shared(self, metadata: dict) -> dict:
+        return metadata if self.keep_secrets else redact(metadata)
 
     def write(self, events: list):
         if not events:
@@ -110,7 +118,7 @@ class TraceWriter:
         self.n_events += len(events)
 
     def _close_document(self):
-        members = _members(self.tail)[:-2]  # no comma after the last key
+        members = _members(self._shared(self.tail))[:-2]  # no comma after the last key
         self._out.write(b"\n]" + (b",\n" + members if members else b"") + b"}\n")
 
     def __exit__(self, *exc):

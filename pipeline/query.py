@@ -110,13 +110,31 @@ def tables(path: str | Path, names=None) -> dict[str, pl.LazyFrame]:
     raise DatasetError(f"{path}: neither a batch dataset nor a flattened trace directory")
 
 
-def run(path: str | Path, sql: str) -> pl.DataFrame:
-    """Run one SQL query over the tables of `path`; raise UsageError on a bad query."""
+# polars SQL's table functions read any file or URL the user can reach
+_TABLE_FUNCTION = re.compile(r"\bread_\w+\s*\(", re.I)
+_LITERALS_AND_COMMENTS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/", re.S)
+
+
+def check_sandboxed(sql: str):
+    """Raise UsageError when the SQL calls a table function (read_csv, read_parquet, ...): in the
+    sandbox a query sees only the dataset's tables."""
+    m = _TABLE_FUNCTION.search(_LITERALS_AND_COMMENTS.sub(" ", sql))
+    if m:
+        name = m.group().rstrip("( \t\n").lower()
+        raise UsageError(f"{name}() reads files outside the dataset: not allowed in the sandbox "
+                         "(only the dataset's tables; --no-sandbox allows it)")
+
+
+def run(path: str | Path, sql: str, sandbox: bool = False) -> pl.DataFrame:
+    """Run one SQL query over the tables of `path`; raise UsageError on a bad query. With `sandbox`
+    the query may read only the dataset's tables (no read_csv('/any/file'), no URLs)."""
+    if sandbox:
+        check_sandboxed(sql)
     words = {w.lower() for w in re.findall(r"\w+", sql)}
     ctx = pl.SQLContext(tables(path, words), eager=False)
     try:
         return ctx.execute(sql).collect()
-    except (pl.exceptions.PolarsError, ValueError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - polars raises many kinds (PolarsError, OSError, ...) for a bad query
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"query failed: {first}") from None
 
@@ -135,26 +153,23 @@ def check_format(fmt: str, out: str | Path | None = None):
 
 
 def write(df: pl.DataFrame, fmt: str, out: str | Path | None = None):
-    """Write a result as a table, CSV, JSON (a list of row objects) or Parquet (needs `out`)."""
+    """Write a result as a table, CSV, JSON (a list of row objects) or Parquet (needs `out`); a
+    file appears complete or not at all."""
     check_format(fmt, out)
-    try:
-        if fmt == "parquet":
-            df.write_parquet(out)
-        else:
-            _write_text(df, fmt, out)
-    except OSError as e:
-        raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
-
-
-def _write_text(df: pl.DataFrame, fmt: str, out):
-    if fmt == "csv":
-        text = df.write_csv()
-    elif fmt == "json":
-        text = df.write_json() + "\n"
-    else:
-        with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=80, tbl_width_chars=200):
-            text = str(df) + "\n"
     if out is None:
-        sys.stdout.write(text)
-    else:
-        Path(out).write_text(text)
+        sys.stdout.write(_text(df, fmt))
+        return
+    with store.output_of(out), store.atomic_file(Path(out)) as tmp:
+        if fmt == "parquet":
+            df.write_parquet(tmp)
+        else:
+            tmp.write_text(_text(df, fmt))
+
+
+def _text(df: pl.DataFrame, fmt: str) -> str:
+    if fmt == "csv":
+        return df.write_csv()
+    if fmt == "json":
+        return df.write_json() + "\n"
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=80, tbl_width_chars=200):
+        return str(df) + "\n"

@@ -28,6 +28,9 @@ import ijson
 import orjson
 
 from .errors import BadTrace
+from .limits import inflate_limit, too_inflated
+from . import tame
+from .tame import EventSqueezer, TooDeep, is_too_deep, tame_deep
 
 if ijson.backend != "yajl2_c":  # pragma: no cover - depends on the installed wheel
     raise ImportError(
@@ -64,7 +67,7 @@ def _may_close(buf, end: int) -> bool:
         return True
     return any(_AFTER_CLOSE.match(buf, m.end()) for m in _CLOSE_CANDIDATE.finditer(buf, 0, end))
 
-_CLOSE_DOC = re.compile(rb"\s*\}?\s*\Z")
+_CLOSE_DOC = re.compile(rb"\s*\}\s*\Z")  # an object document closes with its `}`: without it, it was cut
 _MORE_KEYS = re.compile(rb'\s*,\s*"')
 _ONLY_WS = re.compile(rb"\s*\Z")
 _WS = b" \t\r\n"
@@ -274,12 +277,26 @@ def _find_events_array(buf: bytes) -> tuple[str, int, int] | None:
     return None
 
 
+def loads_metadata(text: bytes):
+    """Top-level metadata text parsed: strict JSON, or as Python's json reads it (NaN, Infinity),
+    which is how torch writes a trace whose metadata holds such floats."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        if b"NaN" not in text and b"Infinity" not in text:
+            raise
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise orjson.JSONDecodeError("not JSON", text.decode("utf-8", "replace"), 0) from None
+
+
 def _metadata_before(buf: bytes, key_pos: int) -> dict:
     body = bytes(buf[buf.index(b"{") + 1 : key_pos]).rstrip(_WS)
     if body.endswith(b","):
         body = body[:-1]
     try:
-        meta = orjson.loads(b"{" + body + b"}")
+        meta = loads_metadata(b"{" + body + b"}")
     except orjson.JSONDecodeError as e:
         raise BadTrace(f"not JSON: top-level metadata does not parse ({e})") from None
     return meta
@@ -351,7 +368,7 @@ def _split_tail(buf: bytes, bare_list: bool) -> tuple[bytes, dict] | None:
             mk = _MORE_KEYS.match(buf, p + 1)
             if mk:
                 try:
-                    meta = orjson.loads(b"{" + bytes(mv[mk.end() - 1 :]))
+                    meta = loads_metadata(b"{" + bytes(mv[mk.end() - 1 :]))
                 except orjson.JSONDecodeError:
                     continue
                 if isinstance(meta, dict):
@@ -361,18 +378,35 @@ def _split_tail(buf: bytes, bare_list: bool) -> tuple[bytes, dict] | None:
 
 # ------------------------------------------------------------------ chunk parsing
 def parse_chunk(text: bytes) -> list:
-    """The events of one chunk of traceEvents text (values separated by commas)."""
+    """The events of one chunk of traceEvents text (values separated by commas). Raises
+    ChunkParseError when it is not a list of complete values, TooDeep when a value is nested
+    deeper than the parsers take (`pipeline.tame`)."""
     try:
         return orjson.loads(b"[" + text + b"]")
     except orjson.JSONDecodeError as e:
+        if is_too_deep(e):
+            raise TooDeep(str(e)) from None
         # NaN/Infinity are not JSON, but Python's json writes them; orjson refuses a number that
         # overflows a float64 (`1e400`): both parse exactly with Decimals
         if b"NaN" in text or b"Infinity" in text or "infinity" in str(e):
             try:
                 return json.loads(b"[" + text + b"]", parse_float=Decimal, parse_constant=float)
+            except RecursionError:
+                raise TooDeep("nested too deep") from None
             except ValueError:
                 pass
         raise ChunkParseError(str(e)) from None
+
+
+def parse_chunk_tamed(text: bytes) -> tuple[list, int]:
+    """parse_chunk, with values nested too deep kept as their text (`tame_deep`); and how many."""
+    try:
+        return parse_chunk(text), 0
+    except TooDeep:
+        tamed, n = tame_deep(text)
+        if not n:  # the deep value goes on past this chunk: a cut to merge
+            raise ChunkParseError("a value nested too deep goes on past the chunk") from None
+        return parse_chunk(tamed), n
 
 
 def parse_chunk_exact(text: bytes) -> list:
@@ -381,6 +415,13 @@ def parse_chunk_exact(text: bytes) -> list:
         return list(ijson.items(io.BytesIO(b"[" + text + b"]"), "item"))
     except ijson.JSONError as e:
         raise ChunkParseError(str(e)) from None
+    except UnicodeDecodeError:  # a "\ud800" escape (valid JSON, no UTF-8): Python's json takes it
+        try:
+            return json.loads(b"[" + text + b"]", parse_float=Decimal, parse_constant=float)
+        except RecursionError:
+            raise TooDeep("nested too deep") from None
+        except ValueError as e:
+            raise ChunkParseError(str(e)) from None
 
 
 def salvage_events(text: bytes) -> list:
@@ -437,7 +478,7 @@ def _pread(path: str, start: int, end: int) -> bytes:
 def _are_events(text: bytes) -> bool:
     """Whether the text is a comma-separated run of complete trace events (objects with `ph`)."""
     try:
-        events = parse_chunk(text)
+        events, _ = parse_chunk_tamed(text)
     except ChunkParseError:
         return False
     return bool(events) and all(type(e) is dict and "ph" in e for e in events)
@@ -456,12 +497,14 @@ class TraceSource:
     whether the trace was truncated.
     """
 
-    def __init__(self, path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+    def __init__(self, path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_inflate: float | None = None):
         self.path = path
         self.chunk_bytes = max(int(chunk_bytes), 1024)
         self.metadata: dict = {}
         self.tail = Tail()
         self.bytes_read = 0
+        self.oversize = tame.VALUE_LIMIT  # an event longer than this is read through `EventSqueezer`
+        self.values_cut = 0  # values longer than tame.VALUE_LIMIT, kept cut
         self._stream = open_stream(path)
         try:
             self.header, problem = read_header(self._stream)
@@ -473,6 +516,8 @@ class TraceSource:
         # file offset of header.rest[0], when the stream is the file itself (not decompressed)
         self._rest_offset = (self._stream.tell() - len(self.header.rest)
                              if isinstance(self._stream, io.BufferedReader) else None)
+        # a compressed file may inflate to this many bytes (`pipeline.limits`)
+        self._inflate_limit = None if self._rest_offset is not None else inflate_limit(os.path.getsize(path), max_inflate)
 
     def close(self):
         self._stream.close()
@@ -491,10 +536,14 @@ class TraceSource:
                 return
         yield from self._read_pieces(spans)
 
-    def _read_pieces(self, spans: bool) -> Iterator[bytes | FileSpan | Salvaged]:
+    def _read_pieces(self, spans: bool, start: int | None = None) -> Iterator[bytes | FileSpan | Salvaged]:
         """Pieces by reading the stream through: the only way for compressed input, and for a file
-        whose end `_events_end` cannot place (truncated, say)."""
+        whose end `_events_end` cannot place (truncated, say). `start`: from this offset of an
+        uncompressed file (at an event) rather than from the header's end."""
         buf = self.header.rest
+        if start is not None:
+            self._stream.seek(start)
+            buf = bytearray()
         problem = self._problem
         eof = problem is not None
         at_end = False  # traceEvents may close in buf: cut no more, the rest is the tail
@@ -502,7 +551,7 @@ class TraceSource:
         while True:
             while not at_end and len(buf) >= self.chunk_bytes:
                 cut = self._cut(buf)
-                if cut is None:
+                if cut is None or cut > self.oversize:  # the latter: an event too long to parse whole
                     break
                 if cut < 0:
                     at_end = True
@@ -514,14 +563,63 @@ class TraceSource:
                     offset += cut + 1
                 del buf[: cut + 1]
                 yield chunk
+            if not at_end and len(buf) >= self.oversize:  # one event holds more than a value may
+                head = self._head_before_oversize(buf)
+                if head:
+                    yield bytes(buf[:head]) if offset is None else FileSpan(self.path, offset, offset + head)
+                    del buf[: head + 1]
+                offset = None  # what follows is no longer the file's bytes
+                try:
+                    buf, eof, problem = self._squeezed(buf, eof, problem)
+                except ValueError:  # no JSON where an event should be: keep what came before
+                    self.tail = Tail(truncated=True, reason="traceEvents holds text that is not JSON; "
+                                                            "complete events before it were kept")
+                    return
+                at_end = at_end or buf[:1] == b"]"
+                continue
             if eof:
                 break
-            block, problem = _read(self._stream, READ_BYTES)
-            self.bytes_read += len(block)
+            block, problem = self._next_block()
             buf += block
             if not block or problem:
                 eof = True
         yield from self._finish(bytes(buf), problem)
+
+    def _next_block(self) -> tuple[bytes, str | None]:
+        block, problem = _read(self._stream, READ_BYTES)
+        self.bytes_read += len(block)
+        if self._inflate_limit is not None and self.bytes_read > self._inflate_limit:
+            raise BadTrace(too_inflated(self._inflate_limit, os.path.getsize(self.path)))
+        return block, problem
+
+    def _head_before_oversize(self, buf: bytearray) -> int:
+        """Where the events before an oversized one end in buf (a separating comma), 0 if none:
+        the last event boundary, if the text before it parses as events."""
+        last = None  # every boundary past chunk_bytes lies after the oversized event (see `_cut`)
+        for last in _BOUNDARY.finditer(buf, 0, min(len(buf), self.chunk_bytes)):
+            pass
+        if last is None:
+            return 0
+        cut = last.start(1) + last.group(1).index(b",")
+        try:
+            parse_chunk_tamed(bytes(buf[:cut]))
+        except ChunkParseError:
+            return 0  # a boundary inside a string: squeeze from the first event (one at a time)
+        return cut
+
+    def _squeezed(self, buf: bytearray, eof: bool, problem: str | None) -> tuple[bytearray, bool, str | None]:
+        """buf (starting at an event) with its first event replaced by a bounded copy
+        (`EventSqueezer`), reading on through the event's end; values cut are counted."""
+        squeezer = EventSqueezer()
+        rest = bytes(buf[squeezer.feed(buf):])
+        while not squeezer.done and not eof:
+            block, problem = self._next_block()
+            eof = not block or problem is not None
+            rest = block[squeezer.feed(block):]
+        self.values_cut += squeezer.cut
+        if not squeezer.done:  # the stream ended inside the event: what was kept, to salvage
+            return bytearray(squeezer.text), eof, problem
+        return bytearray(squeezer.text) + rest, eof, problem
 
     # ---- an uncompressed file: its end found first, then cut by position without reading it
     def _events_end(self) -> tuple[int, dict] | None:
@@ -564,8 +662,14 @@ class TraceSource:
             cut = self._cut_at(pos + self.chunk_bytes - 64, end)
             if cut is None:
                 break
+            if cut < 0 or cut - pos > self.oversize:  # an oversized event: read on from here, squeezing it
+                yield from self._read_pieces(False, start=pos)
+                return
             yield FileSpan(self.path, pos, cut)
             pos = self.bytes_read = cut + 1
+        if end - pos > self.oversize:
+            yield from self._read_pieces(False, start=pos)
+            return
         if _pread(self.path, pos, end).strip(_WS):
             yield FileSpan(self.path, pos, end)
         self.bytes_read = end
@@ -573,7 +677,8 @@ class TraceSource:
 
     def _cut_at(self, start: int, end: int) -> int | None:
         """File offset of the comma of the first event boundary at or after `start` and before
-        `end`, reading a window that doubles until one is found; None if there is none."""
+        `end`, reading a window that doubles until one is found; None if there is none, -1 if
+        there is none within the next `oversize` bytes (an event too large to read whole)."""
         size = CUT_WINDOW_BYTES
         while True:
             window = _pread(self.path, start, min(end, start + size))
@@ -582,6 +687,8 @@ class TraceSource:
                 return start + m.start(1) + m.group(1).index(b",")
             if start + size >= end:
                 return None
+            if size > self.oversize:
+                return -1
             size *= 2
 
     def _cut(self, buf: bytearray) -> int | None:
@@ -602,7 +709,7 @@ class TraceSource:
             if not _may_close(buf, cut):
                 return cut
             try:
-                parse_chunk(bytes(buf[:cut]))
+                parse_chunk_tamed(bytes(buf[:cut]))
                 return cut
             except ChunkParseError:
                 pos = m.end(1)
@@ -616,9 +723,19 @@ class TraceSource:
             if events_text.strip(_WS):
                 yield events_text
             return
-        self.tail = Tail(truncated=True, reason=problem or "the file ends before traceEvents closes")
+        self.tail = Tail(truncated=True, reason=problem or _where_it_ends(buf, self.header.bare_list))
         events = salvage_events(buf)
         yield Salvaged(events, buf)
+
+
+_EVENTS_CLOSED = re.compile(rb'\}\s*\]\s*(?:,\s*"[^"]*"\s*:[\s\S]*|,\s*)?\Z')
+
+
+def _where_it_ends(buf: bytes, bare_list: bool) -> str:
+    """Why a document without a valid end is truncated, as far as its last bytes tell."""
+    if not bare_list and _EVENTS_CLOSED.search(buf[-(1 << 20):]):
+        return "the file ends after traceEvents but before the document closes (metadata after it lost)"
+    return "the file ends before traceEvents closes"
 
 
 # ------------------------------------------------------------------ ordered, fault-tolerant map

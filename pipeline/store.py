@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import schema
-from .errors import DatasetError
+from .errors import DatasetError, output_error
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=1, write_statistics=True)
 ROW_GROUP_ROWS = 1 << 20
@@ -48,6 +48,7 @@ class TableWriter:
                                         **PARQUET_OPTIONS)
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
+        self._closed = False
 
     def write(self, tbl: pa.Table):
         if tbl.num_rows:
@@ -65,6 +66,17 @@ class TableWriter:
     def close(self):
         self._flush()
         self._writer.close()
+        self._closed = True
+
+    def abandon(self):
+        """Close without writing what is pending, errors ignored: the file is being thrown away
+        (after a failure, such as a full disk, that `close` would only raise again)."""
+        if not self._closed:
+            self._closed, self._pending = True, []
+            try:
+                self._writer.close()
+            except (OSError, ValueError, pa.ArrowException):
+                pass
 
 
 T = TypeVar("T")
@@ -249,16 +261,38 @@ class SpillReader:
         self._source.close()
 
 
+def umask() -> int:
+    """The process's umask, read without changing it (Linux), else by setting it back at once."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _as_if_created(path: str | Path, directory: bool):
+    """Give a private temporary file or directory (mkstemp: 0600, mkdtemp: 0700) the mode a plain
+    open()/mkdir() would have given it, so that outputs follow the umask like any other file."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask())
+
+
 @contextmanager
 def atomic_dir(final: Path):
     """Yield a temporary directory beside `final`; on success it replaces `final` by rename.
 
-    On any failure the temporary directory is removed: no half-written output is left.
+    On any failure the temporary directory is removed: no half-written output is left. The
+    directory gets the mode the umask gives a new directory.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
+        _as_if_created(tmp, directory=True)
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -274,18 +308,42 @@ def atomic_dir(final: Path):
 
 @contextmanager
 def atomic_file(final: Path):
-    """Yield a temporary path beside `final`; it is renamed over `final` on success."""
+    """Yield a temporary path beside `final`; it is renamed over `final` on success (and removed on
+    failure). The file gets the mode the umask gives a new file."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.tmp-", dir=final.parent)
     os.close(fd)
     try:
+        _as_if_created(tmp, directory=False)
         yield Path(tmp)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
     os.replace(tmp, final)
+
+
+@contextmanager
+def output_of(target: Path, made: Path | None = None):
+    """Within: an OSError (a full disk, a permission) is an OutputError naming `target`, and the
+    directory `made` is removed again if this block created it and left it empty."""
+    made = None if made is None or Path(made).exists() else Path(made)
+    try:
+        yield
+    except OSError as e:
+        if made is not None:
+            _remove_empty_dirs(made)
+        raise output_error(target, e) from None
+
+
+def _remove_empty_dirs(top: Path):
+    """Remove `top` and its subdirectories where they are empty (never a file)."""
+    for d, _, _ in sorted(os.walk(top), key=lambda x: -len(x[0])):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
 
 
 def is_flat_dir(path: str | os.PathLike) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pipeline.combine import combine
 from pipeline.errors import DatasetError, UsageError
 from pipeline.flatten import flatten
 from pipeline.jsonout import TraceWriter
+from pipeline.redact import redact
 
 SHARED_TRACES = Path(__file__).resolve().parents[2].joinpath("shared/traces")
 real = pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="no ../shared/traces beside the project")
@@ -85,9 +87,10 @@ def fake_costs(trace: Path, tmp: Path) -> tuple[Path, dict]:
     return flat, {i: f for i, f in zip(costed["event_idx"], costed["flops"])}
 
 
-def assert_augmented(src: dict, out: dict, flops_by_idx: dict):
-    """Same events and metadata; kernels named in flops_by_idx gained exactly the cost fields."""
-    assert metadata(out) == metadata(src)
+def assert_augmented(src: dict, out: dict, flops_by_idx: dict, keep_secrets: bool = True):
+    """Same events and metadata (redacted unless keep_secrets); kernels named in flops_by_idx
+    gained exactly the cost fields."""
+    assert metadata(out) == (metadata(src) if keep_secrets else redact(metadata(src)))
     assert len(out["traceEvents"]) == len(src["traceEvents"])
     for i, (a, b) in enumerate(zip(out["traceEvents"], src["traceEvents"])):
         if i not in flops_by_idx:
@@ -321,7 +324,7 @@ REAL = sorted(SHARED_TRACES.glob("*/*.json.gz")) if SHARED_TRACES.is_dir() else 
 @pytest.mark.parametrize("trace", REAL, ids=lambda p: p.name.split(".")[0])
 def test_real_augment_round_trip(tmp_path, trace):
     flat, flops = fake_costs(trace, tmp_path)
-    augment(trace, tmp_path / "aug.json.gz", flat_dir=flat)
+    augment(trace, tmp_path / "aug.json.gz", flat_dir=flat, keep_secrets=True)
     assert_augmented(load(trace), load(tmp_path / "aug.json.gz"), flops)
 
 
@@ -331,7 +334,9 @@ def test_real_augment_costs(tmp_path):
     trace = SHARED_TRACES / "tracelens/h100_qwen1.5_0.5b.json.gz"
     r = augment(trace, tmp_path / "aug.json")
     a, d = load(tmp_path / "aug.json"), load(trace)
-    assert metadata(a) == metadata(d) and len(a["traceEvents"]) == len(d["traceEvents"])
+    assert metadata(a) == redact(metadata(d)) and len(a["traceEvents"]) == len(d["traceEvents"])
+    token = re.compile(r'"hf_[A-Za-z0-9]{20,}"')  # the profiled machine's access token, redacted
+    assert token.search(json.dumps(metadata(d))) and not token.search(json.dumps(metadata(a)))
     assert r.n_costed > 0
     assert any(e.get("cat") == "kernel" and e["args"].get("kernel_flop", 0) > 0 for e in a["traceEvents"])
 
