@@ -10,14 +10,13 @@ Public API (everything else is internal):
     combine(paths, out)            -> CombineResult       one trace from several
     batch / query                                          see pipeline.batch, pipeline.query
 """
-__version__ = "0.1.0"
-
-from . import report  # noqa: E402
-from .augment import augment  # noqa: E402
-from .combine import combine  # noqa: E402
-from .errors import BadTrace, DatasetError, TracepipeError, UsageError  # noqa: E402
-from .flatten import FlattenResult, flatten  # noqa: E402
-from .store import scan  # noqa: E402
+from pipeline import report
+from pipeline.version import __version__
+from pipeline.rewrite.augment import augment
+from pipeline.rewrite.combine import combine
+from pipeline.errors import BadTrace, DatasetError, TracepipeError, UsageError
+from pipeline.flatten import FlattenResult, flatten
+from pipeline.store import scan
 
 __all__ = ["flatten", "scan", "report", "augment", "combine", "FlattenResult", "TracepipeError", "BadTrace",
            "UsageError", "DatasetError", "__version__"]

@@ -1,3 +1,3 @@
-from .cli import main
+from pipeline.cli import main
 
 main()

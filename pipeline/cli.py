@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from .errors import TracepipeError
+from pipeline.errors import TracepipeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="tracepipe: PyTorch profiler traces -> Parquet tables, links, costs, reports.")
@@ -54,7 +54,7 @@ class Progress:
 
 def _version(value: bool):
     if value:
-        from . import __version__
+        from pipeline.version import __version__
 
         typer.echo(f"tracepipe {__version__}")
         raise typer.Exit(0)
@@ -80,7 +80,7 @@ def flatten(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
     """Flatten traces into OUT/<stem>/{events,gpu_ops,flows,devices,trace}.parquet."""
-    from .flatten import flatten as run
+    from pipeline.flatten import flatten as run
 
     code = EXIT_OK
     for t in traces:
@@ -119,7 +119,7 @@ def augment(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no summary"),
 ):
     """Write the trace again with FLOPs, bytes and roofline figures in each costed kernel's args."""
-    from .augment import augment as run
+    from pipeline.rewrite.augment import augment as run
 
     r = run(trace, out, keep_secrets=keep_secrets, device_specs=str(device_specs) if device_specs else None,
             device=device, dtype=dtype)
@@ -143,7 +143,7 @@ def combine(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no summary"),
 ):
     """Combine traces into one: pids, flow ids and link ids renumbered apart, process names labelled."""
-    from .combine import combine as run
+    from pipeline.rewrite.combine import combine as run
 
     r = run(traces, out, align=align, labels=label or None, keep_secrets=keep_secrets)
     for i in r.truncated_inputs:
@@ -157,7 +157,7 @@ def combine(
 @app.command()
 def schema(table: Optional[str] = typer.Argument(None, help="one table (default: all)")):
     """Print the declared table schemas (from schemas/*.toml) as Markdown."""
-    from . import schema as sch
+    from pipeline import schema as sch
 
     names = [table] if table else list(sch.TABLES)
     for n in names:
@@ -170,7 +170,7 @@ def schema(table: Optional[str] = typer.Argument(None, help="one table (default:
 def demo_trace(out: Path = typer.Argument(..., help="where to write the example trace (.json or .json.gz)"),
                mb: float = typer.Option(2.0, "--mb", help="approximate size in MB (uncompressed)")):
     """Write a realistic synthetic example trace (used by `make demo` and `make bench`)."""
-    from .demo import write_synthetic
+    from pipeline.demo import write_synthetic
 
     write_synthetic(out, mb)
     typer.echo(f"wrote {out}")
@@ -191,7 +191,7 @@ def batch(
     Incremental (content already in OUT is skipped) and safe to interrupt: re-run to resume.
     Bad files are quarantined (listed in OUT/traces with their reason) and the exit code is 1.
     """
-    from .batch import run_batch
+    from pipeline.dataset.batch import run_batch
 
     tty = not quiet and sys.stderr.isatty()
     counts = {"done": 0}
@@ -232,8 +232,8 @@ def query(
     (read_csv('f.csv'), read_parquet(...)), as the user could anyway; SQL from a file (or a
     service passing it on) runs in the sandbox, which allows only the dataset's tables.
     """
-    from . import query as q
-    from .errors import UsageError
+    from pipeline.dataset import query as q
+    from pipeline.errors import UsageError
 
     if list_examples:
         for name, (what, text) in q.EXAMPLES.items():
@@ -253,7 +253,7 @@ def query(
 
 
 def _read_sql(path: Path) -> str:
-    from .errors import UsageError
+    from pipeline.errors import UsageError
 
     try:
         return sys.stdin.read() if str(path) == "-" else path.read_text()
@@ -266,7 +266,7 @@ def _write_report(text: str, out: Optional[Path]):
     if out is None:
         typer.echo(text, nl=False)
         return
-    from .store import atomic_file
+    from pipeline.store import atomic_file
 
     with atomic_file(out) as tmp:
         tmp.write_text(text)
@@ -298,7 +298,7 @@ def analyze(
     stacks_metric: str = typer.Option("self_cpu_time_total", "--stacks-metric", help="self_cpu_time_total or self_device_time_total"),
 ):
     """Per-device kernel table and summaries: busy/idle, categories, CPU ops, launch overhead, torch.compile, communication."""
-    from . import report as rp
+    from pipeline import report as rp
 
     rp.check_options(fmt, section, group_by)
     if stacks and stacks_metric not in rp.STACK_METRICS:
@@ -309,7 +309,7 @@ def analyze(
         if stacks:
             _write_report(rp.stack_lines(rp.collapsed_stacks(f, stacks_metric)), stacks)
         if plot:
-            from .plots import write_plots
+            from pipeline.render.plots import write_plots
 
             for p in write_plots(f, sections, plot):
                 err(f"wrote {p}")
@@ -329,7 +329,7 @@ def diff_cmd(
     label_b: Optional[str] = typer.Option(None, "--label-b", help="name of B in the output (default: its file stem)"),
 ):
     """Compare two traces side by side, matched by CPU op (names normalised across vendors), else by kernel name."""
-    from . import report as rp
+    from pipeline import report as rp
 
     rp.check_options(fmt)
     with rp.opened(a) as fa, rp.opened(b) as fb:

@@ -28,13 +28,18 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import __version__, schema, store
-from .columns import ChunkTables, Problems, as_int, build_chunk, build_from_text, dumps
-from .errors import BadTrace
-from .limits import not_regular
-from .redact import redact
-from .tame import BAD_UNICODE, TOO_LARGE, scrub
-from .reader import FileSpan, TraceSource, _run_local, json_bytes_estimate, ordered_results, text_of
+from pipeline.version import __version__
+
+from pipeline import schema
+
+from pipeline import store
+from pipeline.kineto import trace_stem
+from pipeline.read.decode import ChunkTables, Problems, as_int, build_chunk, build_from_text, dumps
+from pipeline.errors import BadTrace
+from pipeline.read.limits import not_regular
+from pipeline.redact import redact
+from pipeline.read.tame import BAD_UNICODE, TOO_LARGE, scrub
+from pipeline.read.source import FileSpan, TraceSource, _run_local, json_bytes_estimate, ordered_results, text_of
 PARALLEL_MIN_BYTES = 48 << 20
 
 
@@ -101,7 +106,7 @@ def _pool(workers: int):
             warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork with threads alive
             return _mp.get_context("fork").Pool(workers, initializer=_worker_init)
     ctx = _mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["pipeline.flatten", "pipeline.columns"])
+    ctx.set_forkserver_preload(["pipeline.flatten", "pipeline.read.decode"])
     return ctx.Pool(workers, initializer=_worker_init)
 
 
@@ -181,7 +186,7 @@ def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail)
         "trace_id": sampled_content_id(path),
         "source_path": str(path),
         "source_bytes": os.path.getsize(path),
-        "stem": store.trace_stem(path),
+        "stem": trace_stem(path),
         "schema_version": None if sv is None else str(sv),
         "trace_name": metadata.get("traceName") if isinstance(metadata.get("traceName"), str) else None,
         "base_time_ns": base if type(base) is int else None,
@@ -346,7 +351,7 @@ def flatten(path: str | os.PathLike, out: str | os.PathLike, *, workers: int | N
     why = not_regular(path)
     if why:
         raise BadTrace(f"{path}: {why}")
-    final = Path(out) / store.trace_stem(path)
+    final = Path(out) / trace_stem(path)
     warnings: list = []
     seconds = {}
     with store.output_of(final, made=Path(out)):
@@ -355,7 +360,7 @@ def flatten(path: str | os.PathLike, out: str | os.PathLike, *, workers: int | N
             row, problems, tail = flatten_into(path, tmp, workers, chunk_bytes, progress, max_inflate)
             seconds["flatten"] = time.perf_counter() - t0
             if link:
-                from .cost import enrich
+                from pipeline.cost.enrich import enrich
                 t0 = time.perf_counter()
                 warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype)
                 seconds["link_cost"] = time.perf_counter() - t0

@@ -14,22 +14,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import schema
-from .errors import DatasetError, output_error
+from pipeline import schema
+from pipeline.errors import DatasetError, output_error
 
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=1, write_statistics=True)
 ROW_GROUP_ROWS = 1 << 20
 BUFFER_ROWS = 1 << 16  # rows gathered before a write: fewer, larger row groups encode faster
-TRACE_SUFFIXES = (".json.gz", ".json.zst", ".json", ".gz", ".zst")
-
-
-def trace_stem(path: str | os.PathLike) -> str:
-    """The file name without .json / .json.gz / .json.zst."""
-    b = os.path.basename(str(path))
-    for s in TRACE_SUFFIXES:
-        if b.endswith(s) and len(b) > len(s):
-            return b[: -len(s)]
-    return b
 
 
 def _dictionary_columns(name: str, stages) -> list[str]:

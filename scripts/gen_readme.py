@@ -21,13 +21,13 @@ def sections() -> dict[str, str]:
 
     out = {"schema": "\n\n".join(schema.markdown(t) for t in schema.TABLES)}
     try:
-        from pipeline import formulas
+        from pipeline.cost import formulas
 
         out["formulas"] = formulas.formulas_markdown()
     except ImportError:
         pass
     try:
-        from pipeline import devices
+        from pipeline.cost import devices
 
         out["devices"] = devices.specs_markdown(devices.load_specs())
     except ImportError:

@@ -19,8 +19,8 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import batch as B
-from pipeline import query as Q
+from pipeline.dataset import batch as B
+from pipeline.dataset import query as Q
 from pipeline.errors import UsageError
 from pipeline.schema import TABLES
 
@@ -447,8 +447,8 @@ def test_time_by_category_example_uses_kernel_categories(tmp_path):
     B.run_batch(tmp_path / "src", tmp_path / "ds", jobs=1)
     import polars as pl
 
-    from pipeline import query as Q
-    from pipeline.categories import CATEGORIES, OTHER
+    from pipeline.dataset import query as Q
+    from pipeline.cost.categories import CATEGORIES, OTHER
 
     df = Q.run(tmp_path / "ds", Q.example("time_by_category"))
     assert df.height > 0 and set(df["category"]) <= {c.name for c in CATEGORIES} | {OTHER}

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import synth
-from pipeline.reader import TraceSource, parse_chunk
+from pipeline.read.source import TraceSource, parse_chunk
 
-C = importlib.import_module("pipeline.columns")
+C = importlib.import_module("pipeline.read.decode")
 
 
 def by_dicts(text: bytes) -> C.ChunkTables:
@@ -180,7 +180,7 @@ def test_plain_events_always_take_the_struct_path(events, indent):
 # ------------------------------------------------------------------ timestamps beyond a float's ns
 def by_exact_parse(text: bytes) -> C.ChunkTables:
     """The tables of the careful path: ijson's exact Decimals, converted by `us_to_ns`."""
-    from pipeline.reader import parse_chunk_exact
+    from pipeline.read.source import parse_chunk_exact
     return C.build_chunk(parse_chunk_exact(text), None, C._raw_args(text))
 
 

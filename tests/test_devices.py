@@ -6,7 +6,7 @@ import re
 import polars as pl
 import pytest
 
-from pipeline import devices as dv
+from pipeline.cost import devices as dv
 from pipeline.errors import UsageError
 
 # Device names as real traces write them -> the spec row they must match.
@@ -129,7 +129,7 @@ def test_properties_memory_tolerance(specs):
 
 def test_unknown_device(specs):
     devs = device_frame((0, "Foo GPU 9000", 8 * 2**30, 1, 0, 7))
-    out, warnings = dv.annotate_devices(devs, specs)
+    out, warnings = dv.match_specs(devs, specs)
     row = out.row(0, named=True)
     assert row["spec_match"] == "unknown" and row["spec_name"] is None
     assert all(row[c] is None for c in dv.PEAK_COLS)
@@ -137,7 +137,7 @@ def test_unknown_device(specs):
 
 
 def test_null_device_is_unknown(specs):
-    out, warnings = dv.annotate_devices(device_frame((3, None, None, None, None, None)), specs)
+    out, warnings = dv.match_specs(device_frame((3, None, None, None, None, None)), specs)
     assert out["spec_match"].to_list() == ["unknown"] and len(warnings) == 1
 
 
@@ -153,24 +153,24 @@ def test_unknown_force_raises(specs):
     with pytest.raises(UsageError):
         dv.match_device("NVIDIA H100 80GB HBM3", {}, specs, force="Foo GPU 9000")
     with pytest.raises(UsageError):
-        dv.annotate_devices(device_frame((0, "NVIDIA B200", None, None, None, None)), specs, force="nope")
+        dv.match_specs(device_frame((0, "NVIDIA B200", None, None, None, None)), specs, force="nope")
 
 
-def test_annotate_devices_shape_and_types(specs):
+def test_match_specs_shape_and_types(specs):
     devs = device_frame(
         (0, "NVIDIA H100 80GB HBM3", 85031714816, 9, 0, 132),
         (1, "AMD Radeon Graphics", 68702699520, 9, 0, 104),
         (2, "Foo GPU 9000", None, None, None, None),
         (7, "NVIDIA B200", None, None, None, None),
     )
-    out, warnings = dv.annotate_devices(devs, specs)
+    out, warnings = dv.match_specs(devs, specs)
     assert out["device"].to_list() == [0, 1, 2, 7]
     assert out["spec_match"].to_list() == ["name", "properties", "unknown", "name"]
     assert out.columns == [*devs.columns, *dv.OUT_SCHEMA]
     assert all(out.schema[c] == pl.Float64 for c in dv.PEAK_COLS)
     assert out.schema["spec_name"] == out.schema["spec_source"] == pl.String
     assert out["spec_source"][0] and len(warnings) == 1
-    again, _ = dv.annotate_devices(out, specs)  # re-annotating replaces, not duplicates
+    again, _ = dv.match_specs(out, specs)  # re-annotating replaces, not duplicates
     assert again.columns == out.columns
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.formulas import (ARGS_READ, FORMULAS, MODELLED_OPS, Cost, OpInputs, collective_bandwidth,
+from pipeline.cost.formulas import (ARGS_READ, FORMULAS, MODELLED_OPS, Cost, OpInputs, collective_bandwidth,
                                collective_kind, formulas_markdown, normalize_dtype, op_cost, parse_literal)
 
 

@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch")
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from pipeline.formulas import op_cost  # noqa: E402
+from pipeline.cost.formulas import op_cost  # noqa: E402
 
 aten = torch.ops.aten
 F = torch.nn.functional

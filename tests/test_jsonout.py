@@ -12,11 +12,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline.augment import COST_ARGS, augment, with_costs
-from pipeline.combine import combine
+from pipeline.rewrite.augment import COST_ARGS, augment, with_costs
+from pipeline.rewrite.combine import combine
 from pipeline.errors import DatasetError, UsageError
 from pipeline.flatten import flatten
-from pipeline.jsonout import TraceWriter
+from pipeline.rewrite.jsonout import TraceWriter
 from pipeline.redact import redact
 
 SHARED_TRACES = Path(__file__).resolve().parents[2].joinpath("shared/traces")

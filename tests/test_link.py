@@ -14,9 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import synth
-from pipeline import cost, link, nesting, store
+from pipeline.cost import enrich as cost
+from pipeline.link import links as link
+from pipeline.link import nesting
+from pipeline import store
 from pipeline.flatten import flatten
-from pipeline.windows import EventReach, TimeBins, TimeCells
+from pipeline.link.windows import EventReach, TimeBins, TimeCells
 
 
 def _flat(tmp_path: Path, trace: dict, name: str = "t") -> Path:
@@ -207,7 +210,7 @@ def _running_slices_file(tmp_path: Path, rng: random.Random) -> tuple[Path, pl.D
 def test_running_slices_give_what_a_fresh_read_of_each_window_gives(tmp_path):
     """Windows moving forward (carrying the rows still running), backward and onto new threads
     (read afresh) get the slices with ts_ns <= b and end >= a on their threads."""
-    from pipeline.windows import RunningSlices
+    from pipeline.link.windows import RunningSlices
 
     rng = random.Random(11)
     path, frame = _running_slices_file(tmp_path, rng)

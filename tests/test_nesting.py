@@ -6,7 +6,7 @@ import random
 import polars as pl
 import pytest
 
-from pipeline import nesting
+from pipeline.link import nesting
 
 END, START, POINT, ZERO_END = 0, 1, 2, 3  # order of boundaries at one instant
 

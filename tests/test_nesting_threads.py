@@ -8,7 +8,7 @@ import random
 import polars as pl
 import pytest
 
-from pipeline import nesting
+from pipeline.link import nesting
 from test_nesting import _case, check_against_sweep as _check
 
 

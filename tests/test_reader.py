@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import synth
 from pipeline.errors import BadTrace
 from pipeline.flatten import flatten
-from pipeline import reader
-from pipeline.reader import FileSpan, Salvaged, TraceSource, ordered_results, parse_chunk
+from pipeline.read import source as reader
+from pipeline.read.source import FileSpan, Salvaged, TraceSource, ordered_results, parse_chunk
 
 
 def norm(v):
@@ -326,7 +326,7 @@ def test_utf8_byte_order_mark_before_the_document_is_accepted(tmp_path):
     """Some tools write a BOM; it is not content, and the trace must still read."""
     import json as _json
 
-    from pipeline.reader import TraceSource, parse_chunk
+    from pipeline.read.source import TraceSource, parse_chunk
 
     doc = {"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}], "traceName": "t"}
     path = tmp_path / "bom.json"

@@ -20,7 +20,11 @@ import pytest
 import synth
 from conftest import PROJECT
 
-from pipeline import batch, limits, tame
+from pipeline.dataset import batch
+
+from pipeline.read import limits
+
+from pipeline.read import tame
 from pipeline.flatten import flatten
 
 TOKEN = "hf_" + "Q7x" * 12

@@ -18,6 +18,7 @@ import pytest
 
 from pipeline import report as rp
 from pipeline import store
+from pipeline.kineto import trace_stem
 from pipeline.flatten import flatten
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -337,7 +338,7 @@ def test_cli_analyze_and_diff(tmp_path, run_cli):
 
 def test_plots_png_and_svg(nested_trace, tmp_path):
     pytest.importorskip("matplotlib")
-    from pipeline.plots import write_plots
+    from pipeline.render.plots import write_plots
 
     paths = write_plots(nested_trace, rp.analyze(nested_trace), tmp_path / "plots")
     assert sorted(p.suffix for p in paths) == [".png", ".png", ".svg", ".svg"]
@@ -371,12 +372,12 @@ def _truth(path: Path):
 @pytest.fixture(scope="module")
 def real_flat(tmp_path_factory):
     out = tmp_path_factory.mktemp("real")
-    return lambda p: rp.Flat(out / store.trace_stem(p)) if store.is_flat_dir(out / store.trace_stem(p)) \
+    return lambda p: rp.Flat(out / trace_stem(p)) if store.is_flat_dir(out / trace_stem(p)) \
         else rp.Flat(flatten(p, out).out_dir)
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("trace", REAL, ids=[f"{p.parent.name}/{store.trace_stem(p)}" for p in REAL])
+@pytest.mark.parametrize("trace", REAL, ids=[f"{p.parent.name}/{trace_stem(p)}" for p in REAL])
 def test_real_trace_counts_durations_and_busy(trace, real_flat):
     f = real_flat(trace)
     doc = _strict_json(rp.format_analysis(f, rp.analyze(f), "json"))

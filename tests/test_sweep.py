@@ -15,7 +15,9 @@ import polars as pl
 import pytest
 
 import synth
-from pipeline import nesting, report as rp, sweep
+from pipeline.link import nesting
+from pipeline.analyses import report as rp
+from pipeline.analyses import sweep
 from pipeline.flatten import flatten
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

@@ -13,9 +13,11 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
-from . import schema, store
-from .batch import KEY, MANIFEST, MANIFEST_SCHEMA, committed_ids
-from .errors import DatasetError, UsageError
+from pipeline import schema
+
+from pipeline import store
+from pipeline.dataset.batch import KEY, MANIFEST, MANIFEST_SCHEMA, committed_ids
+from pipeline.errors import DatasetError, UsageError
 
 FORMATS = ("table", "csv", "json", "parquet")
 

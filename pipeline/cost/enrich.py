@@ -17,13 +17,16 @@ import orjson
 import polars as pl
 import pyarrow as pa
 
-from . import devices as device_specs_mod
-from . import formulas, link, schema, store
-from .categories import CategoryMemo, with_category
+from pipeline.cost import devices as device_specs_mod
+from pipeline.cost import formulas
+from pipeline.link import links as link
+from pipeline import schema
+from pipeline import store
+from pipeline.cost import roofline
+from pipeline.cost.categories import CategoryMemo, with_category
 
 SIGNATURE_KEYS = formulas.ARGS_READ
 PEAK_COLS = device_specs_mod.PEAK_COLS
-DTYPE_PEAK = device_specs_mod.DTYPE_PEAK
 
 
 def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None,
@@ -120,11 +123,9 @@ def _finite(v) -> float | None:
 
 def resolve_devices(devs: pl.DataFrame) -> pl.DataFrame:
     """Give rows for ids absent from deviceProperties the model of the listed devices, if all are one."""
-    listed = devs.filter(pl.col("source") == "deviceProperties")
-    names = listed["name"].drop_nulls().unique()
-    if names.len() != 1:
+    model = device_specs_mod.one_model(devs)
+    if model is None:
         return devs.with_columns(inferred=pl.lit(False))
-    model = listed.filter(pl.col("name") == names[0]).row(0, named=True)
     fill = ["name", "total_global_mem", "compute_major", "compute_minor", "num_sms"]
     unlisted = pl.col("source") == "gpu_events"
     return devs.with_columns(
@@ -132,10 +133,11 @@ def resolve_devices(devs: pl.DataFrame) -> pl.DataFrame:
     ).with_columns(inferred=unlisted)
 
 
-def annotate_devices(flat_dir: Path, extra_specs: str | None, force: str | None) -> tuple[pl.DataFrame, list]:
+def matched_devices(flat_dir: Path, extra_specs: str | None, force: str | None) -> tuple[pl.DataFrame, list]:
+    """The trace's devices (unlisted ids resolved) with the spec each matches, and warnings."""
     devs = resolve_devices(pl.read_parquet(flat_dir / "devices.parquet"))
     specs = device_specs_mod.load_specs(extra_specs)
-    out, warnings = device_specs_mod.annotate_devices(devs.drop("inferred"), specs, force=force)
+    out, warnings = device_specs_mod.match_specs(devs.drop("inferred"), specs, force=force)
     out = out.with_columns(
         spec_match=pl.when(devs["inferred"] & (pl.col("spec_match") != "unknown"))
         .then(pl.lit("inferred")).otherwise(pl.col("spec_match")))
@@ -176,21 +178,15 @@ def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame) 
     )
     peaks = devs.select(pl.col("device"), "spec_name", *PEAK_COLS).unique("device", keep="first")
     g = g.join(peaks, on="device", how="left", maintain_order="left")
-    dtype_peak = pl.coalesce(
-        pl.when(pl.col("cost_dtype") == d).then(pl.col(col)) for d, col in DTYPE_PEAK.items()
-    )
-    g = g.with_columns(peak_tflops=pl.coalesce(dtype_peak, pl.col("peak_bf16_tflops")))
+    g = g.with_columns(peak_tflops=roofline.dtype_peak(pl.col("cost_dtype")))
     g = g.with_columns(
         achieved_tflops=pl.when(pl.col("dur_ns") > 0).then(pl.col("flops") / dur_s / 1e12),
         achieved_gbps=pl.when(pl.col("dur_ns") > 0).then(pl.col("bytes") / dur_s / 1e9),
-        arithmetic_intensity=pl.when(pl.col("bytes") > 0).then(pl.col("flops") / pl.col("bytes")),
+        arithmetic_intensity=roofline.intensity(pl.col("flops"), pl.col("bytes")),
     ).with_columns(
         achieved_flops_pct=100 * pl.col("achieved_tflops") / pl.col("peak_tflops"),
         achieved_bw_pct=100 * pl.col("achieved_gbps") / pl.col("peak_bw_gbps"),
-        roofline_bound=pl.when(pl.col("arithmetic_intensity").is_null() | pl.col("peak_tflops").is_null()
-                               | pl.col("peak_bw_gbps").is_null()).then(None)
-        .when(pl.col("arithmetic_intensity") * pl.col("peak_bw_gbps") / 1e3 >= pl.col("peak_tflops"))
-        .then(pl.lit("compute")).otherwise(pl.lit("memory")),
+        roofline_bound=roofline.bound(pl.col("arithmetic_intensity"), pl.col("peak_tflops"), pl.col("peak_bw_gbps")),
     )
     return g.drop("op_flops", "op_bytes", "op_reason", "op_dur_ns", *[c for c in PEAK_COLS if c != "peak_bw_gbps"])
 
@@ -352,7 +348,7 @@ def enrich(flat_dir, row: dict, device_specs: str | None = None, device: str | N
     """
     flat_dir = Path(flat_dir)
     gpu_ops = flat_dir / "gpu_ops.parquet"
-    devs, warnings = annotate_devices(flat_dir, device_specs, device)
+    devs, warnings = matched_devices(flat_dir, device_specs, device)
     store.sort_by_key(gpu_ops, "gpu_ops")  # flatten writes it sorted already
     tally = Tally()
     with store.arrow_memory_returned_promptly(), store.spill_file(flat_dir, LINK_SPILL) as spill:

@@ -31,8 +31,8 @@ from typing import Callable, Iterator
 
 import polars as pl
 
-from . import nesting
-from .windows import EventReach, TimeBins, TimeCells
+from pipeline.link import nesting
+from pipeline.link.windows import EventReach, TimeBins, TimeCells
 
 PER_WINDOW = 1 << 17  # rows read per window (about: cuts fall between histogram bins)
 

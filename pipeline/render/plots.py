@@ -13,8 +13,9 @@ from pathlib import Path
 
 import polars as pl
 
-from .errors import UsageError
-from .report import Flat, as_flat
+from pipeline.cost import roofline
+from pipeline.errors import UsageError
+from pipeline.analyses.report import Flat, as_flat
 
 FORMATS = ("png", "svg")
 TOP_OPS = 15
@@ -66,7 +67,7 @@ def roofline(flat, kernels: pl.DataFrame, out_dir: Path, stem: str) -> list[Path
                 ax.annotate(r["name"][:30], (r["arithmetic_intensity"], r["achieved_tflops"]), fontsize=6)
         p = peaks.get(dev) or {}
         if p.get("peak_tflops") and p.get("peak_bw_gbps"):
-            ridge = p["peak_tflops"] * 1e3 / p["peak_bw_gbps"]
+            ridge = roofline.ridge(p["peak_tflops"], p["peak_bw_gbps"])
             lo = min([ridge / 100] + pts["arithmetic_intensity"].to_list())
             hi = max([ridge * 100] + pts["arithmetic_intensity"].to_list())
             ax.plot([lo, ridge], [lo * p["peak_bw_gbps"] / 1e3, p["peak_tflops"]], "r-", lw=1,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import polars as pl
 
-from .errors import UsageError
-from .schema import DATA_DIR
+from pipeline.errors import UsageError
+from pipeline.schema import DATA_DIR
 
 SPECS_CSV = DATA_DIR / "device_specs.csv"
 PEAK_COLS = ["peak_fp64_tflops", "peak_fp32_tflops", "peak_tf32_tflops", "peak_bf16_tflops",
@@ -140,7 +140,17 @@ def match_device(name: str | None, props: dict, specs: pl.DataFrame, force: str 
     return _result(fit, "properties" if fit else "unknown")
 
 
-def annotate_devices(devices: pl.DataFrame, specs: pl.DataFrame,
+def one_model(devices: pl.DataFrame) -> dict | None:
+    """The deviceProperties row of the machine's model when every listed device is of one model
+    (by name), else None: device ids seen only on GPU events (not listed) are taken to be of it."""
+    listed = devices.filter(pl.col("source") == "deviceProperties")
+    names = listed["name"].drop_nulls().unique()
+    if names.len() != 1:
+        return None
+    return listed.filter(pl.col("name") == names[0]).row(0, named=True)
+
+
+def match_specs(devices: pl.DataFrame, specs: pl.DataFrame,
                      force: str | None = None) -> tuple[pl.DataFrame, list[str]]:
     """Add spec_name, spec_match, peak columns and spec_source to each device row; warn on unknowns."""
     matches, warnings = [], []
@@ -157,13 +167,9 @@ def annotate_devices(devices: pl.DataFrame, specs: pl.DataFrame,
 
 
 def peak_for_dtype(row: dict, dtype: str | None) -> float | None:
-    """Peak TFLOP/s (TOP/s for int8) a kernel of `dtype` can reach on the device `row`.
+    """Peak TFLOP/s (TOP/s for int8) a kernel of `dtype` can reach on the device `row` (a matched
+    spec): `roofline.dtype_peak`, the one rule, applied to one row."""
+    from pipeline.cost.roofline import dtype_peak
 
-    Unknown dtype -> the BF16 peak. TF32 on a device without TF32 -> the FP32 peak (the GEMM runs in FP32).
-    """
-    col = DTYPE_PEAK.get((dtype or "").strip().lower())
-    if col is None:
-        return row.get("peak_bf16_tflops")
-    if col == "peak_tf32_tflops" and row.get(col) is None:
-        return row.get("peak_fp32_tflops")
-    return row.get(col)
+    peaks = pl.DataFrame({c: [row.get(c)] for c in PEAK_COLS}, schema={c: pl.Float64 for c in PEAK_COLS})
+    return peaks.select(dtype_peak(pl.lit(dtype, pl.String))).item()

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import polars as pl
 
-from . import store
-from .errors import DatasetError, UsageError
-from .columns import GPU_KINDS
-from .flatten import flatten, sampled_content_id
-from .jsonout import TraceWriter, metadata_after, open_trace, read_events
+from pipeline import store
+from pipeline.errors import DatasetError, UsageError
+from pipeline.kineto import GPU_KINDS
+from pipeline.flatten import flatten, sampled_content_id
+from pipeline.rewrite.jsonout import TraceWriter, metadata_after, open_trace, read_events
 
 # args key -> expression over gpu_ops
 COST_ARGS = {

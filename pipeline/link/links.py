@@ -49,25 +49,15 @@ from typing import Iterator
 import polars as pl
 import pyarrow.parquet as pq
 
-from . import nesting, schema, store
-from .windows import EventReach, RunningSlices, TimeBins, TimeCells
+from pipeline.link import nesting
 
-LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime", "hip_driver", "mtia_runtime",
-               "xpu_runtime", "privateuse1_runtime")
-CPU_OP_CATS = ("cpu_op", "operator")
-ANNOTATION_CATS = ("user_annotation",)
-MODULE_CATS = ("python_function",)
+from pipeline import schema
 
+from pipeline import store
+from pipeline.kineto import (ANNOTATION_CATS, CPU_OP_CATS, LAUNCH_CATS, LINK_FLOW_CATS, MODULE_CATS, MODULE_PREFIX,
+                             STEP_NAME, cat_regex)
+from pipeline.link.windows import EventReach, RunningSlices, TimeBins, TimeCells
 
-def _cat_regex(*cats: str) -> str:
-    """A case-insensitive regex matching exactly one of the categories."""
-    return "(?i)^(" + "|".join(cats) + ")$"
-
-
-LAUNCH_CAT, CPU_OP_CAT, ANNOTATION_CAT = _cat_regex(*LAUNCH_CATS), _cat_regex(*CPU_OP_CATS), _cat_regex(*ANNOTATION_CATS)
-LINK_FLOW_CATS = ("ac2g", "async_cpu_to_gpu", "async_gpu")
-STEP_NAME = r"^ProfilerStep#(\d+)$"
-MODULE_PREFIX = "nn.Module: "
 
 BATCH_ROWS = 1 << 15  # GPU ops linked together
 CELL_SLICES = 1 << 17  # CPU slices starting in one time cell (read together), about
@@ -111,7 +101,7 @@ class LinkSources:
         starts = (pl.scan_parquet(events).filter((pl.col("ph") == "X") & pl.col("ts_ns").is_not_null())
                   .group_by("cat", bin=bins.of(pl.col("ts_ns"))).agg(n=pl.len()).collect(engine="streaming"))
         present = starts["cat"].unique().drop_nulls()
-        cats = {kind: tuple(present.filter(present.str.contains(_cat_regex(*of_kind))).sort())
+        cats = {kind: tuple(present.filter(present.str.contains(cat_regex(*of_kind))).sort())
                 for kind, of_kind in KIND_CATS.items()}
         context_cats = [c for k in CONTEXT_KINDS for c in cats[k]]
         histogram = starts.filter(pl.col("cat").is_in(context_cats)).group_by("bin").agg(pl.col("n").sum())

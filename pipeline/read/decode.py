@@ -32,18 +32,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import schema
-from .reader import ChunkParseError, NeedsExactParse, parse_chunk, parse_chunk_exact
-from .tame import BAD_UNICODE, MAX_DEPTH, TOO_DEEP, TooDeep, scrub, tame_deep
+from pipeline import schema
+from pipeline.kineto import FLOW_PHASES, GPU_KINDS
+from pipeline.read.source import ChunkParseError, NeedsExactParse, parse_chunk, parse_chunk_exact
+from pipeline.read.tame import BAD_UNICODE, MAX_DEPTH, TOO_DEEP, TooDeep, scrub, tame_deep
 
-# cat -> kind of GPU/accelerator activity (case as written; old layouts capitalise)
-GPU_KINDS = {
-    "kernel": "kernel", "Kernel": "kernel",
-    "gpu_memcpy": "memcpy", "Memcpy": "memcpy", "memcpy": "memcpy",
-    "gpu_memset": "memset", "Memset": "memset", "memset": "memset",
-    "mtia_ccp_events": "kernel",
-}
-FLOW_PHASES = frozenset(("s", "f", "t"))
 KNOWN_KEYS = frozenset(("ph", "cat", "name", "pid", "tid", "ts", "dur", "args", "id"))
 INT64_MAX = 2**63 - 1
 # |µs| below this: round(x * 1000) of a float is the exact nanosecond count of its

@@ -27,10 +27,10 @@ from typing import Callable, Iterator
 import ijson
 import orjson
 
-from .errors import BadTrace
-from .limits import inflate_limit, too_inflated
-from . import tame
-from .tame import EventSqueezer, TooDeep, is_too_deep, tame_deep
+from pipeline.errors import BadTrace
+from pipeline.read.limits import inflate_limit, too_inflated
+from pipeline.read import tame
+from pipeline.read.tame import EventSqueezer, TooDeep, is_too_deep, tame_deep
 
 if ijson.backend != "yajl2_c":  # pragma: no cover - depends on the installed wheel
     raise ImportError(

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from . import store
-from .errors import UsageError
-from .columns import FLOAT_EXACT_US, Problems, us_to_ns
-from .jsonout import TraceWriter, open_trace, read_events
+from pipeline import store
+from pipeline.kineto import trace_stem
+from pipeline.errors import UsageError
+from pipeline.read.decode import FLOAT_EXACT_US, Problems, us_to_ns
+from pipeline.rewrite.jsonout import TraceWriter, open_trace, read_events
 
 ALIGNS = ("none", "start")
 ID_KEYS = ("id", "bind_id")
@@ -180,7 +181,7 @@ def _inputs(paths: list[str], labels, align: str) -> list[Input]:
         raise UsageError(f"{len(labels)} labels for {len(paths)} traces: give one label per trace")
     for p in paths:  # every input's header is checked before anything is written
         open_trace(p).close()
-    names = _unique_labels(list(labels) if labels is not None else [store.trace_stem(p) for p in paths])
+    names = _unique_labels(list(labels) if labels is not None else [trace_stem(p) for p in paths])
     inputs = [Input(p, name, Renumber(k, len(paths))) for k, (p, name) in enumerate(zip(paths, names))]
     if align == "start":
         starts = [first_ts_ns(p) for p in paths]

@@ -17,12 +17,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Iterator
 
-from . import store
-from .errors import BadTrace, UsageError
-from .columns import FLOAT_EXACT_US, dumps
-from .reader import TraceSource, ordered_results, parse_chunk_exact, parse_chunk_tamed
-from .redact import redact
-from .tame import tame_deep
+from pipeline import store
+from pipeline.errors import BadTrace, UsageError
+from pipeline.read.decode import FLOAT_EXACT_US, dumps
+from pipeline.read.source import TraceSource, ordered_results, parse_chunk_exact, parse_chunk_tamed
+from pipeline.redact import redact
+from pipeline.read.tame import tame_deep
 
 GZIP_LEVEL = 6
 # events are parsed to Python objects here (~25x their text): smaller chunks than flatten's bound memory

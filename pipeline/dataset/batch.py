@@ -64,16 +64,20 @@ from typing import Callable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import __version__, schema, store
-from .errors import DatasetError, OutputError, TracepipeError, UsageError
-from .limits import inflate_limit, not_regular, too_inflated
+from pipeline.version import __version__
+
+from pipeline import schema
+
+from pipeline import store
+from pipeline.kineto import is_trace_name
+from pipeline.errors import DatasetError, OutputError, TracepipeError, UsageError
+from pipeline.read.limits import inflate_limit, not_regular, too_inflated
 
 TABLES = schema.TABLES
 MANIFEST = "traces"
 PART = "part-0.parquet"
 KEY = "trace_id"
 STAGING = "_staging"
-TRACE_SUFFIXES = (".json", ".json.gz", ".json.zst")
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 ENGINES = ("local", "ray", "dask")
 FAULT_KILL = "TRACEPIPE_FAULT_KILL"  # tests: a worker given an input whose name holds this value dies
@@ -115,10 +119,6 @@ class Item:
         if self.content_hash is None:  # rejected unread: never the id of real content
             return "t" + hashlib.blake2b(f"rejected:{self.source}".encode(), digest_size=8).hexdigest()
         return "t" + self.content_hash[:16]
-
-
-def is_trace_name(name: str) -> bool:
-    return name.endswith(TRACE_SUFFIXES)
 
 
 class _Hasher:
@@ -320,7 +320,7 @@ def process_one(path: str, source: str, trace_id: str, stage: str, max_inflate: 
 
     A file that is not a readable trace yields status `quarantined`; other exceptions propagate.
     """
-    from .flatten import flatten
+    from pipeline.flatten import flatten
 
     if (doomed := os.environ.get(FAULT_KILL)) and doomed in source:  # fault injection, for tests
         os.kill(os.getpid(), signal.SIGKILL)
@@ -525,7 +525,7 @@ class _Pool:
                 import multiprocessing as mp
 
                 ctx = mp.get_context("forkserver")  # a fresh process: workers inherit no lock fd
-                ctx.set_forkserver_preload(["pipeline.batch", "pipeline.flatten"])
+                ctx.set_forkserver_preload(["pipeline.dataset.batch", "pipeline.flatten"])
                 self.ex = cf.ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=_watch_driver,
                                                  initargs=(os.getpid(),))
         try:
