@@ -24,7 +24,7 @@ from pathlib import Path
 
 import orjson
 
-from pipeline.demo import write_synthetic
+from pipeline.synthetic import write_demo
 
 
 # ------------------------------------------------------------------ trace generation
@@ -137,7 +137,7 @@ def bench_batch(work: Path, n: int = 24, mb: float = 8.0, jobs: int = 2) -> str:
     if not src.is_dir() or len(list(src.iterdir())) != n:
         shutil.rmtree(src, ignore_errors=True)
         for i in range(n):
-            write_synthetic(src / f"rank{i:03d}.json.gz", mb, seed=i)
+            write_demo(src / f"rank{i:03d}.json.gz", mb, seed=i)
     total_mb = sum(f.stat().st_size for f in src.iterdir()) / 1e6
     raw_mb = n * mb
     t1, m1, _ = measure([sys.executable, "-m", "pipeline", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
@@ -180,7 +180,7 @@ def main():
         path = work / f"bench_{int(mb)}mb{'_sectioned' if a.sectioned else ''}.json"
         if not path.exists():
             print(f"bench: writing {path} ...", file=sys.stderr)
-            (write_replicated(a.template, path, mb, a.sectioned) if a.template else write_synthetic(path, mb))
+            (write_replicated(a.template, path, mb, a.sectioned) if a.template else write_demo(path, mb))
         rows.append(bench_file(path, work))
         print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr)
         if a.gz and i == 0:

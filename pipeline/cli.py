@@ -159,10 +159,10 @@ def schema(table: Optional[str] = typer.Argument(None, help="one table (default:
     """Print the declared table schemas (from schemas/*.toml) as Markdown."""
     from pipeline import schema as sch
 
-    names = [table] if table else list(sch.TABLES)
+    names = [table] if table else list(sch.DOCUMENTED)
     for n in names:
-        if n not in sch.TABLES:
-            raise typer.BadParameter(f"no table {n!r}; tables: {', '.join(sch.TABLES)}")
+        if n not in sch.DOCUMENTED:
+            raise typer.BadParameter(f"no table {n!r}; tables: {', '.join(sch.DOCUMENTED)}")
     typer.echo("\n\n".join(sch.markdown(n) for n in names))
 
 
@@ -170,9 +170,9 @@ def schema(table: Optional[str] = typer.Argument(None, help="one table (default:
 def demo_trace(out: Path = typer.Argument(..., help="where to write the example trace (.json or .json.gz)"),
                mb: float = typer.Option(2.0, "--mb", help="approximate size in MB (uncompressed)")):
     """Write a realistic synthetic example trace (used by `make demo` and `make bench`)."""
-    from pipeline.demo import write_synthetic
+    from pipeline.synthetic import write_demo
 
-    write_synthetic(out, mb)
+    write_demo(out, mb)
     typer.echo(f"wrote {out}")
 
 
@@ -262,14 +262,19 @@ def _read_sql(path: Path) -> str:
 
 
 # ------------------------------------------------------------------ analyze + diff
-def _write_report(text: str, out: Optional[Path]):
+def _write_report(text, out: Optional[Path]):
+    """Print or write (atomically) a report: text, or bytes chunks (a large JSON document, streamed)."""
+    chunks = [text.encode()] if isinstance(text, str) else text
     if out is None:
-        typer.echo(text, nl=False)
+        for chunk in chunks:
+            sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
         return
-    from pipeline.store import atomic_file
+    from pipeline.store import atomic_file, output_of
 
-    with atomic_file(out) as tmp:
-        tmp.write_text(text)
+    with output_of(out), atomic_file(out) as tmp, open(tmp, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
 
 
 def _flatten_problems(*flats) -> int:
@@ -283,6 +288,13 @@ def _flatten_problems(*flats) -> int:
     return code
 
 
+def _sections_help() -> str:
+    from pipeline.analyses.registry import section_help
+    from pipeline.render.documents import DEFAULT_CSV_SECTION
+
+    return f"only this section (repeatable; csv: one, default {DEFAULT_CSV_SECTION}): {section_help()}"
+
+
 @app.command()
 def analyze(
     trace: Path = typer.Argument(..., help="a trace file, or a directory made by `tracepipe flatten`"),
@@ -290,7 +302,7 @@ def analyze(
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file"),
     name_limit: int = typer.Option(60, "--name-limit", help="cut kernel/op names to N characters in table/md (0: never)"),
     top: Optional[int] = typer.Option(None, "--top", help="rows per device and section (default: 20 in table/md, all in json/csv)"),
-    section: Optional[List[str]] = typer.Option(None, "--section", help="only this section (repeatable; csv: one, default kernels): devices, kernels, transfers, streams, categories, ops, launch, compile, regions, communication"),
+    section: Optional[List[str]] = typer.Option(None, "--section", help=_sections_help()),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="ops section: also group by input-shape, stack or overload"),
     sort: Optional[str] = typer.Option(None, "--sort", help="ops section: sort column (default self_device_us, CPU-only: self_cpu_us)"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write roofline and time-breakdown figures (PNG + SVG) into this directory"),

@@ -17,7 +17,9 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 _HERE = Path(__file__).resolve().parent
-TABLES = ("events", "gpu_ops", "flows", "devices", "trace")
+TABLES = ("events", "gpu_ops", "flows", "devices", "trace")  # the tables of one flattened trace
+MANIFEST = "traces"  # a batch dataset's manifest (`pipeline.dataset.layout`)
+DOCUMENTED = (*TABLES, MANIFEST)
 
 ARROW_TYPES = {
     "int64": pa.int64(),
@@ -25,6 +27,7 @@ ARROW_TYPES = {
     "string": pa.string(),
     "dict": pa.string(),  # string with many repeats: Parquet dictionary-encodes it
     "bool": pa.bool_(),
+    "timestamp": pa.timestamp("ms", tz="UTC"),
 }
 
 

@@ -2,7 +2,7 @@
 
 Sections between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers:
 - schema: every table's declaration (schemas/*.toml)
-- formulas: the cost formula table (pipeline/formulas.py)
+- formulas: the cost formula table (pipeline/cost/formulas/)
 - devices: the device-spec table (data/device_specs.csv)
 tests/test_docs.py fails when the README is not current.
 """
@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 def sections() -> dict[str, str]:
     from pipeline import schema
 
-    out = {"schema": "\n\n".join(schema.markdown(t) for t in schema.TABLES)}
+    out = {"schema": "\n\n".join(schema.markdown(t) for t in schema.DOCUMENTED)}
     try:
         from pipeline.cost import formulas
 

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.dataset import batch as B
+from pipeline.dataset import layout
 from pipeline.dataset import query as Q
 from pipeline.errors import UsageError
 from pipeline.schema import TABLES
@@ -97,7 +98,7 @@ def manifest(ds: Path) -> list[dict]:
 
 def assert_consistent(ds: Path, want: dict[str, int] | None = None):
     """Every partition has a manifest row (no orphans), no staging, each trace's rows once."""
-    ids = B.committed_ids(ds)
+    ids = layout.committed_ids(ds)
     for t in TABLES:
         parts = {p.name.split("=", 1)[1] for p in (ds / t).glob("trace_id=*")} if (ds / t).is_dir() else set()
         assert parts <= ids, f"orphan partitions in {t}: {parts - ids}"
@@ -248,7 +249,7 @@ def test_rerun_is_incremental_and_detects_changed_content(built, tmp_path):
     write(src2 / "a.json", tiny_trace(9))
     r = B.run_batch(src2, ds2, jobs=1)
     assert (r.added, r.skipped, r.quarantined) == (1, 2, 2)
-    assert len(B.committed_ids(ds2)) == 6
+    assert len(layout.committed_ids(ds2)) == 6
     assert_consistent(ds2)
 
 
@@ -282,7 +283,7 @@ def test_kill_9_mid_run_then_resume(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "pipeline", "batch", str(src), "-o", str(ds), "-j", "2"],
                          cwd=PROJECT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and p.poll() is None and len(B.committed_ids(ds) if ds.exists() else ()) < 3:
+    while time.monotonic() < deadline and p.poll() is None and len(layout.committed_ids(ds) if ds.exists() else ()) < 3:
         time.sleep(0.005)
     os.kill(p.pid, signal.SIGKILL)  # kill -9 of the driver: its workers notice and exit by themselves
     p.wait()
@@ -293,7 +294,7 @@ def test_kill_9_mid_run_then_resume(tmp_path):
     if left:
         os.killpg(p.pid, signal.SIGKILL)
     assert not left, "worker processes outlived the killed driver"
-    n_before = len(B.committed_ids(ds))
+    n_before = len(layout.committed_ids(ds))
     assert n_before < 20, "the run finished before it could be killed: make the traces bigger"
     r = batch(src, "-o", ds, "-j", "2")
     assert r.returncode == 0, r.stderr
@@ -382,7 +383,7 @@ def test_zip_and_list_file(tmp_path):
     listing.write_text(f"# traces\nc.json\n\n{tmp_path / 'l' / 'gone.json'}\n")
     p = batch(listing, "-o", tmp_path / "ds")
     assert p.returncode == 1 and "gone.json" in p.stderr and "1 traces added" in p.stdout
-    assert len(B.committed_ids(tmp_path / "ds")) == 4
+    assert len(layout.committed_ids(tmp_path / "ds")) == 4
 
 
 def test_truncated_trace_is_kept_and_reported(tmp_path):

@@ -19,7 +19,7 @@ import pipeline
 import synth
 from conftest import PROJECT, run_cli
 
-TABLES = ("events", "gpu_ops", "flows", "devices", "trace")
+from pipeline.schema import TABLES  # noqa: E402
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset", "mtia_ccp_events"}
 
 

@@ -1,12 +1,11 @@
-"""The three chunk builders of `pipeline.columns` give the same tables.
+"""The three chunk builders of `pipeline.read` give the same tables.
 
-`_tables_by_struct` (msgspec, the fast path) must either decline a chunk or build exactly what
+`tables_by_struct` (msgspec, the fast path) must either decline a chunk or build exactly what
 the dict builders build from orjson's parse of the same text (`build_chunk` with the raw args),
 and `build_from_text` must always equal the dict builders' result.
 """
 from __future__ import annotations
 
-import importlib
 import json
 
 import pyarrow as pa
@@ -14,18 +13,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import synth
-from pipeline.read.source import TraceSource, parse_chunk
+from pipeline.kineto import GPU_KINDS
+from pipeline.read.by_struct import raw_args_of, tables_by_struct
+from pipeline.read.chunks import NeedsExactParse, parse_chunk
+from pipeline.read.decode import build_chunk, build_from_text
+from pipeline.read.source import TraceSource
+from pipeline.read.tables import ChunkTables
+from pipeline.read.timestamps import exact_ns_from_text, ns_of_decimal_texts
 
-C = importlib.import_module("pipeline.read.decode")
 
-
-def by_dicts(text: bytes) -> C.ChunkTables:
+def by_dicts(text: bytes) -> ChunkTables:
     """The tables of the dict builders (orjson parse), args as raw text like the struct builder."""
-    return C.build_chunk(parse_chunk(text), text, C._raw_args(text))
+    return build_chunk(parse_chunk(text), text, raw_args_of(text))
 
 
-def assert_same(a: C.ChunkTables, b: C.ChunkTables):
+def assert_same(a: ChunkTables, b: ChunkTables):
     for name in ("events", "gpu_ops", "flows"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.schema == y.schema, name
@@ -63,7 +65,7 @@ PLAIN = [
 @pytest.mark.parametrize("indent", [None, 2])
 def test_plain_events_take_the_struct_path_and_match_the_dict_path(indent):
     text = chunk(PLAIN, indent)
-    fast = C._tables_by_struct(text)
+    fast = tables_by_struct(text)
     assert fast is not None
     assert_same(fast, by_dicts(text))
     assert fast.events.num_rows == len(PLAIN) and fast.gpu_ops.num_rows == 3 and fast.flows.num_rows == 2
@@ -94,13 +96,13 @@ ODD = {  # chunks the struct path must decline (the dict path coerces or keeps t
 @pytest.mark.parametrize("case", sorted(ODD))
 def test_odd_values_take_the_dict_path(case):
     text = chunk([PLAIN[0], ODD[case], PLAIN[3]])
-    assert C._tables_by_struct(text) is None
-    assert_same(C.build_from_text(text), by_dicts(text))
+    assert tables_by_struct(text) is None
+    assert_same(build_from_text(text), by_dicts(text))
 
 
 def test_null_extra_key_is_kept_by_the_struct_path():
     text = chunk([PLAIN[0], {"ph": "f", "id": 1, "bp": None}, PLAIN[3]])
-    fast = C._tables_by_struct(text)
+    fast = tables_by_struct(text)
     assert fast is not None
     assert_same(fast, by_dicts(text))
     assert fast.events.column("extra_json").to_pylist()[1] == '{"bp":null}'
@@ -109,9 +111,9 @@ def test_null_extra_key_is_kept_by_the_struct_path():
 
 def test_invalid_utf8_is_never_kept_undecoded():
     text = chunk([PLAIN[0]]).replace(b"aten::mm", b"aten::\xff")
-    assert C._tables_by_struct(text) is None
+    assert tables_by_struct(text) is None
     text = chunk([PLAIN[0]]).replace(b'"float"', b'"\xfe\xff"', 1)
-    assert C._tables_by_struct(text) is None
+    assert tables_by_struct(text) is None
 
 
 def test_real_traces_take_the_struct_path(shared_traces):
@@ -119,7 +121,7 @@ def test_real_traces_take_the_struct_path(shared_traces):
     for path in sorted(shared_traces.glob("*/*.json.gz")):
         pieces = [p for p in TraceSource(str(path), chunk_bytes=256 << 10).pieces() if isinstance(p, bytes)][:8]
         for text in pieces:
-            fast = C._tables_by_struct(text)
+            fast = tables_by_struct(text)
             assert fast is not None, path.name
             assert_same(fast, by_dicts(text))
 
@@ -136,7 +138,7 @@ _args = st.one_of(st.none(), st.dictionaries(
                      "bytes", "warps per SM", "Input Dims", "x"]), _arg_values, max_size=5),
     st.lists(st.integers(), max_size=2))
 _event = st.fixed_dictionaries({}, optional={
-    "ph": _strings, "cat": st.one_of(_strings, st.sampled_from(sorted(C.GPU_KINDS))), "name": _strings,
+    "ph": _strings, "cat": st.one_of(_strings, st.sampled_from(sorted(GPU_KINDS))), "name": _strings,
     "pid": _ids, "tid": _ids, "ts": _times, "dur": _times, "id": _ids, "args": _args,
     "bp": st.one_of(st.none(), st.sampled_from(["e", "s", 'q"'])), "s": st.sampled_from(["t", "p"]),
     "tts": st.integers(0, 5)})
@@ -149,9 +151,9 @@ def test_build_from_text_equals_the_dict_builders(events, indent):
     text = chunk(events, indent)
     try:
         expected = by_dicts(text)
-    except C.NeedsExactParse:
+    except NeedsExactParse:
         return  # floats too long for a float64: parsed again with Decimals (tests/test_reader.py)
-    assert_same(C.build_from_text(text), expected)
+    assert_same(build_from_text(text), expected)
 
 
 _plain_event = st.fixed_dictionaries({"ph": st.sampled_from(["X", "s", "f", "i", "M"])}, optional={
@@ -172,16 +174,16 @@ _plain_event = st.fixed_dictionaries({"ph": st.sampled_from(["X", "s", "f", "i",
 @given(st.lists(_plain_event, min_size=1, max_size=12), st.sampled_from([None, 2]))
 def test_plain_events_always_take_the_struct_path(events, indent):
     text = chunk(events, indent)
-    fast = C._tables_by_struct(text)
+    fast = tables_by_struct(text)
     assert fast is not None
     assert_same(fast, by_dicts(text))
 
 
 # ------------------------------------------------------------------ timestamps beyond a float's ns
-def by_exact_parse(text: bytes) -> C.ChunkTables:
+def by_exact_parse(text: bytes) -> ChunkTables:
     """The tables of the careful path: ijson's exact Decimals, converted by `us_to_ns`."""
-    from pipeline.read.source import parse_chunk_exact
-    return C.build_chunk(parse_chunk_exact(text), None, C._raw_args(text))
+    from pipeline.read.chunks import parse_chunk_exact
+    return build_chunk(parse_chunk_exact(text), None, raw_args_of(text))
 
 
 _big_ts = st.one_of(
@@ -202,12 +204,12 @@ def test_long_timestamps_take_the_struct_path_exactly(stamps, negative):
         ts = "" if t is None else f'"ts": {"-" if negative else ""}{t}, '
         events.append(f'{{"ph": "X", "cat": "cpu_op", "name": "op{i}", "pid": 1, "tid": 2, {ts}"dur": 1.5}}')
     text = ",".join(events).encode()
-    fast = C._tables_by_struct(text)
+    fast = tables_by_struct(text)
     if all(t is None for t in stamps):
         return
     assert fast is not None
     assert_same(fast, by_exact_parse(text))
-    assert_same(C.build_chunk(parse_chunk(text), text, C._raw_args(text)), by_exact_parse(text))  # the dict path too
+    assert_same(build_chunk(parse_chunk(text), text, raw_args_of(text)), by_exact_parse(text))  # the dict path too
 
 
 def test_epoch_timestamps_beside_ints_and_huge_ints():
@@ -215,18 +217,18 @@ def test_epoch_timestamps_beside_ints_and_huge_ints():
     beside floats has no exact float64 column: the careful path builds it, exactly."""
     text = chunk([PLAIN[0], {"ph": "X", "ts": 1712195495519695.8}, PLAIN[3]])
     text = text.replace(b"1712195495519695.8", b"1712195495519695.812")
-    fast = C._tables_by_struct(text)
+    fast = tables_by_struct(text)
     assert fast is not None and fast.events.column("ts_ns").to_pylist()[1] == 1712195495519695812
     assert_same(fast, by_exact_parse(text))
     huge = b'{"ph": "X", "ts": 4390000000000.5},{"ph": "X", "ts": 9007199254740993}'
-    assert C._tables_by_struct(huge) is None
-    assert C.build_from_text(huge).events.column("ts_ns").to_pylist() == [4390000000000500, 9007199254740993000]
+    assert tables_by_struct(huge) is None
+    assert build_from_text(huge).events.column("ts_ns").to_pylist() == [4390000000000500, 9007199254740993000]
 
 
 def test_sub_nanosecond_digits_round_half_to_even():
     text = b",".join(b'{"ph": "X", "ts": %s}' % t for t in (
         b"4458693246765.2705", b"4458693246765.2715", b"4458693246765.27051", b"4458693246765.2704999", b"4458693246765"))
-    fast = C._tables_by_struct(text)
+    fast = tables_by_struct(text)
     assert fast is not None
     assert fast.events.column("ts_ns").to_pylist() == [
         4458693246765270, 4458693246765272, 4458693246765271, 4458693246765270, 4458693246765000]
@@ -236,9 +238,9 @@ def test_timestamp_texts_that_are_no_plain_numbers_decline():
     """A text that is no number where a timestamp was expected, or one with an exponent: the
     struct path declines (the careful path decides), never raises."""
     big = pa.array([4458693246765.5])
-    assert C._exact_ns_from_text(big, b'{"ts": "abc"}') is None
-    assert C._exact_ns_from_text(pa.array([4.4586932467655e12]), b'{"ts": 4.4586932467655e12}') is None
-    assert C._exact_ns_from_text(big, b'{"ts": 4458693246765.5}').to_pylist() == [4458693246765500]
+    assert exact_ns_from_text(big, b'{"ts": "abc"}') is None
+    assert exact_ns_from_text(pa.array([4.4586932467655e12]), b'{"ts": 4.4586932467655e12}') is None
+    assert exact_ns_from_text(big, b'{"ts": 4458693246765.5}').to_pylist() == [4458693246765500]
 
 
 def test_epoch_timestamps_with_three_decimals_and_int64_edges():
@@ -246,5 +248,5 @@ def test_epoch_timestamps_with_three_decimals_and_int64_edges():
     beyond an int64, or exactly -2**63, are read whole and decimals apart; all as Decimal rounds."""
     from decimal import Decimal
     texts = ["1712195495519695.812", "-1712195495519695.8125", "999999999999.99999995", "-0.9223372036854775808", "7"]
-    got = C._ns_of_decimal_texts(pa.array(texts)).to_pylist()
+    got = ns_of_decimal_texts(pa.array(texts)).to_pylist()
     assert got == [int((Decimal(t) * 1000).to_integral_value()) for t in texts]

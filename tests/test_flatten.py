@@ -16,7 +16,7 @@ import synth
 from conftest import run_cli
 from pipeline.flatten import flatten
 
-TABLES = ("events", "gpu_ops", "flows", "devices", "trace")
+from pipeline.schema import TABLES  # noqa: E402
 
 
 def tables(out_dir) -> dict:

@@ -1,4 +1,4 @@
-"""pipeline.formulas: hand-computed costs per family, robustness, the old trace layout."""
+"""pipeline.cost.formulas: hand-computed costs per family, robustness, the old trace layout."""
 from __future__ import annotations
 
 import builtins

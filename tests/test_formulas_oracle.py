@@ -1,4 +1,4 @@
-"""Oracle: pipeline.formulas FLOPs == torch.utils.flop_counter.FlopCounterMode, case by case.
+"""Oracle: pipeline.cost.formulas FLOPs == torch.utils.flop_counter.FlopCounterMode, case by case.
 
 Every case is a real call on meta tensors (CPU tensors for the CPU-only mkldnn kernel). All cases
 run once under torch.profiler with record_shapes, so the args handed to `op_cost` are exactly what

@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 import synth
 from pipeline.errors import BadTrace
 from pipeline.flatten import flatten
-from pipeline.read import source as reader
-from pipeline.read.source import FileSpan, Salvaged, TraceSource, ordered_results, parse_chunk
+from pipeline.read import source
+from pipeline.read import stream as reader
+from pipeline.read.chunks import FileSpan, Salvaged, ordered_results, parse_chunk
+from pipeline.read.source import TraceSource
 
 
 def norm(v):
@@ -326,7 +328,9 @@ def test_utf8_byte_order_mark_before_the_document_is_accepted(tmp_path):
     """Some tools write a BOM; it is not content, and the trace must still read."""
     import json as _json
 
-    from pipeline.read.source import TraceSource, parse_chunk
+    from pipeline.read.source import TraceSource
+
+    from pipeline.read.chunks import parse_chunk
 
     doc = {"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}], "traceName": "t"}
     path = tmp_path / "bom.json"
@@ -370,12 +374,12 @@ def test_metadata_beyond_the_tail_window_falls_back_to_reading_through(tmp_path,
     t = synth.make_trace(n_steps=6, metadata_after=True)
     t["deviceProperties"] = [dict(synth.DEVICE_PROPS, id=i) for i in range(64)]  # ~30 KB after the events
     p = synth.write_trace(t, tmp_path / "t.json", indent=1)
-    monkeypatch.setattr(reader, "TAIL_BYTES", (8192,))
+    monkeypatch.setattr(source, "TAIL_BYTES", (8192,))
     with TraceSource(str(p), chunk_bytes=4096) as src:
         assert src._events_end() is None
     events, meta, tail, _ = read_all(p, 4096, spans=True)
     assert not tail.truncated and events == load(p)["traceEvents"] and len(meta["deviceProperties"]) == 64
-    monkeypatch.setattr(reader, "TAIL_BYTES", (8192, 1 << 20))
+    monkeypatch.setattr(source, "TAIL_BYTES", (8192, 1 << 20))
     with TraceSource(str(p), chunk_bytes=4096) as src:
         assert src._events_end() is not None
 
@@ -454,8 +458,7 @@ def test_json_bytes_estimate_sees_through_compression(tmp_path):
 def test_a_compressed_trace_gets_workers_by_its_json_size(tmp_path, monkeypatch):
     """A 1 GB trace gzips to ~50 MB: whether it is parsed in workers depends on the JSON it holds,
     not on the file's size (it was parsed on one core below 48 MB of gzip)."""
-    import importlib
-    flatten_module = importlib.import_module("pipeline.flatten")  # `pipeline.flatten` is the function
+    from pipeline.read import workers as flatten_module
     text = json.dumps({"traceEvents": [{"ph": "X", "name": "op", "ts": i, "dur": 1} for i in range(20000)]}).encode()
     gz = tmp_path / "t.json.gz"
     gz.write_bytes(gzip.compress(text))
@@ -474,6 +477,6 @@ def test_a_corrupt_stream_is_reported_in_the_decompressors_words(inflate):
     comp = gzip.compress(data)
     mid = len(comp) // 2
     broken = comp[:mid] + bytes(255 - x for x in comp[mid:mid + 64]) + comp[mid + 64:]
-    got, problem = reader._read(reader.GzipStream(io.BytesIO(broken)), 2 * len(data))  # on to the trailer
+    got, problem = reader.read_some(reader.GzipStream(io.BytesIO(broken)), 2 * len(data))  # on to the trailer
     assert data.startswith(got[:1000]) and problem.startswith("corrupt compressed data (")
     assert problem not in ("corrupt compressed data (error)", "corrupt compressed data ()") and "\n" not in problem

@@ -20,7 +20,7 @@ import pytest
 import synth
 from conftest import PROJECT
 
-from pipeline.dataset import batch
+from pipeline.dataset import batch, inputs, layout
 
 from pipeline.read import limits
 
@@ -235,11 +235,11 @@ def test_a_zip_member_declaring_a_bomb_is_quarantined_unread(tmp_path):
 
 def test_a_member_inflating_past_its_limit_is_stopped_and_removed(tmp_path):
     """A zip header may lie about the size: the bytes are counted as they are extracted."""
-    item = batch._extract(io.BytesIO(b"x" * 5000), "a.zip!m.json", "m.json", tmp_path / "x", 1, limit=4096,
+    item = inputs.extract_member(io.BytesIO(b"x" * 5000), "a.zip!m.json", "m.json", tmp_path / "x", 1, limit=4096,
                           compressed=20)
     assert "decompression bomb" in item.rejected and item.path is None
     assert not files_under(tmp_path / "x")
-    item = batch._extract(io.BytesIO(b"x" * 4096), "a.zip!m.json", "m.json", tmp_path / "x", 2, limit=4096,
+    item = inputs.extract_member(io.BytesIO(b"x" * 4096), "a.zip!m.json", "m.json", tmp_path / "x", 2, limit=4096,
                           compressed=20)
     assert item.rejected is None and Path(item.path).stat().st_size == 4096
 
@@ -327,7 +327,7 @@ def test_a_worker_killed_mid_trace(tmp_path):
         small_trace(src, f"rank{i}.json", n=i)
     p = cli("batch", src, "-o", tmp_path / "ds", "-j", "2", env={batch.FAULT_KILL: "rank2"}, timeout=120)
     assert p.returncode == 1 and "rank2.json: quarantined: the worker flattening it died" in p.stderr
-    assert sorted(batch.read_manifest(tmp_path / "ds")[t]["status"] for t in batch.committed_ids(tmp_path / "ds")) \
+    assert sorted(layout.read_manifest(tmp_path / "ds")[t]["status"] for t in layout.committed_ids(tmp_path / "ds")) \
         == ["ok", "ok", "ok", "quarantined"]
 
 
@@ -347,7 +347,7 @@ def test_a_full_disk_mid_commit_touches_nothing_else(tmp_path, monkeypatch):
     r = batch.run_batch(src, tmp_path / "ds", jobs=1)
     assert (r.added, r.failed) == (2, 1) and "cannot commit: No space left on device" in r.problems[0]
     leftovers = [p for p in (tmp_path / "ds").rglob("trace_id=*") if p.name.split("=")[1] not in
-                 batch.committed_ids(tmp_path / "ds")]
+                 layout.committed_ids(tmp_path / "ds")]
     assert not leftovers
     monkeypatch.setattr(batch, "commit", real)
     assert batch.run_batch(src, tmp_path / "ds", jobs=1).added == 1  # retried by the next run
@@ -363,8 +363,8 @@ def test_an_unreadable_file_is_quarantined_with_its_reason(tmp_path, monkeypatch
             raise PermissionError(13, "Permission denied")
         return real(path)
 
-    real = batch.file_hash
-    monkeypatch.setattr(batch, "file_hash", file_hash)
+    real = inputs.file_hash
+    monkeypatch.setattr(inputs, "file_hash", file_hash)
     r = batch.run_batch(src, tmp_path / "ds", jobs=1)
     assert (r.added, r.quarantined) == (1, 1)
     assert r.problems == [f"{src / 'secret.json'}: quarantined: cannot read: Permission denied"]

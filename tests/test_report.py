@@ -18,8 +18,11 @@ import pytest
 
 from pipeline import report as rp
 from pipeline import store
-from pipeline.kineto import trace_stem
+from pipeline.analyses.intervals import covered_overlap, nesting
+from pipeline.analyses.sweep import interval_union
+from pipeline.errors import UsageError
 from pipeline.flatten import flatten
+from pipeline.kineto import trace_stem
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 PID, TID, GPU_PID = 100, 100, 0
@@ -78,10 +81,10 @@ def test_interval_union_and_overlap_match_brute_force():
     for _ in range(30):
         iv = [(s, s + rng.randint(0, 30)) for s in (rng.randint(0, 200) for _ in range(rng.randint(1, 25)))]
         df = pl.DataFrame({"k": [0] * len(iv), "ts_ns": [s for s, _ in iv], "end_ns": [e for _, e in iv]})
-        runs = rp.interval_union(df, ["k"]).collect()
-        assert list(zip(runs["start_ns"], runs["end_ns"])) == _brute_union(iv)
+        runs = interval_union(df, ["k"]).collect()
+        assert list(zip(runs["start_ns"], runs["end_ns"], strict=False)) == _brute_union(iv)
         q = [(a, a + rng.randint(0, 80)) for a in (rng.randint(-20, 220) for _ in range(10))]
-        got = rp.covered_overlap(pl.LazyFrame({"k": [0] * 10, "ts_ns": [a for a, _ in q], "end_ns": [b for _, b in q]}),
+        got = covered_overlap(pl.LazyFrame({"k": [0] * 10, "ts_ns": [a for a, _ in q], "end_ns": [b for _, b in q]}),
                                  runs.lazy(), ["k"]).collect()["overlap_ns"].to_list()
         want = [sum(max(0, min(b, e) - max(a, s)) for s, e in _brute_union(iv)) for a, b in q]
         assert got == want
@@ -90,7 +93,7 @@ def test_interval_union_and_overlap_match_brute_force():
 def test_nesting_parents_and_identical_intervals():
     iv = pl.LazyFrame({"iv_idx": [0, 1, 2, 3, 4, 5], "pid": [1] * 6, "tid": [1] * 6,
                        "ts_ns": [0, 10, 10, 20, 50, 100], "end_ns": [100, 40, 40, 30, 50, 120]})
-    got = {r["iv_idx"]: (r["depth"], r["parent_idx"]) for r in rp.nesting(iv).collect().iter_rows(named=True)}
+    got = {r["iv_idx"]: (r["depth"], r["parent_idx"]) for r in nesting(iv).collect().iter_rows(named=True)}
     # identical intervals 1 and 2 nest in file order; zero-length 4 sits inside 0; 5 starts as 0 ends
     assert got == {0: (1, None), 1: (2, 0), 2: (3, 1), 3: (4, 2), 4: (2, 0), 5: (1, None)}
 
@@ -127,7 +130,8 @@ def test_kernel_table_counts_every_launch_and_keeps_copies_apart(busy_trace):
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "aten::mm", "kernel", "gemm"),
     ("Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT256x128x64", "aten::mm", "kernel", "gemm"),
     ("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32", "aten::cudnn_convolution", "kernel", "conv"),
-    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>, cutlass::bfloat16_t>", None, "kernel", "attention"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>, cutlass::bfloat16_t>", None, "kernel",
+     "attention"),
     ("attn_fwd", "aten::_flash_attention_forward", "kernel", "attention"),
     ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float>", None, "kernel", "normalization"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, MeanOps> >", None, "kernel", "reduction"),
@@ -138,7 +142,8 @@ def test_kernel_table_counts_every_launch_and_keeps_copies_apart(busy_trace):
     ("cpp_fused_add_relu_0", "cpp_fused_add_relu_0", "cpu_op", "inductor_cpp"),
 ])
 def test_categories_table(kernel, op, kind, want):
-    df = pl.DataFrame({"name": [kernel], "op": [op], "kind": [kind]}, schema={"name": pl.String, "op": pl.String, "kind": pl.String})
+    df = pl.DataFrame({"name": [kernel], "op": [op], "kind": [kind]},
+                      schema={"name": pl.String, "op": pl.String, "kind": pl.String})
     assert df.select(rp.category_expr(pl.col("name"), pl.col("op"), pl.col("kind"))).item() == want
 
 
@@ -171,7 +176,7 @@ def test_op_table_self_and_total_times(nested_trace):
     stack = rp.op_table(nested_trace, group_by="stack")
     assert stack.filter(pl.col("name") == "aten::addmm")["stack"].item() == \
         "aten::linear <- model.py(1):_forward <- ProfilerStep#1"
-    with pytest.raises(rp.UsageError):
+    with pytest.raises(UsageError):
         rp.op_table(nested_trace, sort="nope")
 
 
@@ -398,7 +403,8 @@ def test_real_cross_vendor_diff_matches_most_launched_time(real_flat):
     rows = rp.diff_json(rp.diff(fa, fb))["rows"]
     ops = [r for r in rows if r["kind"] == "op"]
     for side, f in (("a", fa), ("b", fb)):
-        linked = f.gpu.filter((pl.col("kind") == "kernel") & pl.col("launch_event_idx").is_not_null())["dur_ns"].sum() / 1e3
+        linked_kernels = (pl.col("kind") == "kernel") & pl.col("launch_event_idx").is_not_null()
+        linked = f.gpu.filter(linked_kernels)["dur_ns"].sum() / 1e3
         matched = sum(r[side]["dur_us"] for r in ops if r["a"] and r["b"])
         assert matched >= 0.8 * linked
     both = [r for r in ops if r["a"] and r["b"]]

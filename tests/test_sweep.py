@@ -1,4 +1,4 @@
-"""The bounded-memory sweeps the reports are made of (pipeline.sweep, report.Flat.activity / cpu).
+"""The bounded-memory sweeps the reports are made of (pipeline.analyses.sweep, Flat.activity / cpu).
 
 Every piece that folds windows is checked against the whole-table answer: unions, percentiles,
 float sums, prefix sums per thread, nesting with pending slices; and the reports of a trace read
@@ -15,17 +15,19 @@ import polars as pl
 import pytest
 
 import synth
-from pipeline.link import nesting
-from pipeline.analyses import report as rp
+from pipeline import report as rp
 from pipeline.analyses import sweep
+from pipeline.analyses.cpu import is_slice
 from pipeline.flatten import flatten
+from pipeline.kineto import OP_CAT
+from pipeline.link import nesting
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 def _windows(cuts):
     edges = [None, *sorted(set(cuts)), None]
-    return list(zip(edges[:-1], edges[1:]))
+    return list(zip(edges[:-1], edges[1:], strict=False))
 
 
 def _in(window, col="ts_ns"):
@@ -41,7 +43,7 @@ def _same(a, b, path="", rel=1e-12):
             _same(a[k], b[k], f"{path}.{k}", rel)
     elif isinstance(a, list):
         assert isinstance(b, list) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
             _same(x, y, f"{path}[{i}]", rel)
     elif isinstance(a, float) and isinstance(b, float):
         both_nan = math.isnan(a) and math.isnan(b)
@@ -89,7 +91,7 @@ def test_float_sum_is_correctly_rounded_the_same_every_run():
     df = pl.DataFrame({"g": [rng.randint(0, 40) for _ in values], "x": values})
     runs = {tuple(df.group_by("g").agg(s=sweep.float_sum("x")).sort("g")["s"]) for _ in range(5)}
     assert len(runs) == 1
-    got = dict(zip(range(41), runs.pop()))
+    got = dict(zip(range(41), runs.pop(), strict=False))
     for g, part in df.group_by("g"):
         assert got[g[0]] == math.fsum(part["x"])
     edge = pl.DataFrame({"g": [1, 1, 2, 3, 3], "x": [None, None, 0.0, 1.0, float("inf")]})
@@ -108,7 +110,7 @@ def test_thread_prefix_sums_over_windows_equal_brute_force():
         mine = qs.filter(_in(w, "q"))
         before = prefix.at(mine, "q", inclusive=False)["v"].to_list()
         upto = prefix.at(mine, "q", inclusive=True)["v"].to_list()
-        for (i, tid, q), lo, hi in zip(mine.iter_rows(), before, upto):
+        for (_i, tid, q), lo, hi in zip(mine.iter_rows(), before, upto, strict=False):
             assert lo == sum(v for p, t, v in points if p == tid and t < q)
             assert hi == sum(v for p, t, v in points if p == tid and t <= q)
 
@@ -148,7 +150,7 @@ def test_slice_sweep_nests_slices_as_all_of_them_at_once(tmp_path, seed):
     ev = pl.read_parquet(flat.path / "events.parquet")
     want = nesting.nesting(ev.select(iv_idx="event_idx", pid="pid", tid="tid", ts_ns="ts_ns",
                                      end_ns=pl.col("ts_ns") + pl.col("dur_ns")), nesting.LONGER_FIRST)
-    where = rp._is_slice(rp.OP_CAT)
+    where = is_slice(OP_CAT)
     events_file = flat.path / "events.parquet"
     seen, final = [], []
     for per_window in (1, 5, 40):

@@ -1,33 +1,16 @@
 """sweep: read a flattened trace window by window in time, in memory bounded by a window.
 
-The reports (`pipeline.report`) aggregate GPU activity and CPU ops. Rather than holding those
-tables, they read a trace in consecutive windows of start time, each holding about `PER_WINDOW`
-of the rows they read (`time_windows`: cut from a histogram of starts, counted while streaming),
-and fold every window into small running totals:
-
-- sums per group are combined window by window (`fold`); nanosecond sums stay exact integers
-  until they are turned into µs once, and float sums are nearly exact and the same in every run
-  (`float_sum`);
-- the union of intervals (busy time, runs, gaps) needs intervals in time order: every interval of
-  a window starts at or after those of the windows before, so all runs of a window are final but
-  the last one of each key, which is carried into the next window (`RunTally`);
-- the nesting of CPU slices (parent, self time) needs the slices running when the window starts,
-  and per thread and depth the last slice started there: they are carried as `pending`, so each
-  window's slices get the parents that nesting all slices at once gives them (`SliceSweep`); a
-  slice is final once no later slice can be its child;
-- sums of points (launches) that fall inside slices are prefix sums per thread, carried from
-  window to window and looked up where a slice starts and where it ends (`ThreadPrefix`).
-
-A window is read with predicates on `ts_ns` (or another time column) that the Parquet reader
-applies row group by row group, skipping the groups its statistics rule out. Kineto writes events
-roughly in time order, so a window reads few row groups; in any other order the answers are the
-same and only the reads take longer (as for `pipeline.link`).
+The analyses never hold the GPU-op or CPU-op table: they read it in consecutive windows of start
+time (`time_windows`, about `PER_WINDOW` rows each) and fold every window into small running
+totals: sums per key (`fold`, `float_sum`), unions of intervals (`RunTally`), CPU slices nested per
+thread (`SliceSweep`), prefix sums per thread (`ThreadPrefix`). Each carries into the next window
+only what that window may still change, so the answers equal those of one pass over the table.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import polars as pl
 
@@ -48,7 +31,7 @@ def time_windows(path: Path, where: pl.Expr, per_window: int | None = None) -> l
     starts = (pl.scan_parquet(path).filter(where & pl.col("ts_ns").is_not_null())
               .group_by(bin=bins.of(pl.col("ts_ns"))).agg(n=pl.len()).collect(engine="streaming"))
     cuts = TimeCells.of(starts, bins, per_window).cuts.to_list() if starts.height else []
-    return list(zip([None, *cuts], [*cuts, None]))
+    return list(zip([None, *cuts], [*cuts, None], strict=False))
 
 
 def within(window: Window, column: str = "ts_ns") -> pl.Expr:
@@ -230,6 +213,7 @@ class ThreadPrefix:
     def at(self, queries: pl.DataFrame, t: str, inclusive: bool) -> pl.DataFrame:
         """The value sums over the points before each query's time `t` (at or before it if
         inclusive), one row per query (with `by` and `t`) in their order."""
+        assert self.points is not None, "enter a window first"
         q = queries.select(*self.by, t).with_row_index("_q")
         found = (q.sort(t).join_asof(self.points.rename({"t": "_t"}), left_on=t, right_on="_t", by=self.by,
                                      strategy="backward", allow_exact_matches=inclusive, check_sortedness=False)
@@ -252,7 +236,7 @@ SLICE_COLUMNS = ["event_idx", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "e
 
 class SliceSweep:
     """The CPU slices (complete events on a thread) that `where` selects, window by window in time,
-    nested as `pipeline.nesting` nests all of them at once (each nest: the slices its `member`
+    nested as `pipeline.link.nesting` nests all of them at once (each nest: the slices its `member`
     selects), with the same answers wherever slices overlap without nesting.
 
     For each window (`windows()`) it gives the slices starting in it (`owned`) with their parent

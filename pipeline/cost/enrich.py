@@ -1,6 +1,6 @@
 """cost: FLOPs and bytes per GPU kernel, achieved FLOP/s and bandwidth against the device's peak.
 
-An op's cost comes from the formula table (`pipeline.formulas`), evaluated once per distinct
+An op's cost comes from the formula table (`pipeline.cost.formulas`), evaluated once per distinct
 (op name, Input Dims, Input type, Input Strides, Concrete Inputs) signature, and is split over
 the kernels that op launched in proportion to their durations (a split-K GEMM's kernels share
 its FLOPs; nothing is counted once per kernel). memcpy/memset carry their own byte counts.

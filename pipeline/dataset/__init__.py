@@ -1,0 +1,1 @@
+"""dataset: many traces as one hive-partitioned Parquet dataset (`batch`), queried with SQL (`query`)."""

@@ -11,13 +11,10 @@ import sys
 from pathlib import Path
 
 import polars as pl
-import pyarrow as pa
-
-from pipeline import schema
 
 from pipeline import store
-from pipeline.dataset.batch import KEY, MANIFEST, MANIFEST_SCHEMA, committed_ids
-from pipeline.errors import DatasetError, UsageError
+from pipeline.dataset.tables import tables
+from pipeline.errors import UsageError
 
 FORMATS = ("table", "csv", "json", "parquet")
 
@@ -62,54 +59,6 @@ EXAMPLES: dict[str, tuple[str, str]] = {
                100.0 * total_us / SUM(total_us) OVER (PARTITION BY run) AS pct
         FROM c ORDER BY run, total_us DESC"""),
 }
-
-
-def _polars_schema(arrow: pa.Schema) -> pl.Schema:
-    return pl.from_arrow(arrow.empty_table()).schema
-
-
-def _declared(name: str) -> pl.Schema:
-    if name == MANIFEST:
-        return _polars_schema(MANIFEST_SCHEMA)
-    s = _polars_schema(schema.table(name).arrow_schema(schema.ALL_STAGES))
-    return pl.Schema({k: v for k, v in s.items() if k != KEY})
-
-
-def is_dataset(path: Path) -> bool:
-    return any((path / t).is_dir() for t in (*schema.TABLES, MANIFEST))
-
-
-def _scan_dataset(ds: Path, name: str, keep: set[str]) -> pl.LazyFrame:
-    d = ds / name
-    want = _declared(name)
-    parts = {p.name.split("=", 1)[1] for p in d.glob(f"{KEY}=*")} if d.is_dir() else set()
-    if not parts & keep:
-        return pl.LazyFrame(schema={**want, KEY: pl.String})
-    lf = pl.scan_parquet(str(d / f"{KEY}=*" / "*.parquet"), hive_partitioning=True, hive_schema={KEY: pl.String},
-                         schema=want, missing_columns="insert", extra_columns="ignore")
-    if parts - keep:  # a batch run was killed mid-commit: its partitions are not part of the dataset yet
-        lf = lf.filter(pl.col(KEY).is_in(sorted(keep)))
-    return lf
-
-
-def _scan_flat(d: Path, name: str) -> pl.LazyFrame:
-    lf = store.scan(d, name)
-    if name == "trace":
-        return lf
-    tid = pl.read_parquet(d / "trace.parquet", columns=[KEY])[KEY]
-    return lf.with_columns(pl.lit(tid[0] if len(tid) else None, pl.String).alias(KEY))
-
-
-def tables(path: str | Path, names=None) -> dict[str, pl.LazyFrame]:
-    """Lazy scans of the tables of a dataset (or of one flattened trace), by name."""
-    path = Path(path)
-    if store.is_flat_dir(path):
-        avail = [n for n in schema.TABLES if (path / f"{n}.parquet").is_file()]
-        return {n: _scan_flat(path, n) for n in avail if names is None or n in names}
-    if path.is_dir() and is_dataset(path):
-        keep = committed_ids(path)
-        return {n: _scan_dataset(path, n, keep) for n in (*schema.TABLES, MANIFEST) if names is None or n in names}
-    raise DatasetError(f"{path}: neither a batch dataset nor a flattened trace directory")
 
 
 # polars SQL's table functions read any file or URL the user can reach

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Iterator
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from pipeline.link import nesting
 

@@ -1,0 +1,1 @@
+"""render: what reports look like to people: tables in text, Markdown, CSV and JSON, and plots."""

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.cost import roofline
+from pipeline.analyses.flat import Flat, as_flat
+from pipeline.cost.roofline import ridge as ridge_point
 from pipeline.errors import UsageError
-from pipeline.analyses.report import Flat, as_flat
 
-FORMATS = ("png", "svg")
+IMAGE_FORMATS = ("png", "svg")  # every figure is written in each
 TOP_OPS = 15
 
 
@@ -33,7 +33,7 @@ def _pyplot():
 
 
 def _save(fig, out_dir: Path, stem: str) -> list[Path]:
-    paths = [out_dir / f"{stem}.{ext}" for ext in FORMATS]
+    paths = [out_dir / f"{stem}.{ext}" for ext in IMAGE_FORMATS]
     for p in paths:
         fig.savefig(p, dpi=120, bbox_inches="tight")
     return paths
@@ -52,7 +52,7 @@ def roofline(flat, kernels: pl.DataFrame, out_dir: Path, stem: str) -> list[Path
     devices = kernels["device"].unique().sort().to_list() or [None]
     peaks = {r["device"]: r for r in _peaks(f).iter_rows(named=True)}
     fig, axes = plt.subplots(1, len(devices), figsize=(6.5 * len(devices), 5), squeeze=False, layout="constrained")
-    for ax, dev in zip(axes[0], devices):
+    for ax, dev in zip(axes[0], devices, strict=False):
         pts = kernels.filter((pl.col("device") == dev) & (pl.col("arithmetic_intensity") > 0)
                              & (pl.col("achieved_tflops") > 0))
         ax.set_xscale("log")
@@ -67,7 +67,7 @@ def roofline(flat, kernels: pl.DataFrame, out_dir: Path, stem: str) -> list[Path
                 ax.annotate(r["name"][:30], (r["arithmetic_intensity"], r["achieved_tflops"]), fontsize=6)
         p = peaks.get(dev) or {}
         if p.get("peak_tflops") and p.get("peak_bw_gbps"):
-            ridge = roofline.ridge(p["peak_tflops"], p["peak_bw_gbps"])
+            ridge = ridge_point(p["peak_tflops"], p["peak_bw_gbps"])
             lo = min([ridge / 100] + pts["arithmetic_intensity"].to_list())
             hi = max([ridge * 100] + pts["arithmetic_intensity"].to_list())
             ax.plot([lo, ridge], [lo * p["peak_bw_gbps"] / 1e3, p["peak_tflops"]], "r-", lw=1,
@@ -90,7 +90,7 @@ def breakdown(categories: pl.DataFrame, ops: pl.DataFrame, out_dir: Path, stem: 
     labels = [str(d) for d in wide["device"]]
     for cat in [c for c in wide.columns if c != "device"]:
         ax1.barh(labels, wide[cat], left=left, label=cat)
-        left = [a + b for a, b in zip(left, wide[cat])]
+        left = [a + b for a, b in zip(left, wide[cat], strict=False)]
     ax1.set_xlabel("% of device time")
     ax1.set_ylabel("device")
     ax1.set_title("time by category")

@@ -17,7 +17,8 @@ import polars as pl
 from pipeline import store
 from pipeline.errors import DatasetError, UsageError
 from pipeline.kineto import GPU_KINDS
-from pipeline.flatten import flatten, sampled_content_id
+from pipeline.flatten import flatten
+from pipeline.read.metadata import sampled_content_id
 from pipeline.rewrite.jsonout import TraceWriter, metadata_after, open_trace, read_events
 
 # args key -> expression over gpu_ops

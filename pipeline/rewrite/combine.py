@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from pipeline import store
 from pipeline.kineto import trace_stem
 from pipeline.errors import UsageError
-from pipeline.read.decode import FLOAT_EXACT_US, Problems, us_to_ns
+from pipeline.read.values import FLOAT_EXACT_US, Problems, us_to_ns
 from pipeline.rewrite.jsonout import TraceWriter, open_trace, read_events
 
 ALIGNS = ("none", "start")

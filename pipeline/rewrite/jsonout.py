@@ -19,8 +19,9 @@ from typing import Iterator
 
 from pipeline import store
 from pipeline.errors import BadTrace, UsageError
-from pipeline.read.decode import FLOAT_EXACT_US, dumps
-from pipeline.read.source import TraceSource, ordered_results, parse_chunk_exact, parse_chunk_tamed
+from pipeline.read.values import FLOAT_EXACT_US, dumps
+from pipeline.read.source import TraceSource
+from pipeline.read.chunks import ordered_results, parse_chunk_exact, parse_chunk_tamed
 from pipeline.redact import redact
 from pipeline.read.tame import tame_deep
 

@@ -1,0 +1,82 @@
+"""tables: a decoded chunk's three tables (events, gpu_ops, flows), whichever builder made its
+events table: the GPU activity and flow endpoints are taken from it the same way."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline import schema
+from pipeline.kineto import FLOW_PHASES, GPU_KINDS
+from pipeline.read.arrays import coerced_ints
+from pipeline.read.values import Problems
+
+
+@dataclass
+class ChunkTables:
+    events: pa.Table
+    gpu_ops: pa.Table
+    flows: pa.Table
+    problems: Problems
+    device_ids: set
+
+
+def gpu_and_flow_rows(ev: pa.Table) -> tuple[list, list]:
+    """Rows of GPU activity (ph X, a GPU cat) and of flow endpoints (ph s/f/t)."""
+    ph, cat = ev.column("ph"), ev.column("cat")
+    is_gpu = pc.and_(pc.equal(ph, "X"), pc.is_in(cat, _GPU_CATS_ARRAY))
+    gpu_rows = pc.indices_nonzero(pc.fill_null(is_gpu, False)).to_pylist()
+    flow_rows = pc.indices_nonzero(pc.fill_null(pc.is_in(ph, _FLOW_PHASES_ARRAY), False)).to_pylist()
+    return gpu_rows, flow_rows
+
+
+# ---------------------------------------------------------------- 2. and 3. dicts (orjson)
+_FLOW_PHASES_ARRAY = pa.array(sorted(FLOW_PHASES), pa.string())
+
+
+_GPU_CATS_ARRAY = pa.array(sorted(GPU_KINDS), pa.string())
+
+
+def events_table(cols: dict) -> pa.Table:
+    n = len(cols["ph"])
+    return pa.table({"event_idx": pa.array(range(n), pa.int64()), **cols})
+
+
+EVENT_COLUMNS = ("ph", "cat", "name", "pid", "pid_str", "tid", "tid_str", "ts_ns", "dur_ns", "id", "id_str",
+                  "correlation", "external_id", "args_json", "extra_json")
+
+
+def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table, problems: Problems):
+    """The gpu_ops rows of a chunk: launch geometry and copy sizes from each GPU event's args
+    (`arg_cols`: `gpu_arg_columns`; `cats`, `pids`: the rows' cat and raw pid values)."""
+    devices = list(arg_cols["device"])
+    for j, cat in enumerate(cats):
+        if devices[j] is None and cat == "mtia_ccp_events":
+            devices[j] = pids[j]  # MTIA device activity lives in the device's process
+    device = coerced_ints(devices, "device", problems)
+    idx = pa.array(rows, pa.int64())
+    take = ev.take(idx)
+    table = pa.table({
+        "event_idx": idx,
+        "kind": pa.array([GPU_KINDS[c] for c in cats], pa.string()),
+        **{k: take.column(k) for k in ("cat", "name")},
+        "device": device,
+        "stream": coerced_ints(arg_cols["stream"], "stream", problems),
+        **{k: take.column(k) for k in ("pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")},
+        **{k: v for k, v in arg_cols.items() if k not in ("device", "stream")},
+    })
+    return schema.conform(table, "gpu_ops", ("flatten",)), set(pc.unique(device.drop_null()).to_pylist())
+
+
+def flows_of(rows: pa.Array, bp: pa.Array, ev: pa.Table) -> pa.Table:
+    """The flows rows of a chunk (`rows` into the events table; `bp`: their binding points)."""
+    take = ev.take(rows)
+    table = pa.table({
+        "event_idx": rows,
+        **{k: take.column(k) for k in ("id", "id_str", "cat", "ph", "name", "ts_ns", "pid", "pid_str", "tid",
+                                       "tid_str")},
+        "bp": bp,
+    })
+    return schema.conform(table, "flows", ("flatten",))
+
