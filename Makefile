@@ -36,6 +36,11 @@ oracle:          ## install the CPU torch wheel and run the FLOP-formula oracle 
 	$(PIP) install -q torch==2.13.0
 	$(PY) -m pytest -q tests/test_formulas_oracle.py
 
+gloo-runs:       ## re-record the real 4-process gloo runs in tests/data/runs (needs torch: TORCH_PY=/path/to/python)
+	$(or $(TORCH_PY),$(PY)) scripts/record_gloo_run.py --out tests/data/runs/gloo4
+	$(or $(TORCH_PY),$(PY)) scripts/record_gloo_run.py --out tests/data/runs/gloo4_sub --subgroup 1,2
+	$(PY) scripts/record_gloo_run.py --partial-of tests/data/runs/gloo4 --drop-rank 0 --out tests/data/runs/gloo4_partial
+
 bench: install   ## flatten speed/memory vs orjson.loads on generated 1 GB and 2 GB traces (+ .gz); TEMPLATE=real.json.gz [SECTIONED=1] scales a real trace
 	$(PY) bench/bench.py --sizes $(SIZES) --gz $(if $(TEMPLATE),--template $(TEMPLATE) --workdir /tmp/tracepipe-bench-$(notdir $(TEMPLATE)) $(if $(SECTIONED),--sectioned))
 
@@ -54,7 +59,7 @@ acceptance:      ## run the shared acceptance checks (needs ../shared)
 clean:           ## remove generated outputs
 	rm -rf $(DEMO)/flat $(DEMO)/*.json.gz .pytest_cache
 
-.PHONY: help install demo test test-fast fuzz oracle bench batch query examples acceptance clean
+.PHONY: help install demo test test-fast fuzz oracle gloo-runs bench batch query examples acceptance clean
 
 docs:            ## regenerate the README sections derived from schemas, formulas and device specs
 	$(PY) scripts/gen_readme.py

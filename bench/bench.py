@@ -24,7 +24,7 @@ from pathlib import Path
 
 import orjson
 
-from pipeline.synthetic import write_demo
+from pipeline.synthetic import write_demo, write_run
 
 
 # ------------------------------------------------------------------ trace generation
@@ -147,6 +147,25 @@ def bench_batch(work: Path, n: int = 24, mb: float = 8.0, jobs: int = 2) -> str:
             f"re-run {t2:.1f}s (incremental, nothing to do)")
 
 
+def bench_runs(work: Path, world: int = 256, collectives: int = 10_000, jobs: int = 2) -> str:
+    """A synthetic run of `world` ranks, `collectives` each (one late rank, clocks off by up to 2 ms):
+    `batch` into a dataset, then `ranks` on it; wall time and peak memory of all processes of each."""
+    src, ds = work / f"run_{world}x{collectives}", work / f"run_{world}x{collectives}_ds"
+    if not (src / f"rank-{world - 1}.json.gz").exists():
+        print(f"bench: writing {src} ...", file=sys.stderr)
+        offsets = [((r * 7919) % 4001 - 2000) / 1.0 for r in range(world)]
+        write_run(src, world, collectives, straggler=world // 3, delay_us=5000.0, delayed=collectives // 2,
+                  offsets_us=offsets)
+    shutil.rmtree(ds, ignore_errors=True)
+    tb, mb, _ = measure([sys.executable, "-m", "pipeline", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
+    tr, mr, out = measure([sys.executable, "-m", "pipeline", "ranks", str(ds), "--format", "json", "-o",
+                           str(work / "ranks.json")])
+    doc = orjson.loads((work / "ranks.json").read_bytes())["runs"][0]
+    return (f"ranks: {world} ranks x {collectives:,} collectives: batch {tb:.1f}s (peak {mb:.0f} MB), ranks "
+            f"{tr:.1f}s (peak {mr:.0f} MB, all processes) = {tr / tb:.2f}x the batch; straggler found: "
+            f"rank {doc['stragglers'][0]['rank']} (truly {world // 3}), {len(doc['collectives']):,} collectives")
+
+
 def markdown(rows: list[dict]) -> str:
     cols = [("file", "{}"), ("MB", "{:.0f}"), ("events", "{:,}"), ("flatten_s", "{:.1f}"), ("orjson_s", "{:.1f}"),
             ("ijson_s", "{:.1f}"), ("x_orjson", "{:.2f}"), ("x_ijson", "{:.2f}"), ("flatten_MB", "{:.0f}"),
@@ -167,6 +186,8 @@ def main():
                     help="with --template: every copy's CPU block first, then every copy's GPU part (one long run's layout)")
     ap.add_argument("--workdir", default="/tmp/tracepipe-bench")
     ap.add_argument("--batch-only", action="store_true", help="only measure batch throughput")
+    ap.add_argument("--runs-only", action="store_true", help="only measure whole runs (batch + ranks of 256 ranks)")
+    ap.add_argument("--world", type=int, default=256, help="ranks of the synthetic run")
     a = ap.parse_args()
     if a.sectioned and not a.template:
         ap.error("--sectioned lays out the copies of a real trace: give --template")
@@ -174,6 +195,9 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     if a.batch_only:
         print(bench_batch(work))
+        return
+    if a.runs_only:
+        print(bench_runs(work, a.world))
         return
     rows = []
     for i, mb in enumerate(float(s) for s in a.sizes.split(",")):
@@ -200,6 +224,7 @@ def main():
         if gz:
             print(f"gzip: {gz[0]['flatten_s'] / rows[0]['flatten_s']:.2f}x the uncompressed time")
     print(bench_batch(work))
+    print(bench_runs(work, a.world))
 
 
 if __name__ == "__main__":

@@ -176,6 +176,26 @@ def demo_trace(out: Path = typer.Argument(..., help="where to write the example 
     typer.echo(f"wrote {out}")
 
 
+@app.command("demo-run")
+def demo_run(out: Path = typer.Argument(..., help="folder for the rank traces (rank-R.json.gz)"),
+             world: int = typer.Option(8, "--world", help="ranks"),
+             collectives: int = typer.Option(96, "--collectives", help="collectives per rank"),
+             straggler: int = typer.Option(3, "--straggler", help="the rank that starts one collective late"),
+             delay_us: float = typer.Option(2500.0, "--delay-us", help="how late (µs)"),
+             delayed: int = typer.Option(21, "--delayed", help="which collective (0-based)"),
+             skew_us: float = typer.Option(2000.0, "--skew-us", help="ranks' clocks disagree by up to this much (µs)")):
+    """Write a synthetic NCCL run with one late rank and skewed clocks (the truth is known exactly)."""
+    from pipeline.errors import UsageError
+    from pipeline.synthetic import write_run
+
+    if world < 1 or not 0 <= straggler < world or not 0 <= delayed < collectives:
+        raise UsageError("need world >= 1, 0 <= straggler < world and 0 <= delayed < collectives")
+    offsets = [round(skew_us * (((r * 7919) % 1000) / 500 - 1), 3) for r in range(world)]
+    write_run(out, world, collectives, straggler, delay_us, delayed, offsets)
+    typer.echo(f"wrote {world} ranks to {out}: rank {straggler} starts collective {delayed} {delay_us:g} µs late; "
+               f"clock offsets (µs) {offsets}")
+
+
 # ------------------------------------------------------------------ batch + query
 @app.command()
 def batch(
@@ -259,6 +279,37 @@ def _read_sql(path: Path) -> str:
         return sys.stdin.read() if str(path) == "-" else path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: cannot read the SQL: {getattr(e, 'strerror', None) or e}") from None
+
+
+# ------------------------------------------------------------------ whole runs
+@app.command()
+def ranks(
+    source: Path = typer.Argument(..., help="a batch dataset, a folder of flattened traces, or a folder/archive of trace files (batched into a temporary dataset first)"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, md, csv or json"),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file"),
+    run_by: Optional[str] = typer.Option(None, "--run-by", help="what makes a run: a regex on the trace's path (its first group names the run), or col:NAME, a column of the trace table (default: the directory holding the traces)"),
+    align: str = typer.Option("median", "--align", help="clock alignment: median (from the ends of blocking collectives) or none"),
+    run: Optional[str] = typer.Option(None, "--run", help="only this run"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write a rank x step heat map of waits and busbw by message size (PNG + SVG) into this directory"),
+    jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="worker processes when a folder of traces is batched first"),
+):
+    """Whole runs: collectives matched across ranks, clocks aligned, waits, stragglers, bus bandwidth."""
+    from pipeline.errors import UsageError
+    from pipeline.runs import report as rr
+
+    if align not in ("median", "none"):
+        raise UsageError(f"--align must be median or none (got {align!r})")
+    with rr.opened(source, jobs) as ds:
+        rep = rr.analyze_runs(ds, run_by=run_by, align=align == "median")
+        if run is not None:
+            rep = rr.only_run(rep, run)
+        _write_report(rr.format_runs(rep, fmt), out)
+        if plot:
+            from pipeline.runs.plots import write_run_plots
+
+            for p in write_run_plots(rep, plot):
+                err(f"wrote {p}")
+    raise typer.Exit(EXIT_OK)
 
 
 # ------------------------------------------------------------------ analyze + diff

@@ -28,6 +28,7 @@ from pipeline.read.metadata import devices_table, trace_row
 from pipeline.read.source import TraceSource
 from pipeline.read.tame import BAD_UNICODE, TOO_LARGE, scrub
 from pipeline.read.values import Problems
+from pipeline.runs.tables import write_empty_run_tables, write_run_tables
 from pipeline.read.workers import (
     SHARED_MEMORY,
     ChunkSlots,
@@ -155,7 +156,10 @@ def flatten(path: str | os.PathLike, out: str | os.PathLike, *, workers: int | N
                 from pipeline.cost.enrich import enrich
                 t0 = time.perf_counter()
                 warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype)
+                write_run_tables(tmp, row)
                 seconds["link_cost"] = time.perf_counter() - t0
+            else:
+                write_empty_run_tables(tmp)
             write_trace_table(row, tmp)
     return FlattenResult(final, row["n_events"], row["n_gpu_ops"], row["n_flows"], row["n_devices"],
                          tail.truncated, tail.reason, orjson.loads(row["problems_json"]), warnings, seconds)

@@ -17,7 +17,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 _HERE = Path(__file__).resolve().parent
-TABLES = ("events", "gpu_ops", "flows", "devices", "trace")  # the tables of one flattened trace
+TABLES = ("events", "gpu_ops", "flows", "devices", "trace", "collectives", "steps")  # of one flattened trace
 MANIFEST = "traces"  # a batch dataset's manifest (`pipeline.dataset.layout`)
 DOCUMENTED = (*TABLES, MANIFEST)
 

@@ -48,6 +48,35 @@ EXAMPLES: dict[str, tuple[str, str]] = {
                SUM(flops_pct * dur_ns) / SUM(CASE WHEN flops_pct IS NOT NULL THEN dur_ns END) AS achieved_flops_pct,
                SUM(bw_pct * dur_ns) / SUM(CASE WHEN bw_pct IS NOT NULL THEN dur_ns END) AS achieved_bw_pct
         FROM k GROUP BY device_type ORDER BY kernel_us DESC"""),
+    "stragglers": ("per run, how often each rank started a collective last and the others' wait it caused "
+                   "(raw clocks: `tracepipe ranks` aligns them first)", f"""
+        WITH c AS (
+            SELECT {_RUN} AS run, c.rank, c.kind, c.pg_ranks, c.seq, c.ts_ns
+            FROM collectives c JOIN trace t ON c.trace_id = t.trace_id),
+        k AS (
+            SELECT run, pg_ranks, seq, MAX(ts_ns) AS last_ns, COUNT(*) AS ranks
+            FROM c GROUP BY run, pg_ranks, seq HAVING COUNT(*) > 1),
+        w AS (
+            SELECT c.run, c.pg_ranks, c.seq, c.rank, k.last_ns - c.ts_ns AS wait_ns, k.ranks
+            FROM c JOIN k ON c.run = k.run AND c.pg_ranks = k.pg_ranks AND c.seq = k.seq),
+        caused AS (
+            SELECT l.run, l.rank, COUNT(*) AS times_last, SUM(o.wait_ns) / 1e3 AS wait_caused_us
+            FROM w l JOIN w o ON l.run = o.run AND l.pg_ranks = o.pg_ranks AND l.seq = o.seq
+            WHERE l.wait_ns = 0 AND o.rank <> l.rank GROUP BY l.run, l.rank)
+        SELECT run, rank, times_last, wait_caused_us FROM caused ORDER BY run, wait_caused_us DESC"""),
+    "collective_bandwidth": ("per run, collective kind and message size: count, median duration and the "
+                             "algorithm bandwidth of that median", f"""
+        SELECT {_RUN} AS run, c.kind, c.bytes, COUNT(*) AS calls, COUNT(DISTINCT c.rank) AS ranks,
+               MEDIAN(c.dur_ns) / 1e3 AS median_us, c.bytes / MEDIAN(c.dur_ns) AS algbw_gbps
+        FROM collectives c JOIN trace t ON c.trace_id = t.trace_id
+        WHERE c.bytes IS NOT NULL GROUP BY run, c.kind, c.bytes ORDER BY run, c.kind, c.bytes"""),
+    "exposed_comm_by_rank": ("per run and rank: step time, compute, communication and the communication "
+                             "no compute overlapped, summed over its profiler steps", f"""
+        SELECT {_RUN} AS run, t.rank, COUNT(DISTINCT s.step) AS steps,
+               SUM(s.step_end_ns - s.step_ts_ns) / 1e3 AS step_us, SUM(s.compute_ns) / 1e3 AS compute_us,
+               SUM(s.comm_ns) / 1e3 AS comm_us, SUM(s.exposed_comm_ns) / 1e3 AS exposed_comm_us
+        FROM steps s JOIN trace t ON s.trace_id = t.trace_id
+        GROUP BY run, t.rank ORDER BY run, t.rank"""),
     "time_by_category": ("GPU time by kernel category (gemm, attention, triton_*, communication, ...) for each "
                          "run (all its ranks), with its share of the run's GPU time", f"""
         WITH c AS (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import os
+import re
 
 import pyarrow as pa
 
@@ -61,6 +62,24 @@ def devices_table(metadata: dict, gpu_device_ids: set, problems: Problems) -> pa
     return pa.Table.from_pylist(rows, schema=schema.table("devices").arrow_schema())
 
 
+RANK_IN_NAME = (re.compile(r"(?i)rank[-_ .]?(\d+)"),  # rank-3, rank3, rank_3
+                re.compile(r"_(\d{1,4})\."))  # trace_3.json: at most 4 digits (a host_pid name is no rank)
+
+
+def rank_of(path: str, distributed: dict) -> tuple[int | None, str | None]:
+    """(rank, where it came from): `distributedInfo.rank`, else the file name (`rank-3`, `rank3`,
+    `_3.`), else (None, None)."""
+    rank = int_or_none(distributed.get("rank"))
+    if rank is not None:
+        return rank, "distributedInfo"
+    name = os.path.basename(str(path))
+    for pattern in RANK_IN_NAME:
+        m = pattern.search(name)
+        if m:
+            return int(m.group(1)), "file name"
+    return None, None
+
+
 def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail) -> dict:
     dist = metadata.get("distributedInfo") if isinstance(metadata.get("distributedInfo"), dict) else {}
     rest = {k: v for k, v in metadata.items() if k != "deviceProperties"}
@@ -78,7 +97,7 @@ def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail)
         "schema_version": None if sv is None else str(sv),
         "trace_name": metadata.get("traceName") if isinstance(metadata.get("traceName"), str) else None,
         "base_time_ns": base if type(base) is int else None,
-        "rank": int_or_none(dist.get("rank")),
+        **dict(zip(("rank", "rank_from"), rank_of(path, dist))),
         "world_size": int_or_none(dist.get("world_size")),
         "backend": dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         **counts,

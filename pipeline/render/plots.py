@@ -21,7 +21,7 @@ IMAGE_FORMATS = ("png", "svg")  # every figure is written in each
 TOP_OPS = 15
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
     except ImportError:
@@ -32,7 +32,7 @@ def _pyplot():
     return plt
 
 
-def _save(fig, out_dir: Path, stem: str) -> list[Path]:
+def save_figure(fig, out_dir: Path, stem: str) -> list[Path]:
     paths = [out_dir / f"{stem}.{ext}" for ext in IMAGE_FORMATS]
     for p in paths:
         fig.savefig(p, dpi=120, bbox_inches="tight")
@@ -47,7 +47,7 @@ def _peaks(f: Flat) -> pl.DataFrame:
 
 def roofline(flat, kernels: pl.DataFrame, out_dir: Path, stem: str) -> list[Path]:
     """One roofline panel per device from kernel_table rows (needs cost columns; else a note)."""
-    plt = _pyplot()
+    plt = pyplot()
     f = as_flat(flat)
     devices = kernels["device"].unique().sort().to_list() or [None]
     peaks = {r["device"]: r for r in _peaks(f).iter_rows(named=True)}
@@ -76,14 +76,14 @@ def roofline(flat, kernels: pl.DataFrame, out_dir: Path, stem: str) -> list[Path
             ax.legend(fontsize=7)
         if not pts.height:
             ax.text(0.5, 0.5, "no kernels with FLOPs and bytes", transform=ax.transAxes, ha="center")
-    paths = _save(fig, out_dir, f"{stem}_roofline")
+    paths = save_figure(fig, out_dir, f"{stem}_roofline")
     plt.close(fig)
     return paths
 
 
 def breakdown(categories: pl.DataFrame, ops: pl.DataFrame, out_dir: Path, stem: str) -> list[Path]:
     """Time by category per device (stacked, % of the device's time) and top ops by time."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
     wide = categories.pivot(on="category", index="device", values="pct").fill_null(0).sort("device")
     left = [0.0] * wide.height
@@ -101,7 +101,7 @@ def breakdown(categories: pl.DataFrame, ops: pl.DataFrame, out_dir: Path, stem: 
     ax2.set_xlabel(f"{metric} (µs)")
     ax2.set_title(f"top ops by {metric}")
     ax2.tick_params(axis="y", labelsize=7)
-    paths = _save(fig, out_dir, f"{stem}_breakdown")
+    paths = save_figure(fig, out_dir, f"{stem}_breakdown")
     plt.close(fig)
     return paths
 

@@ -1,0 +1,42 @@
+"""sections: `tracepipe ranks` as tables (text, Markdown, CSV): one section per question, each a
+frame of the `RunReport` with its times in µs."""
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline.render.tables import render
+
+SECTIONS = (  # (name, title, the report's frame, columns shown)
+    ("runs", "Runs: ranks present and missing", "runs", ["run", "world_size", "traces", "ranks", "missing_ranks"]),
+    ("ranks", "Ranks: clock offset, collectives, time waited, wait caused", "ranks",
+     ["run", "rank", "trace", "rank_from", "offset_us", "collectives", "wait_us", "wait_caused_us", "times_last"]),
+    ("stragglers", "Stragglers: the wait each rank caused others (largest first)", "stragglers",
+     ["run", "rank", "wait_caused_us", "times_last"]),
+    ("collectives", "Collectives by kind and size", "by_kind",
+     ["run", "kind", "bytes", "count", "n_ranks", "latency_p50_us", "latency_p99_us", "algbw_p50_gbps",
+      "busbw_p50_gbps", "busbw_p99_gbps", "start_skew_p50_us", "start_skew_p99_us"]),
+    ("steps", "Per rank and step", "steps",
+     ["run", "rank", "step", "step_us", "compute_us", "comm_us", "exposed_comm_us", "wait_us"]),
+    ("desyncs", "Desynchronised calls (left out of every measure)", "desyncs",
+     ["run", "rank", "pg", "seq", "kind", "bytes", "expected_kind", "expected_bytes"]),
+)
+
+
+def in_us(df: pl.DataFrame) -> pl.DataFrame:
+    """ns columns (`*_ns`, offset_ns) as µs columns (`*_us`)."""
+    ns = [c for c in df.columns if c.endswith("_ns")]
+    return df.with_columns((pl.col(c) / 1e3).alias(c[:-3] + "_us") for c in ns).drop(ns)
+
+
+def render_sections(rep, fmt: str) -> str:
+    out = []
+    for name, title, frame, columns in SECTIONS:
+        df = in_us(getattr(rep, frame))
+        if not df.height:
+            continue
+        df = df.select([c for c in columns if c in df.columns])
+        if fmt == "csv":
+            out.append(f"# {name}\n" + render(df, "csv"))
+            continue
+        out.append((f"## {title}\n\n" if fmt == "md" else f"{title}\n") + render(df, fmt))
+    return "\n".join(out)

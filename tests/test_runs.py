@@ -1,0 +1,217 @@
+"""Whole runs: collectives per rank, matched across ranks, clocks aligned, waits, stragglers,
+bandwidth; on synthetic runs with known physics, on real gloo runs recorded with torch, and on the
+shared NCCL traces."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from conftest import TESTS
+from pipeline.dataset.batch import run_batch
+from pipeline.flatten import flatten
+from pipeline.read.metadata import rank_of
+from pipeline.runs.collectives import _kind_from_name, collectives
+from pipeline.runs.report import analyze_runs, runs_json
+from pipeline.synthetic import write_run
+
+RUNS = TESTS / "data" / "runs"
+OFFSETS = [0.0, 850.0, -400.0, 1200.0, -1500.0, 300.0, 2000.0, -700.0]
+
+
+def batched(src: Path, tmp: Path) -> Path:
+    ds = tmp / f"{src.name}.ds"
+    run_batch(src, ds, jobs=1)
+    return ds
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory):
+    """8 ranks, rank 3 starts collective 21 by 2,500 µs late, clocks off by up to 2 ms."""
+    tmp = tmp_path_factory.mktemp("skewed")
+    truth = write_run(tmp / "run", 8, 96, straggler=3, delay_us=2500.0, delayed=21, offsets_us=OFFSETS)
+    return truth, runs_json(analyze_runs(batched(tmp / "run", tmp)))["runs"][0]
+
+
+def test_synthetic_run_is_measured_exactly(skewed):
+    truth, run = skewed
+    assert run["ranks"] == list(range(8)) and run["world_size"] == 8 and run["missing_ranks"] == []
+    assert len(run["collectives"]) == 96
+    for r, o in enumerate(OFFSETS):
+        assert run["clock_offset_us"][str(r)] == pytest.approx(o - OFFSETS[0], abs=0.01)
+    late = [c for c in run["collectives"] if max(c["wait_us"].values()) > 1]
+    assert len(late) == 1 and late[0]["seq"] == 21 and late[0]["last_rank"] == 3
+    assert late[0]["wait_us"] == {str(r): (0.0 if r == 3 else pytest.approx(2500.0, abs=0.01)) for r in range(8)}
+    assert late[0]["start_skew_us"] == pytest.approx(2500.0, abs=0.01)
+    assert run["stragglers"][0] == {"rank": 3, "wait_caused_us": pytest.approx(7 * 2500.0, abs=0.1), "times_last": 1}
+
+
+def test_bandwidth_follows_nccl_tests(skewed):
+    _, run = skewed
+    factor = {"allreduce": 2 * 7 / 8, "allgather": 7 / 8, "reducescatter": 7 / 8}
+    for c in run["collectives"]:
+        assert c["latency_us"] == pytest.approx(50.0)  # the shortest duration: the straggler's at the late one
+        assert c["algbw_gbps"] == pytest.approx(c["bytes"] / (c["latency_us"] * 1e3))
+        assert c["busbw_gbps"] == pytest.approx(c["algbw_gbps"] * factor[c["name"]])
+    sizes = {c["name"]: c["bytes"] for c in run["collectives"]}
+    assert sizes == {"allreduce": (1 << 22) * 2, "allgather": (1 << 18) * 8 * 2, "reducescatter": (1 << 20) * 2}
+
+
+def test_align_none_keeps_the_clocks(tmp_path):
+    write_run(tmp_path / "run", 4, 12, offsets_us=[0.0, 100.0, 0.0, 0.0])
+    rep = analyze_runs(batched(tmp_path / "run", tmp_path), align=False)
+    doc = runs_json(rep)["runs"][0]
+    assert set(doc["clock_offset_us"].values()) == {0.0}
+    assert all(c["wait_us"]["1"] == 0.0 and c["wait_us"]["0"] == pytest.approx(100.0) for c in doc["collectives"])
+
+
+def test_partial_rank_sets_are_normal(tmp_path):
+    write_run(tmp_path / "run", 8, 16, straggler=6, delay_us=900.0, delayed=5)
+    for r in (0, 2, 3, 4, 7):
+        (tmp_path / "run" / f"rank-{r}.json.gz").unlink()
+    run = runs_json(analyze_runs(batched(tmp_path / "run", tmp_path)))["runs"][0]
+    assert run["ranks"] == [1, 5, 6] and run["missing_ranks"] == [0, 2, 3, 4, 7] and run["world_size"] == 8
+    c = next(c for c in run["collectives"] if c["seq"] == 5)
+    assert c["n_ranks"] == 8 and c["ranks_present"] == 3 and c["last_rank"] == 6
+    assert run["stragglers"][0]["rank"] == 6
+
+
+def test_desync_is_reported_not_paired(tmp_path):
+    write_run(tmp_path / "run", 4, 9)
+    path = tmp_path / "run" / "rank-2.json.gz"
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    k = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "AllReduce" in e["name"])
+    k["args"]["In msg nelems"] *= 2  # rank 2 reduces twice the message at its first allreduce
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    rep = analyze_runs(batched(tmp_path / "run", tmp_path))
+    assert rep.desyncs.select("rank", "pg", "seq").rows() == [(2, "0,1,2,3#0", 0)]
+    assert 0 not in rep.collectives["seq"].to_list() and rep.collectives.height == 8
+
+
+def test_runs_group_by_directory_or_by_regex(tmp_path):
+    for n, job in enumerate(("jobA", "jobB")):
+        write_run(tmp_path / "src" / job, 2, 6 + n)  # distinct contents (the same bytes are one trace)
+    ds = batched(tmp_path / "src", tmp_path)
+    assert sorted(Path(r).name for r in analyze_runs(ds).runs["run"]) == ["jobA", "jobB"]
+    one = analyze_runs(ds, run_by=r"(src)/").runs
+    assert one["run"].to_list() == ["src"] and one["traces"].to_list() == [4]
+    dup = runs_json(analyze_runs(ds, run_by=r"(src)/"))["runs"][0]
+    assert dup["duplicate_rank_traces"] == ["rank-0", "rank-1"]  # a rank held twice: reported, left out
+
+
+def test_rank_from_distributed_info_then_file_name():
+    assert rank_of("x/rank-3.json", {"rank": 5}) == (5, "distributedInfo")
+    for name, want in (("rank-3.json.gz", 3), ("rank3.json", 3), ("trace_rank_12.json", 12), ("worker_7.json", 7)):
+        assert rank_of(f"d/{name}", {}) == (want, "file name"), name
+    assert rank_of("d/host_123456.pt.trace.json", {}) == (None, None)  # a pid, not a rank
+
+
+def test_kernel_names_of_older_layouts():
+    names = ["ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+             "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+             "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)",
+             "ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*)", "ncclKernel_Reduce_RING_LL_Sum_half",
+             "ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)"]
+    got = pl.select(_kind_from_name(pl.Series(names))).to_series().to_list()
+    assert got == ["allreduce", "allgather", "sendrecv", "broadcast", "reduce", None]
+
+
+# ------------------------------------------------------------------ real gloo runs (torch, 4 processes)
+@pytest.mark.parametrize("name", ["gloo4", "gloo4_sub", "gloo4_partial"])
+def test_recorded_gloo_runs(tmp_path, name):
+    truth = json.loads((RUNS / f"{name}.truth.json").read_text())
+    run = runs_json(analyze_runs(batched(RUNS / name, tmp_path)))["runs"][0]
+    S, D = truth["straggler_rank"], truth["delay_ms"] * 1000
+    assert run["ranks"] == truth["ranks"] and run["world_size"] == truth["world_size"]
+    assert run["missing_ranks"] == sorted(set(range(truth["world_size"])) - set(truth["ranks"]))
+    hit = [c for c in run["collectives"] if max(c["wait_us"].values()) >= D / 2]
+    assert sorted({c["step"] for c in hit}) == truth["delay_steps"]
+    for c in hit:
+        assert c["name"] == "allreduce" and c["last_rank"] == S and c["wait_us"][str(S)] == 0
+        assert all(abs(w - D) <= truth["tolerance"] * D for r, w in c["wait_us"].items() if int(r) != S)
+    assert run["stragglers"][0]["rank"] == S
+    assert all(abs(o) < 1000 for o in run["clock_offset_us"].values())  # one host, one clock
+
+
+def test_gloo_process_groups_come_from_their_runloop_threads(tmp_path):
+    flat = flatten(RUNS / "gloo4_sub" / "rank-1.json.gz", tmp_path).out_dir
+    t = pl.read_parquet(flat / "collectives.parquet")
+    assert t.group_by("pg_ranks", "kind").len().sort("pg_ranks", "kind").rows() == [
+        ("[0, 1, 2, 3]", "allgather", 6), ("[0, 1, 2, 3]", "allreduce", 6), ("[0, 1, 2, 3]", "barrier", 6),
+        ("[0, 1, 2, 3]", "broadcast", 6), ("[1, 2]", "allreduce", 6)]
+    assert t.filter(pl.col("pg_ranks") == "[1, 2]")["bytes"].unique().to_list() == [32]  # 8 floats
+    assert t.filter(pl.col("kind") == "allgather")["bytes"].unique().to_list() == [16]  # 1 float x 4 ranks
+
+
+# ------------------------------------------------------------------ the shared NCCL traces
+@pytest.mark.real
+def test_collectives_of_real_nccl_traces(shared_traces, tmp_path):
+    flat = flatten(shared_traces / "hta/a100_nccl.json.gz", tmp_path).out_dir
+    t = pl.read_parquet(flat / "collectives.parquet")
+    assert t.group_by("kind").len().sort("kind").rows() == [("allreduce", 15), ("broadcast", 6)]
+    assert t["pg_ranks"].unique().to_list() == ["[0, 1]"] and t["seq"].to_list() == list(range(21))
+    first = t.filter(pl.col("kind") == "allreduce").row(0, named=True)
+    assert first["bytes"] == first["in_nelems"] * 4 and first["dtype"] == "fp32"
+    old = pl.read_parquet(flatten(shared_traces / "hta/a100_old_format_rank0.json.gz", tmp_path).out_dir
+                          / "collectives.parquet")
+    # SendRecv kernels of an older layout: the kind comes from the c10d op that launched them
+    assert dict(old.group_by("kind").len().rows()) == {"alltoall": 45, "allreduce": 10, "allgather": 10,
+                                                       "reducescatter": 10, "sendrecv": 5}
+
+
+@pytest.mark.real
+def test_a_run_made_from_a_real_rank(shared_traces, tmp_path):
+    """make_run.py's physics on a real trace: one rank late at one collective, clocks off."""
+    import subprocess
+    import sys
+
+    maker = shared_traces.parent / "acceptance" / "make_run.py"
+    if not maker.is_file():
+        pytest.skip("make_run.py not found")
+    offs = "0,-1300,700,1900"
+    subprocess.run([sys.executable, str(maker), str(shared_traces / "hta/a100_nccl.json.gz"), "--world", "4",
+                    "--straggler", "2", "--delay-us", "3000", "--delay-collective", "5", "--collective-kind",
+                    "allreduce", "--clock-offsets-us", offs, "--out", str(tmp_path / "run")], check=True,
+                   capture_output=True)
+    run = runs_json(analyze_runs(batched(tmp_path / "run", tmp_path)))["runs"][0]
+    for r, o in enumerate(map(float, offs.split(","))):
+        assert run["clock_offset_us"][str(r)] == pytest.approx(o, abs=20)
+    hit = [c for c in run["collectives"] if max(c["wait_us"].values()) > 1500]
+    assert len(hit) == 1 and hit[0]["last_rank"] == 2 and hit[0]["name"] == "allreduce"
+    assert all(abs(w - 3000) <= 60 for r, w in hit[0]["wait_us"].items() if r != "2")
+    assert run["stragglers"][0]["rank"] == 2
+
+
+def test_a_folder_of_traces_is_batched_for_ranks(tmp_path, run_cli):
+    write_run(tmp_path / "run", 4, 8, straggler=1, delay_us=700.0, delayed=2)
+    p = run_cli(["ranks", tmp_path / "run", "--format", "json"])
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["runs"][0]["stragglers"][0]["rank"] == 1
+    shutil.rmtree(tmp_path / "run")
+
+
+@pytest.mark.parametrize("fmt", ["table", "md", "csv"])
+def test_ranks_sections_in_every_format(tmp_path, run_cli, fmt):
+    write_run(tmp_path / "run", 4, 16, straggler=2, delay_us=800.0, delayed=3)
+    ds = batched(tmp_path / "run", tmp_path)
+    p = run_cli(["ranks", ds, "--format", fmt])
+    assert p.returncode == 0, p.stderr
+    marks = ("# ranks", "# stragglers", "# steps") if fmt == "csv" else ("Ranks: clock offset", "Stragglers:",
+                                                                          "Per rank and step")
+    assert all(m in p.stdout for m in marks), p.stdout[:300]
+    assert run_cli(["ranks", ds, "--run", "nope"]).returncode == 2
+    assert run_cli(["ranks", ds, "--align", "sideways"]).returncode == 2
+
+
+def test_ranks_plots(tmp_path, run_cli):
+    pytest.importorskip("matplotlib")
+    write_run(tmp_path / "run", 4, 16, straggler=2, delay_us=800.0, delayed=3)
+    p = run_cli(["ranks", batched(tmp_path / "run", tmp_path), "--plot", tmp_path / "plots", "-o", tmp_path / "r.md",
+                 "--format", "md"])
+    assert p.returncode == 0, p.stderr
+    assert sorted(f.name for f in (tmp_path / "plots").iterdir()) == [
+        "run_busbw.png", "run_busbw.svg", "run_waits.png", "run_waits.svg"]
