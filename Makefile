@@ -26,6 +26,11 @@ demo: install    ## install, generate the bundled example trace, flatten and ana
 test: install    ## run the test suite (real-trace tests run when ../shared/traces exists)
 	$(PY) -m pytest -q
 
+lint:            ## ruff (lint and format check) and mypy
+	$(PY) -m ruff check pipeline tests scripts bench
+	$(PY) -m ruff format --check pipeline tests scripts bench
+	$(PY) -m mypy
+
 test-fast:       ## the tests without the slow ones
 	$(PY) -m pytest -q -m "not slow"
 
@@ -59,7 +64,7 @@ acceptance:      ## run the shared acceptance checks (needs ../shared)
 clean:           ## remove generated outputs
 	rm -rf $(DEMO)/flat $(DEMO)/*.json.gz .pytest_cache
 
-.PHONY: help install demo test test-fast fuzz oracle gloo-runs bench batch query examples acceptance clean
+.PHONY: help install demo test lint test-fast fuzz oracle gloo-runs bench batch query examples acceptance clean
 
 docs:            ## regenerate the README sections derived from schemas, formulas and device specs
 	$(PY) scripts/gen_readme.py

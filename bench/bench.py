@@ -8,6 +8,7 @@ replicating the events of --template, a real trace), then measures, each in a fr
 (wall time and peak memory of all its processes, summed PSS), and link+cost+analyze on the
 flattened directory. Everything is reported as ratios measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,6 @@ from pathlib import Path
 import orjson
 
 from pipeline.synthetic import write_demo, write_run
-
 
 # ------------------------------------------------------------------ trace generation
 ID_ARGS = ("External id", "correlation")
@@ -49,8 +49,11 @@ def write_replicated(src: str, path: Path, target_mb: float, sectioned: bool = F
         first = True
         for part in parts:
             for copy in range(copies):
-                blob = b",\n".join(orjson.dumps(_shifted(e, copy * span, copy * id_step)) for e in part
-                                   if not (copy and e.get("ph") == "M"))
+                blob = b",\n".join(
+                    orjson.dumps(_shifted(e, copy * span, copy * id_step))
+                    for e in part
+                    if not (copy and e.get("ph") == "M")
+                )
                 if blob:
                     out.write(blob if first else b",\n" + blob)
                     first = False
@@ -58,8 +61,18 @@ def write_replicated(src: str, path: Path, target_mb: float, sectioned: bool = F
 
 
 # the categories of launches, flows and GPU activity: a Kineto trace's leading CPU block ends at the first
-_LAUNCHED = {"cuda_runtime", "cuda_driver", "runtime", "kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset",
-             "ac2g", "async_cpu_to_gpu"}
+_LAUNCHED = {
+    "cuda_runtime",
+    "cuda_driver",
+    "runtime",
+    "kernel",
+    "gpu_memcpy",
+    "gpu_memset",
+    "memcpy",
+    "memset",
+    "ac2g",
+    "async_cpu_to_gpu",
+}
 
 
 def _shifted(e: dict, dt: float, did: int) -> dict:
@@ -112,22 +125,49 @@ def bench_file(path: Path, work: Path) -> dict:
     py = sys.executable
     size_mb = path.stat().st_size / 1e6
     opener = "gzip.open" if path.suffix == ".gz" else "open"
-    t_orjson, m_orjson, n = measure([py, "-c", f"import orjson, gzip; d=orjson.loads({opener}({str(path)!r},'rb').read()); print(len(d['traceEvents']))"])
-    t_ijson, m_ijson, _ = measure([py, "-c", f"import ijson, gzip; print(sum(1 for _ in ijson.items({opener}({str(path)!r},'rb'), 'traceEvents.item', use_float=True)))"])
+    t_orjson, m_orjson, n = measure(
+        [
+            py,
+            "-c",
+            f"import orjson, gzip; d=orjson.loads({opener}({str(path)!r},'rb').read()); print(len(d['traceEvents']))",
+        ]
+    )
+    t_ijson, m_ijson, _ = measure(
+        [
+            py,
+            "-c",
+            f"import ijson, gzip; print(sum(1 for _ in ijson.items({opener}({str(path)!r},'rb'), "
+            "'traceEvents.item', use_float=True)))",
+        ]
+    )
     out = work / "flat"
     shutil.rmtree(out, ignore_errors=True)
     t_flat, m_flat, summary = measure([sys.executable, "-m", "pipeline", "flatten", str(path), "-o", str(out)])
     stages = {k: float(v) for k, v in re.findall(r"([a-z+]+) ([0-9.]+) s\b", summary.rsplit("(", 1)[-1])}
     flat_dir = next(out.iterdir())
     parquet_mb = sum(f.stat().st_size for f in flat_dir.glob("*.parquet")) / 1e6
-    t_analyze, m_analyze, _ = measure([sys.executable, "-m", "pipeline", "analyze", str(flat_dir), "--format", "json", "-o", str(work / "a.json")])
+    t_analyze, m_analyze, _ = measure(
+        [sys.executable, "-m", "pipeline", "analyze", str(flat_dir), "--format", "json", "-o", str(work / "a.json")]
+    )
     events = int(n.strip())
-    return {"file": path.name, "MB": size_mb, "events": events, "orjson_s": t_orjson, "orjson_MB": m_orjson,
-            "ijson_s": t_ijson, "flatten_s": t_flat, "flatten_MB": m_flat, "x_orjson": t_flat / t_orjson,
-            "x_ijson": t_flat / t_ijson, "Mevents_s": events / t_flat / 1e6, "parquet_MB": parquet_mb,
-            "analyze_s": t_analyze, "read_s": stages.get("flatten", float("nan")),
-            "link_s": stages.get("link+cost", float("nan")),
-            "link_analyze_s": stages.get("link+cost", float("nan")) + t_analyze}
+    return {
+        "file": path.name,
+        "MB": size_mb,
+        "events": events,
+        "orjson_s": t_orjson,
+        "orjson_MB": m_orjson,
+        "ijson_s": t_ijson,
+        "flatten_s": t_flat,
+        "flatten_MB": m_flat,
+        "x_orjson": t_flat / t_orjson,
+        "x_ijson": t_flat / t_ijson,
+        "Mevents_s": events / t_flat / 1e6,
+        "parquet_MB": parquet_mb,
+        "analyze_s": t_analyze,
+        "read_s": stages.get("flatten", float("nan")),
+        "link_s": stages.get("link+cost", float("nan")),
+        "link_analyze_s": stages.get("link+cost", float("nan")) + t_analyze,
+    }
 
 
 def bench_batch(work: Path, n: int = 24, mb: float = 8.0, jobs: int = 2) -> str:
@@ -142,9 +182,11 @@ def bench_batch(work: Path, n: int = 24, mb: float = 8.0, jobs: int = 2) -> str:
     raw_mb = n * mb
     t1, m1, _ = measure([sys.executable, "-m", "pipeline", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
     t2, _, _ = measure([sys.executable, "-m", "pipeline", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
-    return (f"batch -j {jobs}: {n} traces ({total_mb:.0f} MB gzip, ~{raw_mb:.0f} MB JSON) in {t1:.1f}s = "
-            f"{n / t1:.2f} traces/s, {raw_mb / t1:.1f} MB/s of JSON, peak {m1:.0f} MB (all processes); "
-            f"re-run {t2:.1f}s (incremental, nothing to do)")
+    return (
+        f"batch -j {jobs}: {n} traces ({total_mb:.0f} MB gzip, ~{raw_mb:.0f} MB JSON) in {t1:.1f}s = "
+        f"{n / t1:.2f} traces/s, {raw_mb / t1:.1f} MB/s of JSON, peak {m1:.0f} MB (all processes); "
+        f"re-run {t2:.1f}s (incremental, nothing to do)"
+    )
 
 
 def bench_runs(work: Path, world: int = 256, collectives: int = 10_000, jobs: int = 2) -> str:
@@ -154,23 +196,41 @@ def bench_runs(work: Path, world: int = 256, collectives: int = 10_000, jobs: in
     if not (src / f"rank-{world - 1}.json.gz").exists():
         print(f"bench: writing {src} ...", file=sys.stderr)
         offsets = [((r * 7919) % 4001 - 2000) / 1.0 for r in range(world)]
-        write_run(src, world, collectives, straggler=world // 3, delay_us=5000.0, delayed=collectives // 2,
-                  offsets_us=offsets)
+        write_run(
+            src, world, collectives, straggler=world // 3, delay_us=5000.0, delayed=collectives // 2, offsets_us=offsets
+        )
     shutil.rmtree(ds, ignore_errors=True)
     tb, mb, _ = measure([sys.executable, "-m", "pipeline", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
-    tr, mr, out = measure([sys.executable, "-m", "pipeline", "ranks", str(ds), "--format", "json", "-o",
-                           str(work / "ranks.json")])
+    tr, mr, out = measure(
+        [sys.executable, "-m", "pipeline", "ranks", str(ds), "--format", "json", "-o", str(work / "ranks.json")]
+    )
     doc = orjson.loads((work / "ranks.json").read_bytes())["runs"][0]
-    return (f"ranks: {world} ranks x {collectives:,} collectives: batch {tb:.1f}s (peak {mb:.0f} MB), ranks "
-            f"{tr:.1f}s (peak {mr:.0f} MB, all processes) = {tr / tb:.2f}x the batch; straggler found: "
-            f"rank {doc['stragglers'][0]['rank']} (truly {world // 3}), {len(doc['collectives']):,} collectives")
+    return (
+        f"ranks: {world} ranks x {collectives:,} collectives: batch {tb:.1f}s (peak {mb:.0f} MB), ranks "
+        f"{tr:.1f}s (peak {mr:.0f} MB, all processes) = {tr / tb:.2f}x the batch; straggler found: "
+        f"rank {doc['stragglers'][0]['rank']} (truly {world // 3}), {len(doc['collectives']):,} collectives"
+    )
 
 
 def markdown(rows: list[dict]) -> str:
-    cols = [("file", "{}"), ("MB", "{:.0f}"), ("events", "{:,}"), ("flatten_s", "{:.1f}"), ("orjson_s", "{:.1f}"),
-            ("ijson_s", "{:.1f}"), ("x_orjson", "{:.2f}"), ("x_ijson", "{:.2f}"), ("flatten_MB", "{:.0f}"),
-            ("orjson_MB", "{:.0f}"), ("Mevents_s", "{:.3f}"), ("parquet_MB", "{:.0f}"), ("read_s", "{:.1f}"),
-            ("link_s", "{:.1f}"), ("analyze_s", "{:.1f}"), ("link_analyze_s", "{:.1f}")]
+    cols = [
+        ("file", "{}"),
+        ("MB", "{:.0f}"),
+        ("events", "{:,}"),
+        ("flatten_s", "{:.1f}"),
+        ("orjson_s", "{:.1f}"),
+        ("ijson_s", "{:.1f}"),
+        ("x_orjson", "{:.2f}"),
+        ("x_ijson", "{:.2f}"),
+        ("flatten_MB", "{:.0f}"),
+        ("orjson_MB", "{:.0f}"),
+        ("Mevents_s", "{:.3f}"),
+        ("parquet_MB", "{:.0f}"),
+        ("read_s", "{:.1f}"),
+        ("link_s", "{:.1f}"),
+        ("analyze_s", "{:.1f}"),
+        ("link_analyze_s", "{:.1f}"),
+    ]
     head = "| " + " | ".join(c for c, _ in cols) + " |"
     sep = "|" + "---|" * len(cols)
     body = ["| " + " | ".join(f.format(r[c]) for c, f in cols) + " |" for r in rows]
@@ -182,8 +242,11 @@ def main():
     ap.add_argument("--sizes", default="1000,2000", help="trace sizes in MB, comma-separated")
     ap.add_argument("--gz", action="store_true", help="also measure the first size gzip-compressed")
     ap.add_argument("--template", help="replicate this real trace instead of the synthetic template")
-    ap.add_argument("--sectioned", action="store_true",
-                    help="with --template: every copy's CPU block first, then every copy's GPU part (one long run's layout)")
+    ap.add_argument(
+        "--sectioned",
+        action="store_true",
+        help="with --template: every copy's CPU block first, then every copy's GPU part (one long run's layout)",
+    )
     ap.add_argument("--workdir", default="/tmp/tracepipe-bench")
     ap.add_argument("--batch-only", action="store_true", help="only measure batch throughput")
     ap.add_argument("--runs-only", action="store_true", help="only measure whole runs (batch + ranks of 256 ranks)")
@@ -218,8 +281,10 @@ def main():
     if len(rows) >= 2 and rows[0]["file"].endswith(".json"):
         big = [r for r in rows if r["file"].endswith(".json")]
         if len(big) >= 2:
-            print(f"\nscaling: {big[1]['MB']:.0f} MB takes {big[1]['flatten_s'] / big[0]['flatten_s']:.2f}x "
-                  f"the {big[0]['MB']:.0f} MB time")
+            print(
+                f"\nscaling: {big[1]['MB']:.0f} MB takes {big[1]['flatten_s'] / big[0]['flatten_s']:.2f}x "
+                f"the {big[0]['MB']:.0f} MB time"
+            )
         gz = [r for r in rows if r["file"].endswith(".gz")]
         if gz:
             print(f"gzip: {gz[0]['flatten_s'] / rows[0]['flatten_s']:.2f}x the uncompressed time")

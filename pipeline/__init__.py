@@ -10,13 +10,25 @@ Public API (everything else is internal):
     combine(paths, out)            -> CombineResult       one trace from several
     batch / query                                          see pipeline.batch, pipeline.query
 """
+
 from pipeline import report
-from pipeline.version import __version__
-from pipeline.rewrite.augment import augment
-from pipeline.rewrite.combine import combine
 from pipeline.errors import BadTrace, DatasetError, TracepipeError, UsageError
 from pipeline.flatten import FlattenResult, flatten
+from pipeline.rewrite.augment import augment
+from pipeline.rewrite.combine import combine
 from pipeline.store import scan
+from pipeline.version import __version__
 
-__all__ = ["flatten", "scan", "report", "augment", "combine", "FlattenResult", "TracepipeError", "BadTrace",
-           "UsageError", "DatasetError", "__version__"]
+__all__ = [
+    "flatten",
+    "scan",
+    "report",
+    "augment",
+    "combine",
+    "FlattenResult",
+    "TracepipeError",
+    "BadTrace",
+    "UsageError",
+    "DatasetError",
+    "__version__",
+]

@@ -3,20 +3,25 @@
 Exit codes: 0 ok, 1 finished with problems reported (truncated trace, quarantined files),
 2 bad input or usage, 3 internal error (a bug: please report it with TRACEPIPE_DEBUG=1 output).
 """
+
 from __future__ import annotations
 
 import os
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
 from pipeline.errors import TracepipeError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="tracepipe: PyTorch profiler traces -> Parquet tables, links, costs, reports.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="tracepipe: PyTorch profiler traces -> Parquet tables, links, costs, reports.",
+)
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -61,22 +66,31 @@ def _version(value: bool):
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="print the version and exit")):
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print the version and exit"
+    ),
+):
     """tracepipe: PyTorch profiler traces -> Parquet tables, links, costs, reports."""
 
 
 # ------------------------------------------------------------------ flatten
 @app.command()
 def flatten(
-    traces: List[Path] = typer.Argument(..., help="trace files (.json, .json.gz, .json.zst)"),
+    traces: list[Path] = typer.Argument(..., help="trace files (.json, .json.gz, .json.zst)"),
     out: Path = typer.Option(..., "-o", "--out", help="output directory; one sub-directory per trace"),
-    workers: Optional[int] = typer.Option(None, "-j", "--workers", help="parser processes (default: all cores for large files)"),
+    workers: Optional[int] = typer.Option(
+        None, "-j", "--workers", help="parser processes (default: all cores for large files)"
+    ),
     no_link: bool = typer.Option(False, "--no-link", help="skip linking and cost (raw tables only)"),
     device_specs: Optional[Path] = typer.Option(None, "--device-specs", help="CSV of extra/overriding device specs"),
     device: Optional[str] = typer.Option(None, "--device", help="force this device spec for every GPU"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype for ops whose trace records none (e.g. bf16)"),
-    max_inflate: Optional[float] = typer.Option(None, "--max-inflate", help="a compressed trace may inflate to this many times its size, at least 1 GiB (default 200; 0: no limit)"),
+    max_inflate: Optional[float] = typer.Option(
+        None,
+        "--max-inflate",
+        help="a compressed trace may inflate to this many times its size, at least 1 GiB (default 200; 0: no limit)",
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
     """Flatten traces into OUT/<stem>/{events,gpu_ops,flows,devices,trace}.parquet."""
@@ -87,8 +101,17 @@ def flatten(
         size = t.stat().st_size if t.is_file() else None
         prog = Progress(t.name, size if not str(t).endswith((".gz", ".zst")) else None, quiet)
         try:
-            r = run(t, out, workers=workers, link=not no_link, progress=prog, max_inflate=max_inflate,
-                    device_specs=str(device_specs) if device_specs else None, device=device, dtype=dtype)
+            r = run(
+                t,
+                out,
+                workers=workers,
+                link=not no_link,
+                progress=prog,
+                max_inflate=max_inflate,
+                device_specs=str(device_specs) if device_specs else None,
+                device=device,
+                dtype=dtype,
+            )
         except TracepipeError as e:
             prog.done()
             err(str(e) if str(t) in str(e) else f"{t}: {e}")
@@ -102,8 +125,10 @@ def flatten(
             code = max(code, EXIT_PROBLEMS)
         if not quiet:
             took = ", ".join(f"{stage.replace('_', '+')} {s:.1f} s" for stage, s in r.seconds.items())
-            typer.echo(f"{t.name}: {r.n_events} events, {r.n_gpu_ops} gpu ops, {r.n_flows} flow endpoints, "
-                       f"{r.n_devices} devices -> {r.out_dir} ({took})")
+            typer.echo(
+                f"{t.name}: {r.n_events} events, {r.n_gpu_ops} gpu ops, {r.n_flows} flow endpoints, "
+                f"{r.n_devices} devices -> {r.out_dir} ({took})"
+            )
     raise typer.Exit(code)
 
 
@@ -115,14 +140,22 @@ def augment(
     device_specs: Optional[Path] = typer.Option(None, "--device-specs", help="CSV of extra/overriding device specs"),
     device: Optional[str] = typer.Option(None, "--device", help="force this device spec for every GPU"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype for ops whose trace records none (e.g. bf16)"),
-    keep_secrets: bool = typer.Option(False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"),
+    keep_secrets: bool = typer.Option(
+        False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no summary"),
 ):
     """Write the trace again with FLOPs, bytes and roofline figures in each costed kernel's args."""
     from pipeline.rewrite.augment import augment as run
 
-    r = run(trace, out, keep_secrets=keep_secrets, device_specs=str(device_specs) if device_specs else None,
-            device=device, dtype=dtype)
+    r = run(
+        trace,
+        out,
+        keep_secrets=keep_secrets,
+        device_specs=str(device_specs) if device_specs else None,
+        device=device,
+        dtype=dtype,
+    )
     for w in r.warnings:
         err(f"{trace.name}: {w}")
     if not quiet:
@@ -135,11 +168,15 @@ def augment(
 # ------------------------------------------------------------------ combine
 @app.command()
 def combine(
-    traces: List[Path] = typer.Argument(..., help="trace files to put into one"),
+    traces: list[Path] = typer.Argument(..., help="trace files to put into one"),
     out: Path = typer.Option(..., "-o", "--out", help="output trace (.json, or .json.gz to compress)"),
-    align: str = typer.Option("none", "--align", help="none: keep timestamps; start: shift each trace to start together"),
-    label: Optional[List[str]] = typer.Option(None, "--label", help="label per trace, in order (default: file stems)"),
-    keep_secrets: bool = typer.Option(False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"),
+    align: str = typer.Option(
+        "none", "--align", help="none: keep timestamps; start: shift each trace to start together"
+    ),
+    label: Optional[list[str]] = typer.Option(None, "--label", help="label per trace, in order (default: file stems)"),
+    keep_secrets: bool = typer.Option(
+        False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no summary"),
 ):
     """Combine traces into one: pids, flow ids and link ids renumbered apart, process names labelled."""
@@ -167,8 +204,10 @@ def schema(table: Optional[str] = typer.Argument(None, help="one table (default:
 
 
 @app.command("demo-trace")
-def demo_trace(out: Path = typer.Argument(..., help="where to write the example trace (.json or .json.gz)"),
-               mb: float = typer.Option(2.0, "--mb", help="approximate size in MB (uncompressed)")):
+def demo_trace(
+    out: Path = typer.Argument(..., help="where to write the example trace (.json or .json.gz)"),
+    mb: float = typer.Option(2.0, "--mb", help="approximate size in MB (uncompressed)"),
+):
     """Write a realistic synthetic example trace (used by `make demo` and `make bench`)."""
     from pipeline.synthetic import write_demo
 
@@ -177,13 +216,15 @@ def demo_trace(out: Path = typer.Argument(..., help="where to write the example 
 
 
 @app.command("demo-run")
-def demo_run(out: Path = typer.Argument(..., help="folder for the rank traces (rank-R.json.gz)"),
-             world: int = typer.Option(8, "--world", help="ranks"),
-             collectives: int = typer.Option(96, "--collectives", help="collectives per rank"),
-             straggler: int = typer.Option(3, "--straggler", help="the rank that starts one collective late"),
-             delay_us: float = typer.Option(2500.0, "--delay-us", help="how late (µs)"),
-             delayed: int = typer.Option(21, "--delayed", help="which collective (0-based)"),
-             skew_us: float = typer.Option(2000.0, "--skew-us", help="ranks' clocks disagree by up to this much (µs)")):
+def demo_run(
+    out: Path = typer.Argument(..., help="folder for the rank traces (rank-R.json.gz)"),
+    world: int = typer.Option(8, "--world", help="ranks"),
+    collectives: int = typer.Option(96, "--collectives", help="collectives per rank"),
+    straggler: int = typer.Option(3, "--straggler", help="the rank that starts one collective late"),
+    delay_us: float = typer.Option(2500.0, "--delay-us", help="how late (µs)"),
+    delayed: int = typer.Option(21, "--delayed", help="which collective (0-based)"),
+    skew_us: float = typer.Option(2000.0, "--skew-us", help="ranks' clocks disagree by up to this much (µs)"),
+):
     """Write a synthetic NCCL run with one late rank and skewed clocks (the truth is known exactly)."""
     from pipeline.errors import UsageError
     from pipeline.synthetic import write_run
@@ -192,18 +233,27 @@ def demo_run(out: Path = typer.Argument(..., help="folder for the rank traces (r
         raise UsageError("need world >= 1, 0 <= straggler < world and 0 <= delayed < collectives")
     offsets = [round(skew_us * (((r * 7919) % 1000) / 500 - 1), 3) for r in range(world)]
     write_run(out, world, collectives, straggler, delay_us, delayed, offsets)
-    typer.echo(f"wrote {world} ranks to {out}: rank {straggler} starts collective {delayed} {delay_us:g} µs late; "
-               f"clock offsets (µs) {offsets}")
+    typer.echo(
+        f"wrote {world} ranks to {out}: rank {straggler} starts collective {delayed} {delay_us:g} µs late; "
+        f"clock offsets (µs) {offsets}"
+    )
 
 
 # ------------------------------------------------------------------ batch + query
 @app.command()
 def batch(
-    src: Path = typer.Argument(..., help="a directory (recursive), a .tar/.tar.gz/.tgz/.zip archive, or a text file of paths"),
+    src: Path = typer.Argument(
+        ..., help="a directory (recursive), a .tar/.tar.gz/.tgz/.zip archive, or a text file of paths"
+    ),
     out: Path = typer.Option(..., "-o", "--out", help="the dataset directory (created or extended)"),
     jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="worker processes (default: all cores)"),
     engine: str = typer.Option("local", "--engine", help="local (processes), ray or dask"),
-    max_inflate: Optional[float] = typer.Option(None, "--max-inflate", help="a compressed trace or archive member may inflate to this many times its size, at least 1 GiB (default 200; 0: no limit)"),
+    max_inflate: Optional[float] = typer.Option(
+        None,
+        "--max-inflate",
+        help="a compressed trace or archive member may inflate to this many times its size, at least 1 GiB "
+        "(default 200; 0: no limit)",
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
     """Flatten many traces into one hive-partitioned dataset: OUT/<table>/trace_id=<id>/part-0.parquet.
@@ -230,8 +280,10 @@ def batch(
     if tty:
         sys.stderr.write("\r\x1b[K")
     if not quiet:
-        typer.echo(f"batch: {r.added} traces added ({r.truncated} truncated), {r.quarantined} quarantined, "
-                   f"{r.skipped} already present, {r.duplicates} duplicates, {r.failed} failed -> {out}")
+        typer.echo(
+            f"batch: {r.added} traces added ({r.truncated} truncated), {r.quarantined} quarantined, "
+            f"{r.skipped} already present, {r.duplicates} duplicates, {r.failed} failed -> {out}"
+        )
     raise typer.Exit(r.exit_code)
 
 
@@ -242,8 +294,15 @@ def query(
     fmt: str = typer.Option("table", "--format", "-f", help="table, csv, json (list of rows) or parquet"),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the result to this file"),
     example: Optional[str] = typer.Option(None, "--example", "-e", help="run a named example query instead of SQL"),
-    sql_file: Optional[Path] = typer.Option(None, "--sql-file", "-F", help="read the SQL from this file (- for stdin); sandboxed unless --no-sandbox"),
-    sandbox: Optional[bool] = typer.Option(None, "--sandbox/--no-sandbox", help="only the dataset's tables: no read_csv/read_parquet/... of other files or URLs (default: on for --sql-file, off for SQL on the command line)"),
+    sql_file: Optional[Path] = typer.Option(
+        None, "--sql-file", "-F", help="read the SQL from this file (- for stdin); sandboxed unless --no-sandbox"
+    ),
+    sandbox: Optional[bool] = typer.Option(
+        None,
+        "--sandbox/--no-sandbox",
+        help="only the dataset's tables: no read_csv/read_parquet/... of other files or URLs "
+        "(default: on for --sql-file, off for SQL on the command line)",
+    ),
     list_examples: bool = typer.Option(False, "--list-examples", help="list the example queries and exit"),
 ):
     """Run SQL over a dataset's tables (lazily: only what the query needs is read).
@@ -284,14 +343,31 @@ def _read_sql(path: Path) -> str:
 # ------------------------------------------------------------------ whole runs
 @app.command()
 def ranks(
-    source: Path = typer.Argument(..., help="a batch dataset, a folder of flattened traces, or a folder/archive of trace files (batched into a temporary dataset first)"),
+    source: Path = typer.Argument(
+        ...,
+        help="a batch dataset, a folder of flattened traces, or a folder/archive of trace files "
+        "(batched into a temporary dataset first)",
+    ),
     fmt: str = typer.Option("table", "--format", "-f", help="table, md, csv or json"),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file"),
-    run_by: Optional[str] = typer.Option(None, "--run-by", help="what makes a run: a regex on the trace's path (its first group names the run), or col:NAME, a column of the trace table (default: the directory holding the traces)"),
-    align: str = typer.Option("median", "--align", help="clock alignment: median (from the ends of blocking collectives) or none"),
+    run_by: Optional[str] = typer.Option(
+        None,
+        "--run-by",
+        help="what makes a run: a regex on the trace's path (its first group names the run), or col:NAME, "
+        "a column of the trace table (default: the directory holding the traces)",
+    ),
+    align: str = typer.Option(
+        "median", "--align", help="clock alignment: median (from the ends of blocking collectives) or none"
+    ),
     run: Optional[str] = typer.Option(None, "--run", help="only this run"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="write a rank x step heat map of waits and busbw by message size (PNG + SVG) into this directory"),
-    jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="worker processes when a folder of traces is batched first"),
+    plot: Optional[Path] = typer.Option(
+        None,
+        "--plot",
+        help="write a rank x step heat map of waits and busbw by message size (PNG + SVG) into this directory",
+    ),
+    jobs: Optional[int] = typer.Option(
+        None, "-j", "--jobs", help="worker processes when a folder of traces is batched first"
+    ),
 ):
     """Whole runs: collectives matched across ranks, clocks aligned, waits, stragglers, bus bandwidth."""
     from pipeline.errors import UsageError
@@ -351,16 +427,31 @@ def analyze(
     trace: Path = typer.Argument(..., help="a trace file, or a directory made by `tracepipe flatten`"),
     fmt: str = typer.Option("table", "--format", "-f", help="table, csv, json or md"),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file"),
-    name_limit: int = typer.Option(60, "--name-limit", help="cut kernel/op names to N characters in table/md (0: never)"),
-    top: Optional[int] = typer.Option(None, "--top", help="rows per device and section (default: 20 in table/md, all in json/csv)"),
-    section: Optional[List[str]] = typer.Option(None, "--section", help=_sections_help()),
-    group_by: Optional[str] = typer.Option(None, "--group-by", help="ops section: also group by input-shape, stack or overload"),
-    sort: Optional[str] = typer.Option(None, "--sort", help="ops section: sort column (default self_device_us, CPU-only: self_cpu_us)"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="write roofline and time-breakdown figures (PNG + SVG) into this directory"),
-    stacks: Optional[Path] = typer.Option(None, "--stacks", help="write flame-graph collapsed stacks (export_stacks format) to this file"),
-    stacks_metric: str = typer.Option("self_cpu_time_total", "--stacks-metric", help="self_cpu_time_total or self_device_time_total"),
+    name_limit: int = typer.Option(
+        60, "--name-limit", help="cut kernel/op names to N characters in table/md (0: never)"
+    ),
+    top: Optional[int] = typer.Option(
+        None, "--top", help="rows per device and section (default: 20 in table/md, all in json/csv)"
+    ),
+    section: Optional[list[str]] = typer.Option(None, "--section", help=_sections_help()),
+    group_by: Optional[str] = typer.Option(
+        None, "--group-by", help="ops section: also group by input-shape, stack or overload"
+    ),
+    sort: Optional[str] = typer.Option(
+        None, "--sort", help="ops section: sort column (default self_device_us, CPU-only: self_cpu_us)"
+    ),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="write roofline and time-breakdown figures (PNG + SVG) into this directory"
+    ),
+    stacks: Optional[Path] = typer.Option(
+        None, "--stacks", help="write flame-graph collapsed stacks (export_stacks format) to this file"
+    ),
+    stacks_metric: str = typer.Option(
+        "self_cpu_time_total", "--stacks-metric", help="self_cpu_time_total or self_device_time_total"
+    ),
 ):
-    """Per-device kernel table and summaries: busy/idle, categories, CPU ops, launch overhead, torch.compile, communication."""
+    """Per-device kernel table and summaries: busy/idle, categories, CPU ops, launch overhead,
+    torch.compile, communication."""
     from pipeline import report as rp
 
     rp.check_options(fmt, section, group_by)
@@ -386,7 +477,9 @@ def diff_cmd(
     b: Path = typer.Argument(..., help="second trace file or flattened directory"),
     fmt: str = typer.Option("table", "--format", "-f", help="table, csv, json or md"),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the comparison to this file"),
-    name_limit: int = typer.Option(60, "--name-limit", help="cut keys and kernel names to N characters in table/md (0: never)"),
+    name_limit: int = typer.Option(
+        60, "--name-limit", help="cut keys and kernel names to N characters in table/md (0: never)"
+    ),
     top: Optional[int] = typer.Option(None, "--top", help="only the N rows with the most time"),
     label_a: Optional[str] = typer.Option(None, "--label-a", help="name of A in the output (default: its file stem)"),
     label_b: Optional[str] = typer.Option(None, "--label-b", help="name of B in the output (default: its file stem)"),

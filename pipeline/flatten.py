@@ -2,6 +2,7 @@
 (`read.decode`, in `read.workers` for a large trace), writes them to Parquet in file order, then
 links and costs them (`cost.enrich`). Memory stays bounded by chunk size times workers.
 """
+
 from __future__ import annotations
 
 import gc
@@ -9,10 +10,10 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import orjson
 import pyarrow as pa
@@ -28,7 +29,6 @@ from pipeline.read.metadata import devices_table, trace_row
 from pipeline.read.source import TraceSource
 from pipeline.read.tame import BAD_UNICODE, TOO_LARGE, scrub
 from pipeline.read.values import Problems
-from pipeline.runs.tables import write_empty_run_tables, write_run_tables
 from pipeline.read.workers import (
     SHARED_MEMORY,
     ChunkSlots,
@@ -38,6 +38,7 @@ from pipeline.read.workers import (
     stop_forkserver,
     unspill,
 )
+from pipeline.runs.tables import write_empty_run_tables, write_run_tables
 
 
 @dataclass
@@ -65,8 +66,14 @@ def _offset(tbl: pa.Table, offset: int) -> pa.Table:
     return tbl.set_column(i, "event_idx", pc.add(tbl.column(i), pa.scalar(offset, pa.int64())))
 
 
-def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: int | None = None,
-                 progress: Callable[[int], None] | None = None, max_inflate: float | None = None):
+def flatten_into(
+    path: str,
+    tmp: Path,
+    workers: int | None = None,
+    chunk_bytes: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    max_inflate: float | None = None,
+):
     """Read one trace and write events/gpu_ops/flows/devices/trace Parquet files into `tmp`.
 
     Returns (trace_row dict, Problems, Tail). Link and cost run afterwards over these files.
@@ -96,8 +103,14 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
         in_flight = 4 * workers
         slots = ChunkSlots(spill_dir, in_flight + 1)
         submit = (lambda piece: pool.apply_async(run_chunk, (slots.put(piece), spill_dir))) if pool else None
-        results = ordered_results(src.pieces(spans=pool is not None), build_from_text, build_chunk, submit=submit,
-                                  max_inflight=in_flight, on_corrupt=corrupt.append)
+        results = ordered_results(
+            src.pieces(spans=pool is not None),
+            build_from_text,
+            build_chunk,
+            submit=submit,
+            max_inflight=in_flight,
+            on_corrupt=corrupt.append,
+        )
         offset = 0
         for ct in map(unspill, results):
             writers["events"].write(_offset(ct.events, offset))
@@ -120,8 +133,12 @@ def flatten_into(path: str, tmp: Path, workers: int | None = None, chunk_bytes: 
         tail.truncated, tail.reason = True, corrupt[0]
     devices = devices_table(src.metadata, device_ids, problems)
     store.write_table(devices, tmp / "devices.parquet", "devices", ("flatten",))
-    counts = {"n_events": writers["events"].rows, "n_gpu_ops": writers["gpu_ops"].rows,
-              "n_flows": writers["flows"].rows, "n_devices": devices.num_rows}
+    counts = {
+        "n_events": writers["events"].rows,
+        "n_gpu_ops": writers["gpu_ops"].rows,
+        "n_flows": writers["flows"].rows,
+        "n_devices": devices.num_rows,
+    }
     row = trace_row(path, src.metadata, counts, problems, tail)
     return row, problems, tail
 
@@ -131,10 +148,19 @@ def write_trace_table(row: dict, tmp: Path):
     store.write_table(t, tmp / "trace.parquet", "trace")
 
 
-def flatten(path: str | os.PathLike, out: str | os.PathLike, *, workers: int | None = None,
-            chunk_bytes: int | None = None, link: bool = True, device_specs: str | None = None,
-            device: str | None = None, dtype: str | None = None,
-            progress: Callable[[int], None] | None = None, max_inflate: float | None = None) -> FlattenResult:
+def flatten(
+    path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    workers: int | None = None,
+    chunk_bytes: int | None = None,
+    link: bool = True,
+    device_specs: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    progress: Callable[[int], None] | None = None,
+    max_inflate: float | None = None,
+) -> FlattenResult:
     """Flatten one trace into OUT/<stem>/{events,gpu_ops,flows,devices,trace}.parquet.
 
     The directory appears complete or not at all. With `link` (default) GPU ops are linked to
@@ -147,19 +173,29 @@ def flatten(path: str | os.PathLike, out: str | os.PathLike, *, workers: int | N
     final = Path(out) / trace_stem(path)
     warnings: list = []
     seconds = {}
-    with store.output_of(final, made=Path(out)):
-        with store.atomic_dir(final) as tmp:
+    with store.output_of(final, made=Path(out)), store.atomic_dir(final) as tmp:
+        t0 = time.perf_counter()
+        row, problems, tail = flatten_into(path, tmp, workers, chunk_bytes, progress, max_inflate)
+        seconds["flatten"] = time.perf_counter() - t0
+        if link:
+            from pipeline.cost.enrich import enrich
+
             t0 = time.perf_counter()
-            row, problems, tail = flatten_into(path, tmp, workers, chunk_bytes, progress, max_inflate)
-            seconds["flatten"] = time.perf_counter() - t0
-            if link:
-                from pipeline.cost.enrich import enrich
-                t0 = time.perf_counter()
-                warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype)
-                write_run_tables(tmp, row)
-                seconds["link_cost"] = time.perf_counter() - t0
-            else:
-                write_empty_run_tables(tmp)
-            write_trace_table(row, tmp)
-    return FlattenResult(final, row["n_events"], row["n_gpu_ops"], row["n_flows"], row["n_devices"],
-                         tail.truncated, tail.reason, orjson.loads(row["problems_json"]), warnings, seconds)
+            warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype)
+            write_run_tables(tmp, row)
+            seconds["link_cost"] = time.perf_counter() - t0
+        else:
+            write_empty_run_tables(tmp)
+        write_trace_table(row, tmp)
+    return FlattenResult(
+        final,
+        row["n_events"],
+        row["n_gpu_ops"],
+        row["n_flows"],
+        row["n_devices"],
+        tail.truncated,
+        tail.reason,
+        orjson.loads(row["problems_json"]),
+        warnings,
+        seconds,
+    )

@@ -4,23 +4,38 @@ Category names as profilers write them (old layouts capitalise some: `Kernel`, `
 kind of activity each names, the flows that link a launch to its GPU activity, and the names of
 the annotations tracepipe understands (`ProfilerStep#N`, `nn.Module: X`, compiled regions).
 """
+
 from __future__ import annotations
 
 import os
 
 # cat -> kind of GPU/accelerator activity (case as written; old layouts capitalise)
 GPU_KINDS = {
-    "kernel": "kernel", "Kernel": "kernel",
-    "gpu_memcpy": "memcpy", "Memcpy": "memcpy", "memcpy": "memcpy",
-    "gpu_memset": "memset", "Memset": "memset", "memset": "memset",
+    "kernel": "kernel",
+    "Kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "Memcpy": "memcpy",
+    "memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "Memset": "memset",
+    "memset": "memset",
     "mtia_ccp_events": "kernel",
 }
 ACTIVITY_KINDS = ("kernel", "memcpy", "memset")  # the `kind`s of gpu_ops
 FLOW_PHASES = frozenset(("s", "f", "t"))
 
 # CPU slices, by what they are (matched case-insensitively)
-LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver", "hip_runtime", "hip_driver", "mtia_runtime",
-               "xpu_runtime", "privateuse1_runtime")
+LAUNCH_CATS = (
+    "cuda_runtime",
+    "cuda_driver",
+    "runtime",
+    "driver",
+    "hip_runtime",
+    "hip_driver",
+    "mtia_runtime",
+    "xpu_runtime",
+    "privateuse1_runtime",
+)
 CPU_OP_CATS = ("cpu_op", "operator")
 ANNOTATION_CATS = ("user_annotation",)
 MODULE_CATS = ("python_function",)

@@ -1,10 +1,13 @@
 """redact: secrets in a trace's metadata (a profiled machine's environment records access tokens)
 replaced before anything is written that people share: the tables, augmented and combined traces."""
+
 from __future__ import annotations
 
 import re
 
-SECRET_KEY = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|COOKIE|AUTH|(^|[_\-. ])(API|ACCESS)?_?KEY([_\-. ]|$)", re.I)
+SECRET_KEY = re.compile(
+    r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|COOKIE|AUTH|(^|[_\-. ])(API|ACCESS)?_?KEY([_\-. ]|$)", re.I
+)
 SECRET_VALUE = re.compile(r"^(hf_|ghp_|gho_|ghs_|github_pat_|sk-|xox[abpr]-|AKIA|ASIA|glpat-)[A-Za-z0-9_\-]{8,}")
 REDACTED = "<redacted>"
 
@@ -12,8 +15,10 @@ REDACTED = "<redacted>"
 def redact(obj):
     """A copy of trace metadata with values under secret-looking keys (and token-like values) replaced."""
     if isinstance(obj, dict):
-        return {k: (REDACTED if SECRET_KEY.search(str(k)) and obj[k] not in (None, "") else redact(v))
-                for k, v in obj.items()}
+        return {
+            k: (REDACTED if SECRET_KEY.search(str(k)) and obj[k] not in (None, "") else redact(v))
+            for k, v in obj.items()
+        }
     if isinstance(obj, list):
         return [redact(v) for v in obj]
     if isinstance(obj, str) and SECRET_VALUE.match(obj):

@@ -4,6 +4,7 @@ The public face of `pipeline.analyses` (one module per analysis, `registry` for 
 sections) and `pipeline.render` (tables, documents): see `__all__`. The other names below were
 importable from the single report module this replaced and still are, from where they now live.
 """
+
 from pipeline.analyses.activity import CPU_DEVICE, Activity
 from pipeline.analyses.busy import busy
 from pipeline.analyses.categories import categories
@@ -91,15 +92,56 @@ from pipeline.link.nesting import LONGER_FIRST  # noqa: F401
 
 __all__ = [
     # the reports
-    "kernel_table", "transfer_table", "busy", "categories", "op_table", "collapsed_stacks", "stack_lines",
-    "launch_overhead", "compile_view", "compiled_regions", "communication", "diff", "diff_side", "analyze",
+    "kernel_table",
+    "transfer_table",
+    "busy",
+    "categories",
+    "op_table",
+    "collapsed_stacks",
+    "stack_lines",
+    "launch_overhead",
+    "compile_view",
+    "compiled_regions",
+    "communication",
+    "diff",
+    "diff_side",
+    "analyze",
     # a trace opened once for several reports
-    "Flat", "opened", "as_flat", "Activity", "CpuOps",
+    "Flat",
+    "opened",
+    "as_flat",
+    "Activity",
+    "CpuOps",
     # names and categories
-    "normalize_op", "normalize_kernel", "OP_ALIASES", "KERNEL_NAME_RULES",
-    "CATEGORIES", "OTHER", "Category", "CategoryMemo", "category_expr", "with_category",
+    "normalize_op",
+    "normalize_kernel",
+    "OP_ALIASES",
+    "KERNEL_NAME_RULES",
+    "CATEGORIES",
+    "OTHER",
+    "Category",
+    "CategoryMemo",
+    "category_expr",
+    "with_category",
     # options and documents
-    "SECTIONS", "GROUPINGS", "STACK_METRICS", "FORMATS", "check_options", "format_analysis", "format_diff",
-    "analysis_json", "diff_json", "render", "render_sections", "diff_text", "finite",
-    "TEXT_COLUMNS", "TITLES", "DEFAULT_TEXT_TOP", "DIFF_TEXT_COLUMNS", "SIDE_COLS", "CPU_DEVICE", "NS_PER_US",
+    "SECTIONS",
+    "GROUPINGS",
+    "STACK_METRICS",
+    "FORMATS",
+    "check_options",
+    "format_analysis",
+    "format_diff",
+    "analysis_json",
+    "diff_json",
+    "render",
+    "render_sections",
+    "diff_text",
+    "finite",
+    "TEXT_COLUMNS",
+    "TITLES",
+    "DEFAULT_TEXT_TOP",
+    "DIFF_TEXT_COLUMNS",
+    "SIDE_COLS",
+    "CPU_DEVICE",
+    "NS_PER_US",
 ]

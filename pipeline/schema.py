@@ -3,10 +3,11 @@
 The writer, the validation and the README's schema section all derive from these files.
 A column may name the `stage` that fills it (`flatten` by default, else `link` or `cost`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pyarrow as pa
@@ -75,7 +76,7 @@ class Table:
         raise KeyError(f"{self.name} has no column {name!r}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def table(name: str) -> Table:
     raw = tomllib.loads((SCHEMA_DIR / f"{name}.toml").read_text())
     cols = tuple(Column(**c) for c in raw["columns"])
@@ -88,7 +89,7 @@ def table(name: str) -> Table:
 ALL_STAGES = ("flatten", "link", "cost")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _arrow_schema(name: str, stages: tuple) -> pa.Schema:
     return table(name).arrow_schema(stages)
 
@@ -117,8 +118,14 @@ def conform(tbl: pa.Table, name: str, stages=ALL_STAGES) -> pa.Table:
 def markdown(name: str) -> str:
     """The README section for one table."""
     t = table(name)
-    lines = [f"#### `{t.name}`", "", t.description, "", "| column | type | unit | stage | meaning |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"#### `{t.name}`",
+        "",
+        t.description,
+        "",
+        "| column | type | unit | stage | meaning |",
+        "|---|---|---|---|---|",
+    ]
     for c in t.columns:
         lines.append(f"| `{c.name}` | {c.type} | {c.unit} | {c.stage} | {c.meaning} |")
     return "\n".join(lines)

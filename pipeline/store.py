@@ -1,14 +1,16 @@
 """store: where tables live on disk. Parquet settings, atomic directories, lazy scans."""
+
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
 import uuid
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator, TypeVar
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import TypeVar
 
 import polars as pl
 import pyarrow as pa
@@ -34,8 +36,9 @@ class TableWriter:
     def __init__(self, path: Path, name: str, stages=("flatten",), buffer_rows: int = BUFFER_ROWS):
         self.name, self.stages, self.rows, self.buffer_rows = name, stages, 0, buffer_rows
         self._schema = schema.table(name).arrow_schema(stages)
-        self._writer = pq.ParquetWriter(str(path), self._schema, use_dictionary=_dictionary_columns(name, stages),
-                                        **PARQUET_OPTIONS)
+        self._writer = pq.ParquetWriter(
+            str(path), self._schema, use_dictionary=_dictionary_columns(name, stages), **PARQUET_OPTIONS
+        )
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
         self._closed = False
@@ -63,10 +66,8 @@ class TableWriter:
         (after a failure, such as a full disk, that `close` would only raise again)."""
         if not self._closed:
             self._closed, self._pending = True, []
-            try:
+            with suppress(OSError, ValueError, pa.ArrowException):
                 self._writer.close()
-            except (OSError, ValueError, pa.ArrowException):
-                pass
 
 
 T = TypeVar("T")
@@ -85,13 +86,25 @@ def one_ahead(items: Iterator[T]) -> Iterator[T]:
 
 
 def write_table(tbl: pa.Table, path: Path, name: str, stages=schema.ALL_STAGES):
-    pq.write_table(schema.conform(tbl, name, stages), str(path), row_group_size=ROW_GROUP_ROWS,
-                   use_dictionary=_dictionary_columns(name, stages), **PARQUET_OPTIONS)
+    pq.write_table(
+        schema.conform(tbl, name, stages),
+        str(path),
+        row_group_size=ROW_GROUP_ROWS,
+        use_dictionary=_dictionary_columns(name, stages),
+        **PARQUET_OPTIONS,
+    )
 
 
-def write_extended(source: Path, path: Path, name: str, extend: Callable[[pl.DataFrame], pl.DataFrame],
-                   inputs: list[str], key: str = "event_idx", batch_rows: int = BUFFER_ROWS,
-                   group_rows: int | None = None):
+def write_extended(
+    source: Path,
+    path: Path,
+    name: str,
+    extend: Callable[[pl.DataFrame], pl.DataFrame],
+    inputs: list[str],
+    key: str = "event_idx",
+    batch_rows: int = BUFFER_ROWS,
+    group_rows: int | None = None,
+):
     """Write table `name` (all stages) to `path`: the flatten columns of the Parquet file `source`,
     read `batch_rows` at a time and written in row groups of `group_rows` (default: a batch each),
     each batch with the columns `extend` gives for it beside them, so the wide table is never
@@ -104,8 +117,14 @@ def write_extended(source: Path, path: Path, name: str, extend: Callable[[pl.Dat
     writer.close()
 
 
-def _extended(source: Path, name: str, extend: Callable[[pl.DataFrame], pl.DataFrame], inputs: list[str], key: str,
-              batch_rows: int) -> Iterator[pa.Table]:
+def _extended(
+    source: Path,
+    name: str,
+    extend: Callable[[pl.DataFrame], pl.DataFrame],
+    inputs: list[str],
+    key: str,
+    batch_rows: int,
+) -> Iterator[pa.Table]:
     """The batches of `write_extended`, their repeated text columns read as dictionaries: decoding
     them into strings is slower than expanding their dictionaries when they are written."""
     columns = schema.table(name).names()
@@ -122,8 +141,9 @@ def _extended(source: Path, name: str, extend: Callable[[pl.DataFrame], pl.DataF
         yield tbl
 
 
-def read_batches(path: Path, rows: int, columns: list[str], read_dictionary: list[str] = (),
-                 use_threads: bool = True) -> Iterator[pa.Table]:
+def read_batches(
+    path: Path, rows: int, columns: list[str], read_dictionary: list[str] = (), use_threads: bool = True
+) -> Iterator[pa.Table]:
     """The `columns` of a Parquet file (those it has), `rows` rows at a time (the last fewer; none
     when the file has no rows); `read_dictionary` columns as dictionaries (the reader ends its
     batches at row group ends then: they are put back together)."""
@@ -144,8 +164,9 @@ def read_batches(path: Path, rows: int, columns: list[str], read_dictionary: lis
 
 def _plain(tbl: pa.Table) -> pa.Table:
     """The table with its dictionary columns as plain strings."""
-    return tbl.cast(pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
-                               for f in tbl.schema]))
+    return tbl.cast(
+        pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in tbl.schema])
+    )
 
 
 def sort_by_key(path: Path, name: str, key: str = "event_idx"):
@@ -202,8 +223,9 @@ class SpillWriter:
     was most of the time of a write."""
 
     def __init__(self, path: Path, fields: list[pa.Field]):
-        self._schema = pa.schema([f.with_type(pa.string_view()) if f.type in (pa.string(), pa.large_string()) else f
-                                  for f in fields])
+        self._schema = pa.schema(
+            [f.with_type(pa.string_view()) if f.type in (pa.string(), pa.large_string()) else f for f in fields]
+        )
         self._sink = pa.OSFile(str(path), "wb")
         self._writer = pa.ipc.new_stream(self._sink, self._schema)
 
@@ -211,7 +233,7 @@ class SpillWriter:
         arrow = frame.select(self._schema.names).to_arrow(compat_level=pl.CompatLevel.newest())
         self._writer.write_table(arrow.cast(self._schema))
 
-    def __enter__(self) -> "SpillWriter":
+    def __enter__(self) -> SpillWriter:
         return self
 
     def __exit__(self, *exc):
@@ -244,7 +266,7 @@ class SpillReader:
             have += part.height
         return pl.concat(parts)
 
-    def __enter__(self) -> "SpillReader":
+    def __enter__(self) -> SpillReader:
         return self
 
     def __exit__(self, *exc):
@@ -330,10 +352,8 @@ def output_of(target: Path, made: Path | None = None):
 def _remove_empty_dirs(top: Path):
     """Remove `top` and its subdirectories where they are empty (never a file)."""
     for d, _, _ in sorted(os.walk(top), key=lambda x: -len(x[0])):
-        try:
+        with suppress(OSError):
             os.rmdir(d)
-        except OSError:
-            pass
 
 
 def is_flat_dir(path: str | os.PathLike) -> bool:

@@ -6,6 +6,7 @@ Sections between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers:
 - devices: the device-spec table (data/device_specs.csv)
 tests/test_docs.py fails when the README is not current.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,7 +39,7 @@ def sections() -> dict[str, str]:
 def render(text: str, parts: dict[str, str]) -> str:
     for name, body in parts.items():
         pat = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
-        text = pat.sub(lambda m: m.group(1) + body.strip() + "\n" + m.group(2), text)
+        text = pat.sub(lambda m, body=body: m.group(1) + body.strip() + "\n" + m.group(2), text)
     return text
 
 

@@ -11,6 +11,7 @@ The hta rules reproduce HTA's get_idle_time_breakdown on every shared trace (cou
 
     python scripts/hta_idle_recount.py TRACE.json.gz [--hta] [--exclude-last-step]
 """
+
 from __future__ import annotations
 
 import collections
@@ -45,13 +46,17 @@ def idle(path: str, threshold=Decimal(30), hta_rules: bool = False, include_last
         events = json.loads(f.read(), parse_float=Decimal, parse_int=Decimal)["traceEvents"]
     gpu = [e for e in events if e.get("cat") in GPU_CATS and e.get("ph") == "X"]
     if not hta_rules:
-        launch = {_corr(e): e["ts"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
-                  and e.get("ph") == "X"}
+        launch = {
+            _corr(e): e["ts"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X"
+        }
         launch_ts = launch.get
     else:
         # HTA keeps events with dur and cat, not cat "Trace"; its row label is the position in traceEvents
-        kept = {i: e for i, e in enumerate(events)
-                if e.get("dur") is not None and e.get("cat") is not None and e.get("cat") != "Trace"}
+        kept = {
+            i: e
+            for i, e in enumerate(events)
+            if e.get("dur") is not None and e.get("cat") is not None and e.get("cat") != "Trace"
+        }
         cpu_by_corr = {_corr(e): i for i, e in kept.items() if _corr(e) != -1 and not _is_gpu(e)}
         step_names = {e.get("name") for e in kept.values() if "ProfilerStep" in str(e.get("name"))}
         if len(step_names) > 1:

@@ -10,6 +10,7 @@ Run with the Python of a separate venv that has HTA (never tracepipe's own env):
 Each trace is copied into a temporary directory of its own (HTA takes a trace directory) and analysed in a
 child process, so one trace that crashes HTA does not stop the others. Nothing is written next to the traces.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,10 +22,12 @@ import tempfile
 import traceback
 from pathlib import Path
 
-CALL = ("TraceAnalysis(trace_dir=D, include_last_profiler_step=True)"
-        ".get_idle_time_breakdown(ranks=[r], visualize=False, show_idle_interval_stats=True,"
-        " consecutive_kernel_delay=30)  # env HTA_DISABLE_NS_ROUNDING=1;"
-        " get_queue_length_summary(ranks=[r]); get_time_spent_blocked_on_full_queue(get_queue_length_time_series([r]))")
+CALL = (
+    "TraceAnalysis(trace_dir=D, include_last_profiler_step=True)"
+    ".get_idle_time_breakdown(ranks=[r], visualize=False, show_idle_interval_stats=True,"
+    " consecutive_kernel_delay=30)  # env HTA_DISABLE_NS_ROUNDING=1;"
+    " get_queue_length_summary(ranks=[r]); get_time_spent_blocked_on_full_queue(get_queue_length_time_series([r]))"
+)
 
 
 def _analyse(trace: str) -> dict:
@@ -51,9 +54,9 @@ def _analyse(trace: str) -> dict:
                 if not rounded:
                     pd.DataFrame.round = lambda self, *a, **k: self  # type: ignore[method-assign]
                 try:
-                    df, stats = ta.get_idle_time_breakdown(ranks=[rank], visualize=False,
-                                                           show_idle_interval_stats=True,
-                                                           consecutive_kernel_delay=30)
+                    df, stats = ta.get_idle_time_breakdown(
+                        ranks=[rank], visualize=False, show_idle_interval_stats=True, consecutive_kernel_delay=30
+                    )
                 finally:
                     pd.DataFrame.round = orig  # type: ignore[method-assign]
                 res[rounded] = (df, stats)
@@ -80,17 +83,22 @@ def _analyse(trace: str) -> dict:
         qrows = []
         if q is not None:
             for (rank, stream), r in q.iterrows():
-                qrows.append({"rank": int(rank), "stream": int(stream),
-                              "count": int(r[("queue_length", "count")]),
-                              "mean": float(r[("queue_length", "mean")]),
-                              "max": float(r[("queue_length", "max")]),
-                              "min": float(r[("queue_length", "min")])})
+                qrows.append(
+                    {
+                        "rank": int(rank),
+                        "stream": int(stream),
+                        "count": int(r[("queue_length", "count")]),
+                        "mean": float(r[("queue_length", "mean")]),
+                        "max": float(r[("queue_length", "max")]),
+                        "min": float(r[("queue_length", "min")]),
+                    }
+                )
         out["queue"] = qrows
         try:
             ts = ta.get_queue_length_time_series(ranks=ranks)
             blocked = ta.get_time_spent_blocked_on_full_queue(ts)
             out["blocked_on_full_queue"] = [] if blocked is None else json.loads(blocked.to_json(orient="records"))
-        except Exception as e:  # noqa: BLE001 - recorded, not fatal
+        except Exception as e:
             out["blocked_on_full_queue_error"] = f"{type(e).__name__}: {e}"
     return out
 
@@ -99,12 +107,20 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "--child":
         try:
             print(json.dumps(_analyse(argv[1])))
-        except Exception as e:  # noqa: BLE001
-            print(json.dumps({"trace": argv[1], "error": f"{type(e).__name__}: {e}",
-                              "traceback": traceback.format_exc().splitlines()[-6:]}))
+        except Exception as e:
+            print(
+                json.dumps(
+                    {
+                        "trace": argv[1],
+                        "error": f"{type(e).__name__}: {e}",
+                        "traceback": traceback.format_exc().splitlines()[-6:],
+                    }
+                )
+            )
         return 0
-    import hta
     from importlib.metadata import version
+
+    import hta
 
     env = dict(os.environ, HTA_DISABLE_NS_ROUNDING="1")
     results = []
@@ -114,15 +130,21 @@ def main(argv: list[str]) -> int:
         if lines:
             results.append(json.loads(lines[-1]))
         else:
-            results.append({"trace": trace, "error": f"child exited {p.returncode}",
-                            "stderr_tail": p.stderr.splitlines()[-8:]})
+            results.append(
+                {"trace": trace, "error": f"child exited {p.returncode}", "stderr_tail": p.stderr.splitlines()[-8:]}
+            )
     for r in results:  # a path relative to the shared traces folder, not this machine's
         r["trace"] = "/".join(Path(r["trace"]).parts[-2:])
-    doc = {"hta_version": version("HolisticTraceAnalysis"), "hta_module": Path(hta.__file__).parent.name,
-           "pandas_version": version("pandas"), "env": {"HTA_DISABLE_NS_ROUNDING": "1"}, "call": CALL,
-           "units": "µs (trace ts/dur units); HTA's public result is rounded to 0.01 (…_us); …_us_unrounded "
-                    "is the same call with DataFrame.round disabled",
-           "results": results}
+    doc = {
+        "hta_version": version("HolisticTraceAnalysis"),
+        "hta_module": Path(hta.__file__).parent.name,
+        "pandas_version": version("pandas"),
+        "env": {"HTA_DISABLE_NS_ROUNDING": "1"},
+        "call": CALL,
+        "units": "µs (trace ts/dur units); HTA's public result is rounded to 0.01 (…_us); …_us_unrounded "
+        "is the same call with DataFrame.round disabled",
+        "results": results,
+    }
     print(json.dumps(doc, indent=1))
     return 0
 

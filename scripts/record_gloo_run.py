@@ -34,6 +34,7 @@ Options: --world N (4) --steps K (profiled/active steps, 6) --straggler R (2)
 copies the rank files of an earlier run SRC except rank R into DIR and writes
 ``DIR.truth.json`` from ``SRC.truth.json`` with "ranks" lacking R (world_size kept).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -108,7 +109,7 @@ def run_rank(rank: int, args: argparse.Namespace, port: int, tmpdir: str) -> Non
             off = 0
             for p in model.parameters():
                 n = p.grad.numel()
-                p.grad.copy_(flat[off:off + n].view_as(p.grad))
+                p.grad.copy_(flat[off : off + n].view_as(p.grad))
                 off += n
             opt.step()
             losses = [torch.zeros(1) for _ in range(args.world)]
@@ -144,8 +145,11 @@ def check_trace(path: Path, rank: int, args: argparse.Namespace) -> list[str]:
     out = []
     for s in sorted(steps, key=lambda e: e["ts"]):
         ars = sorted(
-            (e for e in evs if e["name"] == "c10d::allreduce_" and e["tid"] == s["tid"]
-             and s["ts"] <= e["ts"] < s["ts"] + s["dur"]),
+            (
+                e
+                for e in evs
+                if e["name"] == "c10d::allreduce_" and e["tid"] == s["tid"] and s["ts"] <= e["ts"] < s["ts"] + s["dur"]
+            ),
             key=lambda e: e["ts"],
         )
         if not ars:
@@ -171,8 +175,7 @@ def derive_partial(src: Path, drop: int, out: Path) -> int:
     truth["ranks"] = [r for r in truth["ranks"] if r != drop]
     truth["notes"] = (
         f"Copy of {src.name} (identical rank files) with rank-{drop}.json.gz removed, to test "
-        f"analysis of a run with a missing rank; world_size stays {truth['world_size']}. "
-        + truth["notes"]
+        f"analysis of a run with a missing rank; world_size stays {truth['world_size']}. " + truth["notes"]
     )
     truth_path = out.parent / f"{out.name}.truth.json"
     truth_path.write_text(json.dumps(truth, indent=2) + "\n")
@@ -186,18 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=6, help="profiled (active) steps")
     ap.add_argument("--straggler", type=int, default=2)
     ap.add_argument("--delay-ms", type=float, default=20.0)
-    ap.add_argument("--delay-steps", default="3,5",
-                    help="comma list of N in ProfilerStep#N to delay")
-    ap.add_argument("--subgroup", default="",
-                    help="comma list of ranks for an extra dist.new_group all_reduce")
+    ap.add_argument("--delay-steps", default="3,5", help="comma list of N in ProfilerStep#N to delay")
+    ap.add_argument("--subgroup", default="", help="comma list of ranks for an extra dist.new_group all_reduce")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--partial-of", default="",
-                    help="derive a partial run from this earlier run dir (no recording)")
+    ap.add_argument("--partial-of", default="", help="derive a partial run from this earlier run dir (no recording)")
     ap.add_argument("--drop-rank", type=int, default=0, help="rank left out by --partial-of")
     args = ap.parse_args(argv)
     if args.partial_of:
-        return derive_partial(Path(args.partial_of).resolve(), args.drop_rank,
-                              Path(args.out).resolve())
+        return derive_partial(Path(args.partial_of).resolve(), args.drop_rank, Path(args.out).resolve())
     args.delay_steps = sorted({int(s) for s in args.delay_steps.split(",") if s.strip()})
     args.subgroup = sorted({int(s) for s in args.subgroup.split(",") if s.strip()})
     first, last = WAIT + WARMUP, WAIT + WARMUP + args.steps - 1

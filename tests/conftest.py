@@ -1,4 +1,5 @@
 """Shared fixtures: a session tmp dir, the real traces beside the project, the CLI in a subprocess."""
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ TESTS = Path(__file__).resolve().parent
 PROJECT = TESTS.parent
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
-if str(TESTS) not in sys.path:  # `import synth` from any test module
+if str(TESTS) not in sys.path:  # `import fuzz` from any test module
     sys.path.insert(0, str(TESTS))
 
 
@@ -20,9 +21,16 @@ def run_cli(args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """`python -m pipeline ARGS` in a subprocess, text output captured, no debug tracebacks."""
     env = {k: v for k, v in os.environ.items() if k != "TRACEPIPE_DEBUG"}
     env.update(kw.pop("env", {}) or {})
-    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env, cwd=kw.pop("cwd", PROJECT),
-                          **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=kw.pop("cwd", PROJECT),
+        **kw,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ absent.
 
     python tests/fuzz.py --n 1000 [--seed 1] [--seconds 600]   # `make fuzz N=100000` for a long run
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,23 +30,58 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS), str(TESTS.parent)]
 
-import synth  # noqa: E402
-
 from pipeline import cli  # noqa: E402
+from pipeline import synthetic as synth  # noqa: E402
 
 SMALL_REAL = ("hta/mi250_rocm62_minitoy", "hta/triton_example", "hta/cpu_only", "hta/old_capitalized_cats")
 FIELDS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args", "bp", "s")
-ARG_FIELDS = ("correlation", "External id", "device", "stream", "Input Dims", "Input type", "Concrete Inputs",
-              "grid", "block", "bytes", "Collective name", "In msg nelems")
-WRONG = ("", "x", "12", "1e400", "NaN", None, True, [], [1, "a"], {}, {"a": [1]}, -1, 0, 2**63, 2**70, -(2**63),
-         1.5, -0.0, 1e308, "\ud800", "é" * 20, [[[[]]]])
+ARG_FIELDS = (
+    "correlation",
+    "External id",
+    "device",
+    "stream",
+    "Input Dims",
+    "Input type",
+    "Concrete Inputs",
+    "grid",
+    "block",
+    "bytes",
+    "Collective name",
+    "In msg nelems",
+)
+WRONG = (
+    "",
+    "x",
+    "12",
+    "1e400",
+    "NaN",
+    None,
+    True,
+    [],
+    [1, "a"],
+    {},
+    {"a": [1]},
+    -1,
+    0,
+    2**63,
+    2**70,
+    -(2**63),
+    1.5,
+    -0.0,
+    1e308,
+    "\ud800",
+    "é" * 20,
+    [[[[]]]],
+)
 
 
 # ------------------------------------------------------------------ seeds
 def seeds(shared: Path | None) -> list[tuple[str, bytes]]:
     """(name, JSON text) of the traces mutated: synthetic layouts, and small real traces when present."""
-    out = [(f"synth-{layout}", synth.dumps_trace(synth.make_trace(n_steps=2, layout=layout, tricky=True)))
-           for layout in ("new", "old", "oldest")]
+    out = [
+        (f"synth-{layout}", synth.dumps_trace(synth.make_trace(n_steps=2, layout=layout, tricky=True)))
+        for layout in ("new", "old", "oldest")
+    ]
     out.append(("synth-after", synth.dumps_trace(synth.make_trace(n_steps=2, metadata_after=True))))
     out.append(("synth-ns", synth.dumps_trace(synth.make_trace(n_steps=1, ns_digits=True))))
     for name in SMALL_REAL if shared else ():
@@ -87,7 +123,7 @@ def nan_infinity(r: random.Random, b: bytes) -> bytes:
             break
         j = i + 6
         end = j
-        while end < len(b) and b[end:end + 1] in b"0123456789.-eE+":
+        while end < len(b) and b[end : end + 1] in b"0123456789.-eE+":
             end += 1
         b = b[:j] + r.choice([b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400", b"1" * 40]) + b[end:]
     return b
@@ -141,8 +177,9 @@ def deep_nesting(r: random.Random, b: bytes) -> bytes:
     e.setdefault("args", {}) if isinstance(e.get("args"), dict) else e.__setitem__("args", {})
     e["args"]["deep"] = marker
     text = _dump(d)
-    return text.replace(f'"{marker}"'.encode(), (r.choice("[{") == "[" and b"[" * n + b"]" * n)
-                        or (b'{"a":' * n + b"1" + b"}" * n))
+    return text.replace(
+        f'"{marker}"'.encode(), (r.choice("[{") == "[" and b"[" * n + b"]" * n) or (b'{"a":' * n + b"1" + b"}" * n)
+    )
 
 
 def huge_values(r: random.Random, b: bytes) -> bytes:
@@ -151,7 +188,8 @@ def huge_values(r: random.Random, b: bytes) -> bytes:
         return b
     e = r.choice([x for x in d["traceEvents"] if isinstance(x, dict)] or [{}])
     e[r.choice(("name", "cat", "ts", "dur", "pid"))] = r.choice(
-        ["S" * r.choice([10_000, 300_000]), 10**r.randint(19, 60), -(10**25), 1e300, list(range(50_000))])
+        ["S" * r.choice([10_000, 300_000]), 10 ** r.randint(19, 60), -(10**25), 1e300, list(range(50_000))]
+    )
     return _dump(d)
 
 
@@ -175,8 +213,18 @@ def break_top(r: random.Random, b: bytes) -> bytes:
     return _dump(d)
 
 
-MUTATIONS = (flip_bytes, cut, duplicate_span, invalid_utf8, nan_infinity, wrong_type, drop_key, deep_nesting,
-             huge_values, break_top)
+MUTATIONS = (
+    flip_bytes,
+    cut,
+    duplicate_span,
+    invalid_utf8,
+    nan_infinity,
+    wrong_type,
+    drop_key,
+    deep_nesting,
+    huge_values,
+    break_top,
+)
 
 
 # ------------------------------------------------------------------ running the commands
@@ -199,7 +247,7 @@ def _run(argv: list[str]) -> tuple[int, str]:
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             rc = cli.run(argv)
-        except BaseException as e:  # noqa: BLE001 - an escaped exception is the finding
+        except BaseException as e:
             return -1, f"{type(e).__name__}: {e}"
     return rc, err.getvalue()
 
@@ -211,12 +259,14 @@ def _complete(kind: str, out: Path) -> bool:
             import pyarrow.parquet as pq
 
             d = next(p for p in out.iterdir() if p.is_dir())
-            return all(pq.read_table(d / f"{t}.parquet") is not None
-                       for t in ("events", "gpu_ops", "flows", "devices", "trace"))
+            return all(
+                pq.read_table(d / f"{t}.parquet") is not None
+                for t in ("events", "gpu_ops", "flows", "devices", "trace")
+            )
         opener = gzip.open if out.name.endswith(".gz") else open
         with opener(out, "rt") as f:
             return isinstance(json.load(f).get("traceEvents"), list)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 
@@ -254,8 +304,9 @@ def check_case(path: Path, work: Path, case: str, outcome: Outcome):
             out.unlink()
 
 
-def fuzz(n: int, seed: int = 0, seconds: float | None = None, shared: Path | None = None,
-         keep: Path | None = None) -> Outcome:
+def fuzz(
+    n: int, seed: int = 0, seconds: float | None = None, shared: Path | None = None, keep: Path | None = None
+) -> Outcome:
     """Run n cases (or until `seconds` pass); failing inputs are copied into `keep` if given."""
     r = random.Random(seed)
     pool = seeds(shared)

@@ -1,5 +1,6 @@
 """`tracepipe flatten` through the CLI (subprocesses): exit codes, one-line errors, atomic output,
 and the real traces in ../shared/traces checked against an independent json.load."""
+
 from __future__ import annotations
 
 import gzip
@@ -16,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline
-import synth
 from conftest import PROJECT, run_cli
+from pipeline import synthetic as synth
+from pipeline.schema import TABLES
 
-from pipeline.schema import TABLES  # noqa: E402
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset", "mtia_ccp_events"}
 
 
@@ -172,8 +173,10 @@ def test_several_traces_worst_exit_code_wins(tmp_path):
 
 # ------------------------------------------------------------------ atomic output
 def _snapshot(d: Path) -> dict:
-    return {f.name: pq.read_table(f).drop_columns(["flattened_at"]) if f.name == "trace.parquet"
-            else pq.read_table(f) for f in sorted(d.glob("*.parquet"))}
+    return {
+        f.name: pq.read_table(f).drop_columns(["flattened_at"]) if f.name == "trace.parquet" else pq.read_table(f)
+        for f in sorted(d.glob("*.parquet"))
+    }
 
 
 def test_failure_keeps_the_previous_good_output(tmp_path):
@@ -208,9 +211,14 @@ def test_interrupt_mid_write_keeps_the_previous_output(tmp_path):
     big = big_dir / "big.json"
     synth.write_big_trace(big, 24 << 20)
     env = {k: v for k, v in os.environ.items() if k != "TRACEPIPE_DEBUG"}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "flatten", "--no-link", "-j", "1", str(big),
-                             "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=PROJECT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "flatten", "--no-link", "-j", "1", str(big), "-o", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=PROJECT,
+    )
     deadline = time.monotonic() + 60
     tmp_seen = False
     while time.monotonic() < deadline and proc.poll() is None:
@@ -247,8 +255,11 @@ def _secrets(obj, out=None):
     if isinstance(obj, dict):
         for k, v in obj.items():
             if k != "traceEvents":
-                if isinstance(v, str) and len(v) >= 8 and any(w in str(k).upper() for w in
-                                                               ("TOKEN", "SECRET", "PASSWORD", "API_KEY")):
+                if (
+                    isinstance(v, str)
+                    and len(v) >= 8
+                    and any(w in str(k).upper() for w in ("TOKEN", "SECRET", "PASSWORD", "API_KEY"))
+                ):
                     out.append(v)
                 _secrets(v, out)
     elif isinstance(obj, list):

@@ -4,6 +4,7 @@
 the dict builders build from orjson's parse of the same text (`build_chunk` with the raw args),
 and `build_from_text` must always equal the dict builders' result.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,23 +43,72 @@ def chunk(events: list, indent: int | None = None) -> bytes:
 
 
 PLAIN = [
-    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 8, "ts": 1.5, "dur": 2.25,
-     "args": {"External id": 3, "Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}},
-    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 7, "tid": 8, "ts": 2, "dur": 1,
-     "args": {"External id": 3, "correlation": 11}},
+    {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": "aten::mm",
+        "pid": 7,
+        "tid": 8,
+        "ts": 1.5,
+        "dur": 2.25,
+        "args": {"External id": 3, "Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]},
+    },
+    {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 7,
+        "tid": 8,
+        "ts": 2,
+        "dur": 1,
+        "args": {"External id": 3, "correlation": 11},
+    },
     {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 11, "pid": 7, "tid": 8, "ts": 2},
     {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 11, "pid": 0, "tid": 7, "ts": 5, "bp": "e"},
-    {"ph": "X", "cat": "kernel", "name": "sgemm", "pid": 0, "tid": 7, "ts": 5, "dur": 3.5,
-     "args": {"device": 0, "stream": 7, "correlation": 11, "External id": 3, "grid": [4, 1, 1],
-              "block": [128, 1, 1], "registers per thread": 32, "shared memory": 0,
-              "warps per SM": 1.5, "est. achieved occupancy %": 12}},
-    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": 7, "ts": 9, "dur": 1,
-     "args": {"device": 0, "stream": 7, "correlation": 12, "bytes": 4096, "memory bandwidth (GB/s)": 4.1}},
+    {
+        "ph": "X",
+        "cat": "kernel",
+        "name": "sgemm",
+        "pid": 0,
+        "tid": 7,
+        "ts": 5,
+        "dur": 3.5,
+        "args": {
+            "device": 0,
+            "stream": 7,
+            "correlation": 11,
+            "External id": 3,
+            "grid": [4, 1, 1],
+            "block": [128, 1, 1],
+            "registers per thread": 32,
+            "shared memory": 0,
+            "warps per SM": 1.5,
+            "est. achieved occupancy %": 12,
+        },
+    },
+    {
+        "ph": "X",
+        "cat": "gpu_memcpy",
+        "name": "Memcpy HtoD",
+        "pid": 0,
+        "tid": 7,
+        "ts": 9,
+        "dur": 1,
+        "args": {"device": 0, "stream": 7, "correlation": 12, "bytes": 4096, "memory bandwidth (GB/s)": 4.1},
+    },
     {"ph": "i", "cat": "cpu_instant_event", "name": "mark", "pid": 7, "tid": 8, "ts": 3, "s": "t"},
     {"ph": "M", "name": "process_name", "pid": "Spans", "args": {"name": "python"}},
     {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 7, "tid": 8, "ts": 4, "dur": 1, "args": None},
-    {"ph": "X", "cat": "Kernel", "name": "old", "pid": 0, "tid": 7, "ts": 6, "dur": 1,
-     "args": {"device": 0, "external id": 5, "correlation": 13}},
+    {
+        "ph": "X",
+        "cat": "Kernel",
+        "name": "old",
+        "pid": 0,
+        "tid": 7,
+        "ts": 6,
+        "dur": 1,
+        "args": {"device": 0, "external id": 5, "correlation": 13},
+    },
 ]
 
 
@@ -129,24 +179,60 @@ def test_real_traces_take_the_struct_path(shared_traces):
 # ------------------------------------------------------------------ random events
 _ids = st.one_of(st.none(), st.integers(-(2**63), 2**64), st.text(max_size=3), st.floats(allow_nan=False))
 _times = st.one_of(st.none(), st.integers(-(10**16), 10**16), st.floats(-1e13, 1e13), st.text(max_size=3))
-_strings = st.one_of(st.none(), st.sampled_from(["X", "s", "f", "i", "kernel", "cpu_op", "ac2g", "é\"\\"]),
-                     st.integers(0, 3))
-_arg_values = st.one_of(st.none(), st.integers(-(2**63), 2**63), st.floats(allow_nan=False, allow_infinity=False),
-                        st.text(max_size=4), st.lists(st.integers(0, 9), max_size=4))
-_args = st.one_of(st.none(), st.dictionaries(
-    st.sampled_from(["correlation", "External id", "external id", "device", "stream", "grid", "block",
-                     "bytes", "warps per SM", "Input Dims", "x"]), _arg_values, max_size=5),
-    st.lists(st.integers(), max_size=2))
-_event = st.fixed_dictionaries({}, optional={
-    "ph": _strings, "cat": st.one_of(_strings, st.sampled_from(sorted(GPU_KINDS))), "name": _strings,
-    "pid": _ids, "tid": _ids, "ts": _times, "dur": _times, "id": _ids, "args": _args,
-    "bp": st.one_of(st.none(), st.sampled_from(["e", "s", 'q"'])), "s": st.sampled_from(["t", "p"]),
-    "tts": st.integers(0, 5)})
+_strings = st.one_of(
+    st.none(), st.sampled_from(["X", "s", "f", "i", "kernel", "cpu_op", "ac2g", 'é"\\']), st.integers(0, 3)
+)
+_arg_values = st.one_of(
+    st.none(),
+    st.integers(-(2**63), 2**63),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=4),
+    st.lists(st.integers(0, 9), max_size=4),
+)
+_args = st.one_of(
+    st.none(),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "correlation",
+                "External id",
+                "external id",
+                "device",
+                "stream",
+                "grid",
+                "block",
+                "bytes",
+                "warps per SM",
+                "Input Dims",
+                "x",
+            ]
+        ),
+        _arg_values,
+        max_size=5,
+    ),
+    st.lists(st.integers(), max_size=2),
+)
+_event = st.fixed_dictionaries(
+    {},
+    optional={
+        "ph": _strings,
+        "cat": st.one_of(_strings, st.sampled_from(sorted(GPU_KINDS))),
+        "name": _strings,
+        "pid": _ids,
+        "tid": _ids,
+        "ts": _times,
+        "dur": _times,
+        "id": _ids,
+        "args": _args,
+        "bp": st.one_of(st.none(), st.sampled_from(["e", "s", 'q"'])),
+        "s": st.sampled_from(["t", "p"]),
+        "tts": st.integers(0, 5),
+    },
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.one_of(_event, st.integers(), st.just(None)), min_size=1, max_size=12),
-       st.sampled_from([None, 1]))
+@given(st.lists(st.one_of(_event, st.integers(), st.just(None)), min_size=1, max_size=12), st.sampled_from([None, 1]))
 def test_build_from_text_equals_the_dict_builders(events, indent):
     text = chunk(events, indent)
     try:
@@ -156,18 +242,34 @@ def test_build_from_text_equals_the_dict_builders(events, indent):
     assert_same(build_from_text(text), expected)
 
 
-_plain_event = st.fixed_dictionaries({"ph": st.sampled_from(["X", "s", "f", "i", "M"])}, optional={
-    "cat": st.sampled_from(["cpu_op", "kernel", "gpu_memcpy", "ac2g", "cuda_runtime", "Kernel"]),
-    "name": st.text(max_size=6), "pid": st.one_of(st.integers(0, 2**31), st.text(max_size=3)),
-    "tid": st.integers(-(2**31), 2**31), "ts": st.one_of(st.integers(0, 4 * 10**12), st.floats(0, 4e12)),
-    "dur": st.floats(0, 1e6), "id": st.integers(0, 2**40),
-    "args": st.fixed_dictionaries({}, optional={
-        "correlation": st.integers(0, 2**40), "External id": st.integers(0, 2**40), "device": st.integers(0, 8),
-        "stream": st.integers(0, 99), "grid": st.lists(st.integers(1, 2**20), min_size=3, max_size=3),
-        "block": st.lists(st.integers(1, 1024), min_size=3, max_size=3), "bytes": st.integers(0, 2**40),
-        "warps per SM": st.floats(0, 64), "Input Dims": st.lists(st.lists(st.integers(0, 9), max_size=3)),
-        "Concrete Inputs": st.lists(st.text(max_size=4), max_size=3)}),
-    "bp": st.sampled_from(["e", "s"])})
+_plain_event = st.fixed_dictionaries(
+    {"ph": st.sampled_from(["X", "s", "f", "i", "M"])},
+    optional={
+        "cat": st.sampled_from(["cpu_op", "kernel", "gpu_memcpy", "ac2g", "cuda_runtime", "Kernel"]),
+        "name": st.text(max_size=6),
+        "pid": st.one_of(st.integers(0, 2**31), st.text(max_size=3)),
+        "tid": st.integers(-(2**31), 2**31),
+        "ts": st.one_of(st.integers(0, 4 * 10**12), st.floats(0, 4e12)),
+        "dur": st.floats(0, 1e6),
+        "id": st.integers(0, 2**40),
+        "args": st.fixed_dictionaries(
+            {},
+            optional={
+                "correlation": st.integers(0, 2**40),
+                "External id": st.integers(0, 2**40),
+                "device": st.integers(0, 8),
+                "stream": st.integers(0, 99),
+                "grid": st.lists(st.integers(1, 2**20), min_size=3, max_size=3),
+                "block": st.lists(st.integers(1, 1024), min_size=3, max_size=3),
+                "bytes": st.integers(0, 2**40),
+                "warps per SM": st.floats(0, 64),
+                "Input Dims": st.lists(st.lists(st.integers(0, 9), max_size=3)),
+                "Concrete Inputs": st.lists(st.text(max_size=4), max_size=3),
+            },
+        ),
+        "bp": st.sampled_from(["e", "s"]),
+    },
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -183,14 +285,18 @@ def test_plain_events_always_take_the_struct_path(events, indent):
 def by_exact_parse(text: bytes) -> ChunkTables:
     """The tables of the careful path: ijson's exact Decimals, converted by `us_to_ns`."""
     from pipeline.read.chunks import parse_chunk_exact
+
     return build_chunk(parse_chunk_exact(text), None, raw_args_of(text))
 
 
 _big_ts = st.one_of(
-    st.builds(lambda whole, digits: f"{whole}.{digits}" if digits else str(whole),
-              st.integers(4_390_000_000_000, 2**53),  # an int beyond 2**53 beside floats: see below
-              st.one_of(st.just(""), st.from_regex(r"[0-9]{1,6}", fullmatch=True))),
-    st.none())  # no ts key
+    st.builds(
+        lambda whole, digits: f"{whole}.{digits}" if digits else str(whole),
+        st.integers(4_390_000_000_000, 2**53),  # an int beyond 2**53 beside floats: see below
+        st.one_of(st.just(""), st.from_regex(r"[0-9]{1,6}", fullmatch=True)),
+    ),
+    st.none(),
+)  # no ts key
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -226,12 +332,25 @@ def test_epoch_timestamps_beside_ints_and_huge_ints():
 
 
 def test_sub_nanosecond_digits_round_half_to_even():
-    text = b",".join(b'{"ph": "X", "ts": %s}' % t for t in (
-        b"4458693246765.2705", b"4458693246765.2715", b"4458693246765.27051", b"4458693246765.2704999", b"4458693246765"))
+    text = b",".join(
+        b'{"ph": "X", "ts": %s}' % t
+        for t in (
+            b"4458693246765.2705",
+            b"4458693246765.2715",
+            b"4458693246765.27051",
+            b"4458693246765.2704999",
+            b"4458693246765",
+        )
+    )
     fast = tables_by_struct(text)
     assert fast is not None
     assert fast.events.column("ts_ns").to_pylist() == [
-        4458693246765270, 4458693246765272, 4458693246765271, 4458693246765270, 4458693246765000]
+        4458693246765270,
+        4458693246765272,
+        4458693246765271,
+        4458693246765270,
+        4458693246765000,
+    ]
 
 
 def test_timestamp_texts_that_are_no_plain_numbers_decline():
@@ -247,6 +366,7 @@ def test_epoch_timestamps_with_three_decimals_and_int64_edges():
     """Epoch µs with three decimals (Kineto's form: 19 digits) are read as one integer; digits
     beyond an int64, or exactly -2**63, are read whole and decimals apart; all as Decimal rounds."""
     from decimal import Decimal
+
     texts = ["1712195495519695.812", "-1712195495519695.8125", "999999999999.99999995", "-0.9223372036854775808", "7"]
     got = ns_of_decimal_texts(pa.array(texts)).to_pylist()
     assert got == [int((Decimal(t) * 1000).to_integral_value()) for t in texts]

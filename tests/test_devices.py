@@ -1,4 +1,5 @@
 """Device-spec table and device matching (pipeline/devices.py, data/device_specs.csv)."""
+
 from __future__ import annotations
 
 import re
@@ -69,6 +70,7 @@ def device_frame(*rows) -> pl.DataFrame:
 
 # ---- matching by name
 
+
 @pytest.mark.parametrize("name, expected", NAMES.items())
 def test_real_names_match(specs, name, expected):
     m = dv.match_device(name, {}, specs)
@@ -108,6 +110,7 @@ def test_a100_memory_variant_refined_by_properties(specs):
 
 # ---- matching by properties, unknown, forced
 
+
 def test_generic_name_matches_by_properties(specs):
     m = dv.match_device("AMD Radeon Graphics", MI250_GCD_PROPS, specs)
     assert (m["spec_name"], m["match"]) == ("AMD Instinct MI250 (single GCD)", "properties")
@@ -144,8 +147,10 @@ def test_null_device_is_unknown(specs):
 def test_force_by_spec_name_and_by_pattern(specs):
     m = dv.match_device("NVIDIA H100 80GB HBM3", {}, specs, force="NVIDIA H100 PCIe 80GB")
     assert (m["spec_name"], m["match"]) == ("NVIDIA H100 PCIe 80GB", "forced")
-    assert dv.match_device("Foo GPU 9000", {}, specs, force="nvidia h100 pcie 80gb")["spec_name"] == \
-        "NVIDIA H100 PCIe 80GB"
+    assert (
+        dv.match_device("Foo GPU 9000", {}, specs, force="nvidia h100 pcie 80gb")["spec_name"]
+        == "NVIDIA H100 PCIe 80GB"
+    )
     assert dv.match_device(None, {}, specs, force="MI300X")["spec_name"] == "AMD Instinct MI300X"
 
 
@@ -176,6 +181,7 @@ def test_match_specs_shape_and_types(specs):
 
 # ---- user CSV
 
+
 def write_user_csv(path, rows: list[dict]) -> str:
     base = {c: "" for c in dv.SPEC_SCHEMA}
     pl.DataFrame([{**base, **r} for r in rows], schema={c: pl.String for c in dv.SPEC_SCHEMA}).write_csv(path)
@@ -184,11 +190,22 @@ def write_user_csv(path, rows: list[dict]) -> str:
 
 def test_user_csv_overrides_and_adds(tmp_path, specs):
     h100 = {k: "" if v is None else str(v) for k, v in spec(specs, "NVIDIA H100 SXM5 80GB").items()}
-    extra = write_user_csv(tmp_path / "mine.csv", [
-        {**h100, "peak_bf16_tflops": "900", "source": "measured"},
-        {"spec_name": "Foo GPU 9000", "vendor": "Foo", "name_regex": r"Foo GPU \d+", "sm_count": "7",
-         "memory_gb": "8", "peak_bw_gbps": "100", "peak_bf16_tflops": "50", "source": "vendor sheet"},
-    ])
+    extra = write_user_csv(
+        tmp_path / "mine.csv",
+        [
+            {**h100, "peak_bf16_tflops": "900", "source": "measured"},
+            {
+                "spec_name": "Foo GPU 9000",
+                "vendor": "Foo",
+                "name_regex": r"Foo GPU \d+",
+                "sm_count": "7",
+                "memory_gb": "8",
+                "peak_bw_gbps": "100",
+                "peak_bf16_tflops": "50",
+                "source": "vendor sheet",
+            },
+        ],
+    )
     merged = dv.load_specs(extra)
     assert merged.height == specs.height + 1
     assert merged["spec_name"].n_unique() == merged.height
@@ -198,11 +215,14 @@ def test_user_csv_overrides_and_adds(tmp_path, specs):
     assert (foo["spec_name"], foo["peak_bw_gbps"], foo["peak_fp8_tflops"]) == ("Foo GPU 9000", 100.0, None)
 
 
-@pytest.mark.parametrize("content", [
-    "spec_name,vendor\nX,Y\n",  # missing columns
-    None,  # non-numeric peak
-    "",  # empty file
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "spec_name,vendor\nX,Y\n",  # missing columns
+        None,  # non-numeric peak
+        "",  # empty file
+    ],
+)
 def test_bad_user_csv_raises(tmp_path, content):
     path = tmp_path / "bad.csv"
     if content is None:
@@ -221,6 +241,7 @@ def test_bad_user_regex_and_missing_file_raise(tmp_path):
 
 
 # ---- the bundled table itself
+
 
 def test_bundled_rows_are_complete(specs):
     assert specs["spec_name"].n_unique() == specs.height
@@ -263,13 +284,26 @@ def test_every_row_reachable_by_force(specs):
 
 # ---- peak_for_dtype, markdown
 
-@pytest.mark.parametrize("dtype, col", [
-    ("fp8", "peak_fp8_tflops"), ("e4m3", "peak_fp8_tflops"), ("e5m2", "peak_fp8_tflops"),
-    ("bf16", "peak_bf16_tflops"), ("fp16", "peak_fp16_tflops"), ("half", "peak_fp16_tflops"),
-    ("tf32", "peak_tf32_tflops"), ("fp32", "peak_fp32_tflops"), ("float", "peak_fp32_tflops"),
-    ("fp64", "peak_fp64_tflops"), ("double", "peak_fp64_tflops"), ("int8", "peak_int8_tops"),
-    ("complex32", "peak_bf16_tflops"), (None, "peak_bf16_tflops"),
-])
+
+@pytest.mark.parametrize(
+    "dtype, col",
+    [
+        ("fp8", "peak_fp8_tflops"),
+        ("e4m3", "peak_fp8_tflops"),
+        ("e5m2", "peak_fp8_tflops"),
+        ("bf16", "peak_bf16_tflops"),
+        ("fp16", "peak_fp16_tflops"),
+        ("half", "peak_fp16_tflops"),
+        ("tf32", "peak_tf32_tflops"),
+        ("fp32", "peak_fp32_tflops"),
+        ("float", "peak_fp32_tflops"),
+        ("fp64", "peak_fp64_tflops"),
+        ("double", "peak_fp64_tflops"),
+        ("int8", "peak_int8_tops"),
+        ("complex32", "peak_bf16_tflops"),
+        (None, "peak_bf16_tflops"),
+    ],
+)
 def test_peak_for_dtype(specs, dtype, col):
     h100 = spec(specs, "NVIDIA H100 SXM5 80GB")
     assert dv.peak_for_dtype(h100, dtype) == h100[col]

@@ -1,4 +1,5 @@
 """The README's generated sections (schemas, formulas, devices) match the code and data."""
+
 import importlib.util
 from pathlib import Path
 

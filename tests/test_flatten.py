@@ -1,4 +1,5 @@
 """flatten: typed tables from synthetic traces; wrong types counted, secrets redacted, parallel = serial."""
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline
-import synth
 from conftest import run_cli
+from pipeline import synthetic as synth
 from pipeline.flatten import flatten
-
-from pipeline.schema import TABLES  # noqa: E402
+from pipeline.schema import TABLES
 
 
 def tables(out_dir) -> dict:
@@ -71,8 +71,18 @@ def test_string_pid_tid_kept(tmp_path):
 
 def test_unknown_keys_kept(tmp_path):
     extra = [
-        {"ph": "X", "cat": "cpu_op", "name": "custom", "pid": 1, "tid": 2, "ts": 10.5, "dur": 1.25,
-         "args": {"my arg": {"deep": [1, {"x": None}]}, "External id": 7}, "tts": 99, "color": "good"},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "custom",
+            "pid": 1,
+            "tid": 2,
+            "ts": 10.5,
+            "dur": 1.25,
+            "args": {"my arg": {"deep": [1, {"x": None}]}, "External id": 7},
+            "tts": 99,
+            "color": "good",
+        },
         {"ph": "i", "s": "p", "name": "short", "pid": 1, "ts": 11},  # few keys, one unknown
         {"ph": "C", "name": "mem", "pid": 1, "ts": 12, "args": {"bytes": 5}, "id2": {"local": "0x1"}},
     ]
@@ -102,8 +112,14 @@ def test_gpu_ops_rows_for_each_gpu_cat(tmp_path, layout):
     assert r.n_gpu_ops == len(g) == len(want) == 2 * (3 + 2)
     cats = synth.GPU_CATS_BY_LAYOUT[layout]
     assert {x["cat"] for x in g} == set(cats.values())
-    kinds = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "Kernel": "kernel",
-             "Memcpy": "memcpy", "Memset": "memset"}
+    kinds = {
+        "kernel": "kernel",
+        "gpu_memcpy": "memcpy",
+        "gpu_memset": "memset",
+        "Kernel": "kernel",
+        "Memcpy": "memcpy",
+        "Memset": "memset",
+    }
     for x, (i, e) in zip(g, want):
         a = e["args"]
         assert x["event_idx"] == i
@@ -128,10 +144,26 @@ def test_gpu_ops_rows_for_each_gpu_cat(tmp_path, layout):
 
 def test_mtia_and_lowercase_copy_cats(tmp_path):
     extra = [
-        {"ph": "X", "cat": "mtia_ccp_events", "name": "mtia_kernel", "pid": 5, "tid": 1, "ts": 20.0, "dur": 3.5,
-         "args": {"correlation": 9}},
-        {"ph": "X", "cat": "memcpy", "name": "cpy", "pid": 0, "tid": 7, "ts": 21.0, "dur": 1.0,
-         "args": {"device": 0, "bytes": 64}},
+        {
+            "ph": "X",
+            "cat": "mtia_ccp_events",
+            "name": "mtia_kernel",
+            "pid": 5,
+            "tid": 1,
+            "ts": 20.0,
+            "dur": 3.5,
+            "args": {"correlation": 9},
+        },
+        {
+            "ph": "X",
+            "cat": "memcpy",
+            "name": "cpy",
+            "pid": 0,
+            "tid": 7,
+            "ts": 21.0,
+            "dur": 1.0,
+            "args": {"device": 0, "bytes": 64},
+        },
         {"ph": "X", "cat": "kernel", "name": "no args", "pid": 0, "tid": 7, "ts": 22.0, "dur": 1.0},
         {"ph": "i", "cat": "kernel", "name": "instant, not an op", "pid": 0, "tid": 7, "ts": 23.0},
     ]
@@ -169,14 +201,16 @@ def test_flows_rows(tmp_path, layout):
 
 
 def test_no_flows_and_string_flow_ids(tmp_path):
-    extra = [{"ph": "s", "id": "0x1f", "pid": "Spans", "tid": "t", "ts": 1, "cat": "x", "name": "x"},
-             {"ph": "t", "id": 2 ** 64 - 1, "pid": 1, "tid": 1, "ts": 2, "cat": "x", "name": "x"}]
+    extra = [
+        {"ph": "s", "id": "0x1f", "pid": "Spans", "tid": "t", "ts": 1, "cat": "x", "name": "x"},
+        {"ph": "t", "id": 2**64 - 1, "pid": 1, "tid": 1, "ts": 2, "cat": "x", "name": "x"},
+    ]
     trace = synth.make_trace(n_steps=1, with_flows=False, extra_events=extra)
     _, t = flat(trace, tmp_path)
     f = t["flows"].to_pylist()
     assert len(f) == 2
     assert (f[0]["id"], f[0]["id_str"], f[0]["pid_str"], f[0]["tid_str"]) == (None, "0x1f", "Spans", "t")
-    assert (f[1]["id"], f[1]["id_str"], f[1]["ph"]) == (None, str(2 ** 64 - 1), "t")  # beyond int64: text
+    assert (f[1]["id"], f[1]["id_str"], f[1]["ph"]) == (None, str(2**64 - 1), "t")  # beyond int64: text
 
 
 # ------------------------------------------------------------------ devices and trace row
@@ -185,8 +219,11 @@ def test_devices_rows(tmp_path):
     r, t = flat(trace, tmp_path)
     d = sorted(t["devices"].to_pylist(), key=lambda x: x["device"])
     assert r.n_devices == len(d) == 3
-    assert [(x["device"], x["source"]) for x in d] == [(0, "deviceProperties"), (1, "deviceProperties"),
-                                                        (3, "gpu_events")]
+    assert [(x["device"], x["source"]) for x in d] == [
+        (0, "deviceProperties"),
+        (1, "deviceProperties"),
+        (3, "gpu_events"),
+    ]
     p = d[0]
     assert p["name"] == "NVIDIA A100-SXM4-80GB" and p["num_sms"] == 108 and p["total_global_mem"] == 85031714816
     assert (p["compute_major"], p["compute_minor"], p["warp_size"]) == (8, 0, 32)
@@ -199,7 +236,8 @@ def test_devices_without_device_properties(tmp_path):
     trace = synth.make_trace(device_props=False, gpu_devices=(2,))
     _, t = flat(trace, tmp_path)
     assert t["devices"].to_pylist() and [(x["device"], x["source"]) for x in t["devices"].to_pylist()] == [
-        (2, "gpu_events")]
+        (2, "gpu_events")
+    ]
     cpu = synth.make_trace(layout="oldest", n_steps=0)
     _, t = flat(cpu, tmp_path, name="cpu")
     assert t["devices"].num_rows == 0
@@ -296,7 +334,7 @@ def test_wrong_types_are_counted_never_a_traceback(tmp_path, chunk_bytes):
     assert rows["bool ts"]["ts_ns"] is None
     # non-object elements: a row each, the element kept in extra_json
     others = [x for x in t["events"].to_pylist() if x["ph"] is None and x["name"] is None]
-    assert sorted(x["extra_json"] for x in others) == sorted(['5', '"a string"', 'null', '[1,{"ph":"X"}]'])
+    assert sorted(x["extra_json"] for x in others) == sorted(["5", '"a string"', "null", '[1,{"ph":"X"}]'])
     assert rows["args list"]["args_json"] == "[1,2]" and rows["args string"]["args_json"] == '"x"'
     g = {x["name"]: x for x in t["gpu_ops"].to_pylist()}
     assert set(g) == {"args list", "args string", "string device"}
@@ -362,10 +400,17 @@ SECRETS = {
 
 
 def secret_metadata():
-    return {"metadata": {"env": {"HF_TOKEN": SECRETS["HF_TOKEN"], "PATH": "/usr/bin",
-                                 "nested": [{"api_key": SECRETS["api_key"]}, {"note": SECRETS["harmless_looking"]}]},
-                         "db": {"password": SECRETS["password"], "user": "bob"}},
-            "AWS_SECRET_ACCESS_KEY": SECRETS["AWS_SECRET_ACCESS_KEY"]}
+    return {
+        "metadata": {
+            "env": {
+                "HF_TOKEN": SECRETS["HF_TOKEN"],
+                "PATH": "/usr/bin",
+                "nested": [{"api_key": SECRETS["api_key"]}, {"note": SECRETS["harmless_looking"]}],
+            },
+            "db": {"password": SECRETS["password"], "user": "bob"},
+        },
+        "AWS_SECRET_ACCESS_KEY": SECRETS["AWS_SECRET_ACCESS_KEY"],
+    }
 
 
 @pytest.mark.parametrize("metadata_after", [False, True])
@@ -446,19 +491,26 @@ def test_memory_stays_bounded_on_a_large_trace(tmp_path):
     mid = tmp_path / "mid.json"
     synth.write_big_trace(mid, 30 << 20)
     small = synth.write_trace(synth.make_trace(n_steps=20), tmp_path / "small.json")
-    cp = subprocess.run([sys.executable, "-c", MEM_SCRIPT, str(p), str(mid), str(small), str(tmp_path / "out"),
-                         str(n)], capture_output=True, text=True, timeout=900)
+    cp = subprocess.run(
+        [sys.executable, "-c", MEM_SCRIPT, str(p), str(mid), str(small), str(tmp_path / "out"), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert cp.returncode == 0, cp.stderr
     base, warm, peak = map(int, cp.stdout.split())
     total, extra = peak - base, peak - warm
-    msg = (f"peak RSS grew by {total >> 20} MB on a {size >> 20} MB trace, "
-           f"{extra >> 20} MB more than on a {mid.stat().st_size >> 20} MB one")
+    msg = (
+        f"peak RSS grew by {total >> 20} MB on a {size >> 20} MB trace, "
+        f"{extra >> 20} MB more than on a {mid.stat().st_size >> 20} MB one"
+    )
     assert extra < size // 4, msg  # bounded: 5x the input costs (almost) no more memory
     assert total < size, msg  # and the working set itself is below the file size
 
 
 def _peak_summed_pss(cmd: list, timeout: float = 600) -> tuple[int, float]:
     """(exit code, peak summed PSS in MB of the command's process group), sampled every 20 ms."""
+
     def pss(pgid: int) -> int:
         total = 0
         for d in os.listdir("/proc"):
@@ -468,6 +520,7 @@ def _peak_summed_pss(cmd: list, timeout: float = 600) -> tuple[int, float]:
             except (OSError, ValueError, IndexError, StopIteration):
                 continue
         return total
+
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     peak, t0 = 0, time.monotonic()
     while p.poll() is None and time.monotonic() - t0 < timeout:
@@ -487,8 +540,9 @@ def test_whole_flatten_memory_does_not_grow_with_the_trace(tmp_path):
     synth.write_big_trace(big, 160 << 20)
     peaks = {}
     for p in (small, big):
-        rc, peaks[p.name] = _peak_summed_pss([sys.executable, "-m", "pipeline", "flatten", str(p), "-o",
-                                               str(tmp_path / "out"), "-j", "2", "-q"])
+        rc, peaks[p.name] = _peak_summed_pss(
+            [sys.executable, "-m", "pipeline", "flatten", str(p), "-o", str(tmp_path / "out"), "-j", "2", "-q"]
+        )
         assert rc == 0
     grew = peaks["big.json"] - peaks["small.json"]
     assert grew < 60, f"peak summed PSS {peaks}: {grew:.0f} MB more for 120 MB more trace"

@@ -1,5 +1,6 @@
 """The fuzz suite at CI size: seeded mutations of real and synthetic traces through flatten,
 augment, analyze and combine (see tests/fuzz.py; `make fuzz N=100000` for a long run)."""
+
 from __future__ import annotations
 
 import pytest

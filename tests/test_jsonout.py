@@ -1,4 +1,5 @@
 """augment and combine: streamed JSON output (pipeline.jsonout, pipeline.augment, pipeline.combine)."""
+
 from __future__ import annotations
 
 import gzip
@@ -12,12 +13,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline.rewrite.augment import COST_ARGS, augment, with_costs
-from pipeline.rewrite.combine import combine
 from pipeline.errors import DatasetError, UsageError
 from pipeline.flatten import flatten
-from pipeline.rewrite.jsonout import TraceWriter
 from pipeline.redact import redact
+from pipeline.rewrite.augment import COST_ARGS, augment, with_costs
+from pipeline.rewrite.combine import combine
+from pipeline.rewrite.jsonout import TraceWriter
 
 SHARED_TRACES = Path(__file__).resolve().parents[2].joinpath("shared/traces")
 real = pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="no ../shared/traces beside the project")
@@ -31,34 +32,81 @@ def events(pid=4242, corr=77, ext=5, t0=1000):
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python3"}},
         {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "python3"}},
         {"ph": "M", "name": "process_labels", "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": pid, "tid": pid, "ts": t0, "dur": 50,
-         "args": {"External id": ext, "Input Dims": [[64, 128], [128, 256]], "Input type": ["float", "float"],
-                  "Input Strides": [[128, 1], [256, 1]], "Concrete Inputs": ["", ""]}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": pid, "ts": t0 + 10,
-         "dur": 5, "args": {"External id": ext, "correlation": corr, "cbid": 211}},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": pid,
+            "tid": pid,
+            "ts": t0,
+            "dur": 50,
+            "args": {
+                "External id": ext,
+                "Input Dims": [[64, 128], [128, 256]],
+                "Input type": ["float", "float"],
+                "Input Strides": [[128, 1], [256, 1]],
+                "Concrete Inputs": ["", ""],
+            },
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": pid,
+            "tid": pid,
+            "ts": t0 + 10,
+            "dur": 5,
+            "args": {"External id": ext, "correlation": corr, "cbid": 211},
+        },
         {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": corr, "pid": pid, "tid": pid, "ts": t0 + 10},
         {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": corr, "pid": 0, "tid": 7, "ts": t0 + 100, "bp": "e"},
-        {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_64x64_nn", "pid": 0, "tid": 7, "ts": t0 + 100,
-         "dur": 20.5, "args": {"External id": ext, "correlation": corr, "device": 0, "stream": 7,
-                               "grid": [64, 1, 1], "block": [128, 1, 1]}},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "ampere_sgemm_64x64_nn",
+            "pid": 0,
+            "tid": 7,
+            "ts": t0 + 100,
+            "dur": 20.5,
+            "args": {
+                "External id": ext,
+                "correlation": corr,
+                "device": 0,
+                "stream": 7,
+                "grid": [64, 1, 1],
+                "block": [128, 1, 1],
+            },
+        },
         {"ph": "i", "cat": "cpu_instant_event", "name": "marker", "pid": "Spans", "tid": 1, "ts": t0 + 1, "s": "t"},
     ]
 
 
-DEVICE = {"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85899345920, "computeMajor": 8,
-          "computeMinor": 0, "numSms": 108, "warpSize": 32, "maxThreadsPerBlock": 1024, "sharedMemPerBlock": 49152}
+DEVICE = {
+    "id": 0,
+    "name": "NVIDIA A100-SXM4-80GB",
+    "totalGlobalMem": 85899345920,
+    "computeMajor": 8,
+    "computeMinor": 0,
+    "numSms": 108,
+    "warpSize": 32,
+    "maxThreadsPerBlock": 1024,
+    "sharedMemPerBlock": 49152,
+}
 
 
 def write_trace(path: Path, evs: list, rank=0, big_float=True) -> Path:
     """A trace with metadata both before and after traceEvents (as Kineto writes it)."""
     before = {"schemaVersion": 1, "deviceProperties": [DEVICE]}
-    after = {"distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2},
-             "traceName": str(path), "baseTimeNanoseconds": 1700000000000000000}
+    after = {
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2},
+        "traceName": str(path),
+        "baseTimeNanoseconds": 1700000000000000000,
+    }
     body = ",\n".join(json.dumps(e) for e in evs)
     if big_float:  # an exact-decimal timestamp, kept as text
-        body += ',\n{"ph": "X", "cat": "user_annotation", "name": "big", "pid": 1, "tid": 1, "ts": %s, "dur": 1}' % BIG_TS
-    text = ("{" + json.dumps(before)[1:-1] + ', "traceEvents": [\n' + body + "\n], "
-            + json.dumps(after)[1:-1] + "}")
+        big = {"ph": "X", "cat": "user_annotation", "name": "big", "pid": 1, "tid": 1, "ts": "@", "dur": 1}
+        body += ",\n" + json.dumps(big).replace('"@"', BIG_TS)
+    text = "{" + json.dumps(before)[1:-1] + ', "traceEvents": [\n' + body + "\n], " + json.dumps(after)[1:-1] + "}"
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "wt") as f:
         f.write(text)
@@ -80,8 +128,12 @@ def fake_costs(trace: Path, tmp: Path) -> tuple[Path, dict]:
     flat = flatten(trace, tmp / "flat", link=False).out_dir
     g = pl.read_parquet(flat / "gpu_ops.parquet").with_columns(
         flops=pl.when(pl.col("kind") == "kernel").then((pl.col("event_idx") + 1) * 1e6),
-        bytes=pl.lit(3e6), achieved_flops_pct=pl.lit(41.5), achieved_bw_pct=pl.lit(12.25),
-        arithmetic_intensity=pl.lit(0.5), roofline_bound=pl.lit("memory"))
+        bytes=pl.lit(3e6),
+        achieved_flops_pct=pl.lit(41.5),
+        achieved_bw_pct=pl.lit(12.25),
+        arithmetic_intensity=pl.lit(0.5),
+        roofline_bound=pl.lit("memory"),
+    )
     g.write_parquet(flat / "gpu_ops.parquet")
     costed = g.filter(pl.col("kind") == "kernel")
     return flat, {i: f for i, f in zip(costed["event_idx"], costed["flops"])}
@@ -124,8 +176,11 @@ def test_writer_metadata_before_and_after(tmp_path):
         w.write([])
         w.write([{"ph": "X", "ts": 2}, {"ph": "X", "ts": 3}])
         w.tail = {"distributedInfo": {"rank": 0}}
-    assert load(out) == {"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": i} for i in (1, 2, 3)],
-                         "distributedInfo": {"rank": 0}}
+    assert load(out) == {
+        "schemaVersion": 1,
+        "traceEvents": [{"ph": "X", "ts": i} for i in (1, 2, 3)],
+        "distributedInfo": {"rank": 0},
+    }
     assert len(out.read_text().splitlines()) >= 5  # one event per line
 
 
@@ -140,8 +195,10 @@ def test_writer_leaves_nothing_on_error(tmp_path):
 
 # ------------------------------------------------------------------ augment
 def test_with_costs_across_batches():
-    batches = [[{"cat": "cpu_op"}, {"cat": "kernel", "args": {"a": 1}}],
-               [{"cat": "kernel"}, {"cat": "x"}, {"cat": "kernel", "args": {}}]]
+    batches = [
+        [{"cat": "cpu_op"}, {"cat": "kernel", "args": {"a": 1}}],
+        [{"cat": "kernel"}, {"cat": "x"}, {"cat": "kernel", "args": {}}],
+    ]
     out = list(with_costs(batches, [(1, {"kernel_flop": 1.0}), (2, {"kernel_flop": 2.0}), (4, {"kernel_flop": 4.0})]))
     assert out[0][1]["args"] == {"a": 1, "kernel_flop": 1.0}
     assert out[1][0]["args"] == {"kernel_flop": 2.0}
@@ -244,20 +301,27 @@ def test_combine_metadata(tmp_path):
     c = load(tmp_path / "c.json")
     assert c["schemaVersion"] == 1 and "distributedInfo" not in c
     assert [(s["label"], s["path"], s["distributedInfo"]["rank"]) for s in c["combinedFrom"]] == [
-        ("x", str(paths[0]), 0), ("y", str(paths[1]), 1), ("z", str(paths[2]), 0)]
+        ("x", str(paths[0]), 0),
+        ("y", str(paths[1]), 1),
+        ("z", str(paths[2]), 0),
+    ]
     assert [(d["source"], d["id"]) for d in c["deviceProperties"]] == [("x", 0), ("y", 1), ("z", 2)]
-    assert all({k: v for k, v in d.items() if k not in ("source", "id")} == {k: v for k, v in DEVICE.items() if k != "id"}
-               for d in c["deviceProperties"])
+    assert all(
+        {k: v for k, v in d.items() if k not in ("source", "id")} == {k: v for k, v in DEVICE.items() if k != "id"}
+        for d in c["deviceProperties"]
+    )
 
 
 def test_combine_string_flow_ids(tmp_path):
-    evs = [{"ph": "s", "cat": "c", "name": "f", "id": "0x1f", "pid": 1, "tid": 1, "ts": 1},
-           {"ph": "f", "cat": "c", "name": "f", "id": "0x1f", "pid": 1, "tid": 1, "ts": 2, "bp": "e"}]
+    evs = [
+        {"ph": "s", "cat": "c", "name": "f", "id": "0x1f", "pid": 1, "tid": 1, "ts": 1},
+        {"ph": "f", "cat": "c", "name": "f", "id": "0x1f", "pid": 1, "tid": 1, "ts": 2, "bp": "e"},
+    ]
     a = write_trace(tmp_path / "a.json", evs)
     combine([a, a], tmp_path / "c.json")
     ce = load(tmp_path / "c.json")["traceEvents"]
     assert len(flows(ce)) == 4
-    assert {int(e["id"], 16) for e in ce if e.get("ph") in "sf"} == {0x1f0, 0x1f1}  # still hex, per input
+    assert {int(e["id"], 16) for e in ce if e.get("ph") in "sf"} == {0x1F0, 0x1F1}  # still hex, per input
 
 
 def test_combine_align_start(tmp_path):

@@ -1,5 +1,6 @@
 """Link and cost in bounded memory: batch by batch and one time cell at a time they must give the
 same tables as in one go; the windows, spill files and nesting ties they rely on."""
+
 from __future__ import annotations
 
 import gzip
@@ -13,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import synth
+from pipeline import store
+from pipeline import synthetic as synth
 from pipeline.cost import enrich as cost
+from pipeline.flatten import flatten
 from pipeline.link import links as link
 from pipeline.link import nesting
-from pipeline import store
-from pipeline.flatten import flatten
 from pipeline.link.windows import EventReach, TimeBins, TimeCells
 
 
@@ -46,8 +47,9 @@ def _enrich(flat_dir: Path, dst: Path, monkeypatch, **sizes) -> tuple[pl.DataFra
 def test_batches_and_time_cells_give_the_same_tables(tmp_path, monkeypatch, layout):
     flat = _flat(tmp_path, synth.make_trace(n_steps=6, ops_per_step=5, layout=layout))
     whole, whole_row = _enrich(flat, tmp_path / "whole", monkeypatch)
-    parts, parts_row = _enrich(flat, tmp_path / "parts", monkeypatch, BATCH_ROWS=3, CELL_SLICES=4,
-                               COST_BLOCK_ROWS=7, WRITE_BATCH_ROWS=5)
+    parts, parts_row = _enrich(
+        flat, tmp_path / "parts", monkeypatch, BATCH_ROWS=3, CELL_SLICES=4, COST_BLOCK_ROWS=7, WRITE_BATCH_ROWS=5
+    )
     assert whole["launch_event_idx"].is_not_null().sum() > 0 and whole["cpu_op_event_idx"].is_not_null().sum() > 0
     assert whole["flops"].is_not_null().sum() > 0
     assert layout == "oldest" or whole["step"].is_not_null().sum() > 0  # its steps are Operator events
@@ -65,8 +67,21 @@ def test_relinking_a_linked_directory_gives_the_same_tables(tmp_path, monkeypatc
 
 def _events(*rows):
     """Complete events (cat, name, tid, ts, dur, args) on pid 1 and kernels on pid 0."""
-    return {"traceEvents": [{"ph": "X", "cat": cat, "name": name, "pid": 0 if cat == "kernel" else 1, "tid": tid,
-                             "ts": ts, "dur": dur, "args": args} for cat, name, tid, ts, dur, args in rows]}
+    return {
+        "traceEvents": [
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "pid": 0 if cat == "kernel" else 1,
+                "tid": tid,
+                "ts": ts,
+                "dur": dur,
+                "args": args,
+            }
+            for cat, name, tid, ts, dur, args in rows
+        ]
+    }
 
 
 def test_a_zero_length_op_at_the_start_of_a_longer_one_is_inside_it(tmp_path, monkeypatch):
@@ -90,20 +105,25 @@ def _launch_rows(n: int) -> list:
     rows = []
     for i in range(n):
         t = 10 + 20 * i
-        rows += [("cpu_op", f"aten::op{i}", 1, t, 10, {}),
-                 ("cuda_runtime", "cudaLaunchKernel", 1, t + 1, 2, {"correlation": 100 + i}),
-                 ("kernel", f"k{i}", 7, t + 5, 3, {"device": 0, "stream": 7, "correlation": 100 + i})]
+        rows += [
+            ("cpu_op", f"aten::op{i}", 1, t, 10, {}),
+            ("cuda_runtime", "cudaLaunchKernel", 1, t + 1, 2, {"correlation": 100 + i}),
+            ("kernel", f"k{i}", 7, t + 5, 3, {"device": 0, "stream": 7, "correlation": 100 + i}),
+        ]
     return rows
 
 
 def test_context_of_launches_across_cells(tmp_path, monkeypatch):
     """A step, an outermost annotation and module, and the innermost op, read one small time cell
     at a time: slices that started cells earlier still enclose the launches."""
-    rows = [("user_annotation", "ProfilerStep#7", 1, 0, 1000, {}),
-            ("user_annotation", "outer_region", 1, 1, 998, {}),
-            ("user_annotation", "inner_region", 1, 2, 996, {}),
-            ("python_function", "nn.Module: Net", 1, 3, 990, {}),
-            ("python_function", "nn.Module: Linear", 1, 4, 980, {}), *_launch_rows(40)]
+    rows = [
+        ("user_annotation", "ProfilerStep#7", 1, 0, 1000, {}),
+        ("user_annotation", "outer_region", 1, 1, 998, {}),
+        ("user_annotation", "inner_region", 1, 2, 996, {}),
+        ("python_function", "nn.Module: Net", 1, 3, 990, {}),
+        ("python_function", "nn.Module: Linear", 1, 4, 980, {}),
+        *_launch_rows(40),
+    ]
     flat = _flat(tmp_path, _events(*rows))
     g, _ = _enrich(flat, tmp_path / "cells", monkeypatch, BATCH_ROWS=7, CELL_SLICES=3)
     assert g["cpu_op_name"].to_list() == [f"aten::op{i}" for i in range(40)]
@@ -126,17 +146,24 @@ def test_nesting_several_kinds_apart_in_one_call():
     """`nesting.around` with an extra thread column equals one `enclosing` call per kind."""
     rng = random.Random(7)
     for _ in range(30):
-        intervals = [(i, 1, rng.randint(1, 2), rng.randint(0, 1), a, a + rng.choice([0, rng.randint(0, 20)]))
-                     for i, a in enumerate(rng.randint(0, 40) for _ in range(rng.randint(1, 30)))]
+        intervals = [
+            (i, 1, rng.randint(1, 2), rng.randint(0, 1), a, a + rng.choice([0, rng.randint(0, 20)]))
+            for i, a in enumerate(rng.randint(0, 40) for _ in range(rng.randint(1, 30)))
+        ]
         points = [(100 + j, 1, rng.randint(1, 2), rng.randint(-1, 60)) for j in range(rng.randint(1, 15))]
         iv = pl.DataFrame(intervals, schema=["iv_idx", "pid", "tid", "kind", "ts_ns", "end_ns"], orient="row")
         pts = pl.DataFrame(points, schema=["point_id", "pid", "tid", "t"], orient="row")
-        found = nesting.around(pts.join(pl.DataFrame({"kind": [0, 1]}), how="cross"), iv, nesting.LONGER_FIRST,
-                               by=("pid", "tid", "kind"))
+        found = nesting.around(
+            pts.join(pl.DataFrame({"kind": [0, 1]}), how="cross"), iv, nesting.LONGER_FIRST, by=("pid", "tid", "kind")
+        )
         for kind in (0, 1):
             for which in ("innermost", "outermost"):
-                want = nesting.enclosing(pts, iv.filter(pl.col("kind") == kind).drop("kind"), nesting.LONGER_FIRST,
-                                         outermost=which == "outermost")
+                want = nesting.enclosing(
+                    pts,
+                    iv.filter(pl.col("kind") == kind).drop("kind"),
+                    nesting.LONGER_FIRST,
+                    outermost=which == "outermost",
+                )
                 got = found.filter((pl.col("kind") == kind) & pl.col(which).is_not_null())
                 assert dict(zip(got["point_id"], got[which])) == dict(want.iter_rows())
 
@@ -168,8 +195,11 @@ def test_spill_hands_rows_back_in_slices_of_any_length(tmp_path):
     with store.spill_file(tmp_path, "test") as path:
         with store.SpillWriter(path, fields) as out:
             for start in (0, 5, 12):
-                out.write(pl.DataFrame({"name": [f"n{i}" for i in range(start, start + 7)],
-                                        "event_idx": range(start, start + 7)}))
+                out.write(
+                    pl.DataFrame(
+                        {"name": [f"n{i}" for i in range(start, start + 7)], "event_idx": range(start, start + 7)}
+                    )
+                )
         with store.SpillReader(path) as back:
             got = [back.take(n) for n in (3, 9, 0, 6, 5)]
     assert [f.height for f in got] == [3, 9, 0, 6, 3]
@@ -180,7 +210,7 @@ def test_spill_hands_rows_back_in_slices_of_any_length(tmp_path):
 def test_write_extended_refuses_rows_that_do_not_line_up(tmp_path):
     src = tmp_path / "gpu_ops.parquet"
     store.write_table(pa.table({"event_idx": [1, 2, 3]}), src, "gpu_ops", ("flatten",))
-    shifted = lambda batch: pl.DataFrame({"event_idx": batch["event_idx"] + 1})  # noqa: E731
+    shifted = lambda batch: pl.DataFrame({"event_idx": batch["event_idx"] + 1})
     with pytest.raises(ValueError, match="line up"):
         store.write_extended(src, tmp_path / "out.parquet", "gpu_ops", shifted, inputs=["event_idx"])
 
@@ -219,8 +249,9 @@ def test_running_slices_give_what_a_fresh_read_of_each_window_gives(tmp_path):
     def read(where: pl.Expr, threads: pl.DataFrame) -> pl.DataFrame:
         reads.append(where)
         got = pl.scan_parquet(path).filter(where).collect()
-        return (got.with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0))
-                .join(threads, on=["pid", "tid"], how="semi"))
+        return got.with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).join(
+            threads, on=["pid", "tid"], how="semi"
+        )
 
     running = RunningSlices(read, EventReach.of(path))
     fresh, fresh_read = [], running._fresh
@@ -232,27 +263,31 @@ def test_running_slices_give_what_a_fresh_read_of_each_window_gives(tmp_path):
         b = a + rng.randint(0, 900)
         threads = pl.DataFrame({"pid": [1] * 2, "tid": rng.sample([1, 2, 3], 2)})
         got = running.between(threads, a, b)
-        want = frame.filter((pl.col("ts_ns") <= b) & (pl.col("end_ns") >= a)).join(threads, on=["pid", "tid"],
-                                                                                    how="semi")
+        want = frame.filter((pl.col("ts_ns") <= b) & (pl.col("end_ns") >= a)).join(
+            threads, on=["pid", "tid"], how="semi"
+        )
         assert sorted(got["event_idx"]) == sorted(want["event_idx"]), (step, a, b)
-    assert 0 < backward and len(fresh) <= backward + 3  # afresh only backward and onto new threads (3)
+    assert backward > 0 and len(fresh) <= backward + 3  # afresh only backward and onto new threads (3)
     assert len(reads) < 60  # forward: only what was not held, if anything
 
 
 def test_op_shapes_share_costs_only_with_the_same_signature():
     """`_shape` drops the members whose values are scalars (per-op ids), except when a signature
     member is a scalar; ops with one shape have one signature."""
-    args = pl.Series("args", [
-        '{"External id": 5, "Ev Idx": 4, "Input Dims": [[4, 8], [8, 2]], "Input type": ["float", "float"]}',
-        '{"External id": 9, "Ev Idx": 8, "Input Dims": [[4, 8], [8, 2]], "Input type": ["float", "float"]}',
-        '{"External id": 9, "Ev Idx": 8, "Input Dims": [[4, 8], [8, 3]], "Input type": ["float", "float"]}',
-        '{"External id": 1, "Group size": 8, "dtype": "Float", "In msg nelems": 1024}',
-        '{"External id": 2, "Group size": 4, "dtype": "Float", "In msg nelems": 1024}',
-        '{"Record function id": 3, "Concrete Inputs": ["", "2.5"], "Input Dims": [[2], []], "x": true, "y": 1e-3}',
-        '{"Record function id": 7, "Concrete Inputs": ["", "3.5"], "Input Dims": [[2], []], "x": false, "y": 2}',
-        '{"Sequence number": 1, "Input Dims": [[2]], "note": "a\\": 5, \\"b"}',
-        None,
-    ])
+    args = pl.Series(
+        "args",
+        [
+            '{"External id": 5, "Ev Idx": 4, "Input Dims": [[4, 8], [8, 2]], "Input type": ["float", "float"]}',
+            '{"External id": 9, "Ev Idx": 8, "Input Dims": [[4, 8], [8, 2]], "Input type": ["float", "float"]}',
+            '{"External id": 9, "Ev Idx": 8, "Input Dims": [[4, 8], [8, 3]], "Input type": ["float", "float"]}',
+            '{"External id": 1, "Group size": 8, "dtype": "Float", "In msg nelems": 1024}',
+            '{"External id": 2, "Group size": 4, "dtype": "Float", "In msg nelems": 1024}',
+            '{"Record function id": 3, "Concrete Inputs": ["", "2.5"], "Input Dims": [[2], []], "x": true, "y": 1e-3}',
+            '{"Record function id": 7, "Concrete Inputs": ["", "3.5"], "Input Dims": [[2], []], "x": false, "y": 2}',
+            '{"Sequence number": 1, "Input Dims": [[2]], "note": "a\\": 5, \\"b"}',
+            None,
+        ],
+    )
     frame = pl.DataFrame(args).with_columns(shape=cost._shape(pl.col("args")))
     signatures = frame.select("shape", *cost._signature(pl.col("args")))
     assert signatures.unique().height == signatures.select("shape").unique().height  # one signature per shape
@@ -281,6 +316,7 @@ def test_one_long_runs_layout_links_as_its_copies(shared_traces, tmp_path, monke
     every runtime call, flow and kernel: what a batch reads lies far apart in the file) link
     exactly as the trace itself, copy for copy, in small batches and time cells."""
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("bench", Path(__file__).resolve().parents[1] / "bench" / "bench.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -293,7 +329,11 @@ def test_one_long_runs_layout_links_as_its_copies(shared_traces, tmp_path, monke
     g, row = _enrich(flat, tmp_path / "linked", monkeypatch, BATCH_ROWS=4096, CELL_SLICES=8192)
     want = pq.read_table(one / "trace.parquet").to_pylist()[0]
     assert row["n_gpu_ops"] == 3 * want["n_gpu_ops"]
-    assert (row["n_launch_linked"], row["n_cpu_op_linked"]) == (3 * want["n_launch_linked"], 3 * want["n_cpu_op_linked"])
+    assert (row["n_launch_linked"], row["n_cpu_op_linked"]) == (
+        3 * want["n_launch_linked"],
+        3 * want["n_cpu_op_linked"],
+    )
     names = pl.read_parquet(one / "gpu_ops.parquet", columns=["name", "cpu_op_name"])
-    assert (g.group_by("name", "cpu_op_name").len().sort("name", "cpu_op_name", nulls_last=True)["len"].to_list()
-            == [3 * n for n in names.group_by("name", "cpu_op_name").len().sort("name", "cpu_op_name", nulls_last=True)["len"]])
+    assert g.group_by("name", "cpu_op_name").len().sort("name", "cpu_op_name", nulls_last=True)["len"].to_list() == [
+        3 * n for n in names.group_by("name", "cpu_op_name").len().sort("name", "cpu_op_name", nulls_last=True)["len"]
+    ]

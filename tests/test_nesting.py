@@ -1,4 +1,5 @@
 """pipeline.nesting against a direct sweep: boundaries sorted together, depth counted one by one."""
+
 from __future__ import annotations
 
 import random

@@ -10,6 +10,7 @@ HTA_DISABLE_NS_ROUNDING=1 keeps HTA from ceiling ts / flooring end of float (ns)
 The two traces are ones where HTA's quirks (no-launch kernels joined to event 0, per-stream only,
 kernels launched after the last ProfilerStep dropped) do not change the result.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -34,8 +35,11 @@ def _hta_idle(trace, tmp_path) -> dict:
     d = tmp_path / "hta_in"
     d.mkdir()
     shutil.copy(trace, d / trace.name)  # HTA takes a directory of traces
-    kw = {"include_last_profiler_step": True} \
-        if "include_last_profiler_step" in inspect.signature(TraceAnalysis).parameters else {}
+    kw = (
+        {"include_last_profiler_step": True}
+        if "include_last_profiler_step" in inspect.signature(TraceAnalysis).parameters
+        else {}
+    )
     ta = TraceAnalysis(trace_dir=str(d), **kw)
     out: dict = {}
     for rank in ta.t.get_ranks():

@@ -1,4 +1,5 @@
 """reader: header/tail metadata, exact chunk splitting, compression, exact timestamps, truncation."""
+
 from __future__ import annotations
 
 import gzip
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import synth
+from pipeline import synthetic as synth
 from pipeline.errors import BadTrace
 from pipeline.flatten import flatten
 from pipeline.read import source
@@ -91,8 +92,8 @@ def test_metadata_after_trace_events_recovered(tmp_path, indent):
 @pytest.mark.parametrize("chunk_bytes", [1024, 3000, None])
 def test_large_trailing_metadata(tmp_path, chunk_bytes):
     """Trailing metadata far longer than a chunk, full of `}, {"` (lists of objects), is metadata."""
-    big = [{"id": i, "name": "}, {\"ph\": \"X\"", "sub": [{"a": i}, {"b": [i, {"c": "x"}]}]} for i in range(800)]
-    info = [f"INFO:2024-05-22 17:15:23 CuptiActivityProfiler.cpp:{i}] }}, {{\"x\": {i}" for i in range(500)]
+    big = [{"id": i, "name": '}, {"ph": "X"', "sub": [{"a": i}, {"b": [i, {"c": "x"}]}]} for i in range(800)]
+    info = [f'INFO:2024-05-22 17:15:23 CuptiActivityProfiler.cpp:{i}] }}, {{"x": {i}' for i in range(500)]
     t = synth.make_trace(metadata_after=True, gpu_devices=(0, 1), extra_metadata={"INFO": info, "big": big})
     p = synth.write_trace(t, tmp_path / "t.json", indent=2)
     want = load(p)
@@ -143,8 +144,16 @@ def test_chunk_splitting_is_exact(tmp_path, indent, chunk_bytes):
 
 def test_one_event_longer_than_many_chunks(tmp_path):
     """An event with a long args list of objects spans far more than a few 1 KB chunks."""
-    huge = {"ph": "X", "cat": "cpu_op", "name": "huge", "pid": 1, "tid": 1, "ts": 1.5, "dur": 2.0,
-            "args": {"list": [{"i": i, "s": "}, {\"" * (i % 3)} for i in range(3000)]}}
+    huge = {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": "huge",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1.5,
+        "dur": 2.0,
+        "args": {"list": [{"i": i, "s": '}, {"' * (i % 3)} for i in range(3000)]},
+    }
     t = synth.make_trace(extra_events=[huge] + synth.make_trace(n_steps=1)["traceEvents"])
     p = synth.write_trace(t, tmp_path / "t.json")
     assert len(json.dumps(huge)) > 40 * 1024
@@ -156,8 +165,16 @@ def test_one_event_longer_than_many_chunks(tmp_path):
 @pytest.mark.parametrize("cut_back", [5, 60, 200])
 def test_truncated_right_after_an_event_longer_than_many_chunks(tmp_path, cut_back):
     """The unparsed carry (a long event cut into many chunks) ends inside the truncated tail."""
-    huge = {"ph": "X", "cat": "cpu_op", "name": "huge", "pid": 1, "tid": 1, "ts": 1.5, "dur": 2.0,
-            "args": {"list": [{"i": i, "s": "}, {\"" * (i % 3)} for i in range(600)]}}
+    huge = {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": "huge",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1.5,
+        "dur": 2.0,
+        "args": {"list": [{"i": i, "s": '}, {"' * (i % 3)} for i in range(600)]},
+    }
     small = synth.make_trace(n_steps=1)["traceEvents"][:3]
     t = synth.make_trace(n_steps=1, extra_events=[huge] + small)
     text = synth.dumps_trace(t)
@@ -178,8 +195,9 @@ def test_compressed_inputs(tmp_path, kind):
     pytest.importorskip("zstandard") if kind == "zstd" else None
     t = synth.make_trace(n_steps=3, tricky=True, metadata_after=True)
     plain = synth.write_trace(t, tmp_path / "t.json")
-    comp = synth.write_trace(t, tmp_path / f"t.json.{'gz' if kind == 'gz' else 'zst'}",
-                             gz=kind == "gz", zstd=kind == "zstd")
+    comp = synth.write_trace(
+        t, tmp_path / f"t.json.{'gz' if kind == 'gz' else 'zst'}", gz=kind == "gz", zstd=kind == "zstd"
+    )
     assert comp.read_bytes()[:2] != plain.read_bytes()[:2]
     a = read_all(plain, chunk_bytes=1024)
     b = read_all(comp, chunk_bytes=1024)
@@ -208,8 +226,16 @@ def load_events(data: bytes) -> list:
 
 # ------------------------------------------------------------------ exact timestamps
 def test_ns_digit_timestamps_are_exact(tmp_path):
-    ev = {"ph": "X", "cat": "cpu_op", "name": "exact", "pid": 1, "tid": 1,
-          "ts": Decimal("1712195495519695.812"), "dur": Decimal("0.001"), "args": {}}
+    ev = {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": "exact",
+        "pid": 1,
+        "tid": 1,
+        "ts": Decimal("1712195495519695.812"),
+        "dur": Decimal("0.001"),
+        "args": {},
+    }
     t = synth.make_trace(ns_digits=True, extra_events=[ev])
     p = synth.write_trace(t, tmp_path / "ns.json")
     assert b'"ts": 1712195495519695.812' in p.read_bytes()
@@ -280,8 +306,10 @@ _TABLES: dict = {}
 
 def _flat_tables(path, out, **kw):
     r = flatten(path, out, link=False, **kw)
-    return {n: pq.read_table(r.out_dir / f"{n}.parquet").drop_columns(
-        [c for c in ("flattened_at",) if n == "trace"]) for n in ("events", "gpu_ops", "flows", "devices", "trace")}
+    return {
+        n: pq.read_table(r.out_dir / f"{n}.parquet").drop_columns([c for c in ("flattened_at",) if n == "trace"])
+        for n in ("events", "gpu_ops", "flows", "devices", "trace")
+    }
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -313,10 +341,17 @@ def test_salvaged_piece_when_truncated(tmp_path):
 
 
 def test_not_a_trace_inputs_raise_badtrace(tmp_path):
-    cases = {"empty": b"", "ws": b"  \n ", "not json": b"hello", "no events": b'{"a": [1, 2]}',
-             "events not list": b'{"traceEvents": {"a": 1}}', "events scalar": b'{"traceEvents": 5}',
-             "random": random.Random(7).randbytes(3000), "bracket then bytes": b"[\x8f\x02garbage",
-             "events of other bytes": b'{"traceEvents": [ \xff\x00}'}
+    cases = {
+        "empty": b"",
+        "ws": b"  \n ",
+        "not json": b"hello",
+        "no events": b'{"a": [1, 2]}',
+        "events not list": b'{"traceEvents": {"a": 1}}',
+        "events scalar": b'{"traceEvents": 5}',
+        "random": random.Random(7).randbytes(3000),
+        "bracket then bytes": b"[\x8f\x02garbage",
+        "events of other bytes": b'{"traceEvents": [ \xff\x00}',
+    }
     for name, data in cases.items():
         p = tmp_path / f"{name}.json"
         p.write_bytes(data)
@@ -328,9 +363,8 @@ def test_utf8_byte_order_mark_before_the_document_is_accepted(tmp_path):
     """Some tools write a BOM; it is not content, and the trace must still read."""
     import json as _json
 
-    from pipeline.read.source import TraceSource
-
     from pipeline.read.chunks import parse_chunk
+    from pipeline.read.source import TraceSource
 
     doc = {"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}], "traceName": "t"}
     path = tmp_path / "bom.json"
@@ -360,8 +394,16 @@ def test_file_spans_equal_reading_through(tmp_path, indent, metadata_after):
     assert read_all(p, 2048, spans=True)[0] == load(p)["traceEvents"]
 
 
-@pytest.mark.parametrize("text", [b'{"traceEvents": []}', b'{"traceEvents": [ ], "x": 1}', b"[]", b"[ {\"ph\": \"X\"} ]",
-                                  b'{"a": [1], "traceEvents": [{"ph": "X"}, {"ph": "i"}]\n}\n'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"traceEvents": []}',
+        b'{"traceEvents": [ ], "x": 1}',
+        b"[]",
+        b'[ {"ph": "X"} ]',
+        b'{"a": [1], "traceEvents": [{"ph": "X"}, {"ph": "i"}]\n}\n',
+    ],
+)
 def test_file_spans_of_tiny_documents(tmp_path, text):
     p = tmp_path / "t.json"
     p.write_bytes(text)
@@ -398,6 +440,7 @@ def test_truncated_file_cut_by_position_salvages_like_reading_through(tmp_path):
 def inflate(request, monkeypatch):
     """GzipStream with ISA-L (when installed) and with the stdlib's zlib."""
     import zlib
+
     if request.param == "isal":
         isal_zlib = pytest.importorskip("isal.isal_zlib")
         monkeypatch.setattr(reader, "_inflate", isal_zlib)
@@ -407,11 +450,12 @@ def inflate(request, monkeypatch):
 
 def _read_through(data: bytes, n: int = 1000) -> tuple[bytes, BaseException | None]:
     import io
+
     stream, out = reader.GzipStream(io.BytesIO(data)), bytearray()
     try:
         while block := stream.read1(n):
             out += block
-    except Exception as e:  # noqa: BLE001 - the test looks at which
+    except Exception as e:
         return bytes(out), e
     return bytes(out), None
 
@@ -425,11 +469,12 @@ def test_gzip_members_and_padding(inflate):
 
 def test_gzip_breaking_off_returns_every_byte_before_the_error(inflate):
     import zlib
+
     data = os.urandom(300_000).hex().encode()
     comp = gzip.compress(data)
     got, err = _read_through(comp[: len(comp) // 2], n=4096)
     assert isinstance(err, EOFError) and 0 < len(got) < len(data) and data.startswith(got)
-    broken = comp[:len(comp) // 2] + bytes(255 - x for x in comp[len(comp) // 2: len(comp) // 2 + 64]) + comp[-100:]
+    broken = comp[: len(comp) // 2] + bytes(255 - x for x in comp[len(comp) // 2 : len(comp) // 2 + 64]) + comp[-100:]
     got, err = _read_through(broken, n=4096)  # deflate has no checksum before the end: bytes may be wrong
     assert isinstance(err, (zlib.error, OSError, EOFError)) and got != data
 
@@ -439,8 +484,9 @@ def test_json_bytes_estimate_sees_through_compression(tmp_path):
     2**32 or of a last small member says less). zstd: the declared size, else at least 4x."""
     zstandard = pytest.importorskip("zstandard")
     text = json.dumps({"traceEvents": [{"ph": "X", "name": f"op{i}", "ts": i, "dur": 1} for i in range(5000)]}).encode()
-    plain, gz, two, zst, zst_undeclared = (tmp_path / n for n in ("t.json", "t.json.gz", "two.json.gz", "t.json.zst",
-                                                                  "u.json.zst"))
+    plain, gz, two, zst, zst_undeclared = (
+        tmp_path / n for n in ("t.json", "t.json.gz", "two.json.gz", "t.json.zst", "u.json.zst")
+    )
     plain.write_bytes(text)
     gz.write_bytes(gzip.compress(text))
     two.write_bytes(gzip.compress(text) + gzip.compress(b" "))  # the trailer is the small member's
@@ -451,7 +497,9 @@ def test_json_bytes_estimate_sees_through_compression(tmp_path):
     assert reader.json_bytes_estimate(str(gz)) == len(text)
     assert reader.json_bytes_estimate(str(two)) == reader.MIN_COMPRESSION_RATIO * two.stat().st_size
     assert reader.json_bytes_estimate(str(zst)) == len(text)
-    assert reader.json_bytes_estimate(str(zst_undeclared)) == reader.MIN_COMPRESSION_RATIO * zst_undeclared.stat().st_size
+    assert (
+        reader.json_bytes_estimate(str(zst_undeclared)) == reader.MIN_COMPRESSION_RATIO * zst_undeclared.stat().st_size
+    )
     assert reader.json_bytes_estimate(str(two)) < len(text)  # a floor, not the truth: a 2-member file reads less
 
 
@@ -459,6 +507,7 @@ def test_a_compressed_trace_gets_workers_by_its_json_size(tmp_path, monkeypatch)
     """A 1 GB trace gzips to ~50 MB: whether it is parsed in workers depends on the JSON it holds,
     not on the file's size (it was parsed on one core below 48 MB of gzip)."""
     from pipeline.read import workers as flatten_module
+
     text = json.dumps({"traceEvents": [{"ph": "X", "name": "op", "ts": i, "dur": 1} for i in range(20000)]}).encode()
     gz = tmp_path / "t.json.gz"
     gz.write_bytes(gzip.compress(text))
@@ -473,10 +522,11 @@ def test_a_corrupt_stream_is_reported_in_the_decompressors_words(inflate):
     """The problem says what broke (the decompressor's message), not only an error class's name
     (zlib's is `error`)."""
     import io
+
     data = os.urandom(200_000).hex().encode()
     comp = gzip.compress(data)
     mid = len(comp) // 2
-    broken = comp[:mid] + bytes(255 - x for x in comp[mid:mid + 64]) + comp[mid + 64:]
+    broken = comp[:mid] + bytes(255 - x for x in comp[mid : mid + 64]) + comp[mid + 64 :]
     got, problem = reader.read_some(reader.GzipStream(io.BytesIO(broken)), 2 * len(data))  # on to the trailer
     assert data.startswith(got[:1000]) and problem.startswith("corrupt compressed data (")
     assert problem not in ("corrupt compressed data (error)", "corrupt compressed data ()") and "\n" not in problem

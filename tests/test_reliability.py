@@ -1,5 +1,6 @@
 """Hostile but fair input and environments: usage errors, permissions, deep nesting, a full disk,
 the end of a document, SQL paths, secrets, bombs, FIFOs, huge values, faults in batch."""
+
 from __future__ import annotations
 
 import gzip
@@ -17,15 +18,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-import synth
 from conftest import PROJECT
-
+from pipeline import synthetic as synth
 from pipeline.dataset import batch, inputs, layout
-
-from pipeline.read import limits
-
-from pipeline.read import tame
 from pipeline.flatten import flatten
+from pipeline.read import limits, tame
 
 TOKEN = "hf_" + "Q7x" * 12
 
@@ -34,10 +31,21 @@ def cli(*args, cwd=None, env=None, preexec=None, timeout=300) -> subprocess.Comp
     """The CLI in a subprocess where `import click` fails, as in a clean environment with typer 0.29
     (which vendors click and no longer installs it)."""
     blocker = Path(__file__).with_name("no_click")
-    env = {**{k: v for k, v in os.environ.items() if k != "TRACEPIPE_DEBUG"}, **(env or {}),
-           "PYTHONPATH": f"{blocker}{os.pathsep}{PROJECT}"}
-    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd or PROJECT, env=env, preexec_fn=preexec, timeout=timeout, stdin=subprocess.DEVNULL)
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "TRACEPIPE_DEBUG"},
+        **(env or {}),
+        "PYTHONPATH": f"{blocker}{os.pathsep}{PROJECT}",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd or PROJECT,
+        env=env,
+        preexec_fn=preexec,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def one_line(p: subprocess.CompletedProcess, rc: int) -> bool:
@@ -57,14 +65,17 @@ def files_under(root: Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------ usage errors
-@pytest.mark.parametrize("args, says", [
-    (["flatten", "x.json.gz"], "Missing option '-o'"),
-    (["analyse", "x"], "Did you mean 'analyze'"),
-    (["schema", "kernels"], "no table 'kernels'"),
-    (["analyze", "x", "-q"], "No such option: -q"),
-    (["flatten", "x", "-o", "y", "--bogus"], "No such option: --bogus"),
-    (["analyze", "x", "--top", "many"], "'--top'"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["flatten", "x.json.gz"], "Missing option '-o'"),
+        (["analyse", "x"], "Did you mean 'analyze'"),
+        (["schema", "kernels"], "no table 'kernels'"),
+        (["analyze", "x", "-q"], "No such option: -q"),
+        (["flatten", "x", "-o", "y", "--bogus"], "No such option: --bogus"),
+        (["analyze", "x", "--top", "many"], "'--top'"),
+    ],
+)
 def test_usage_errors_are_one_line_exit_2_without_click(args, says):
     p = cli(*args)
     assert one_line(p, 2), p.stderr
@@ -72,8 +83,12 @@ def test_usage_errors_are_one_line_exit_2_without_click(args, says):
 
 
 def test_no_click_blocker_works():
-    p = subprocess.run([sys.executable, "-c", "import click"], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).with_name("no_click"))})
+    p = subprocess.run(
+        [sys.executable, "-c", "import click"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).with_name("no_click"))},
+    )
     assert p.returncode != 0 and "ModuleNotFoundError" in p.stderr
 
 
@@ -83,7 +98,7 @@ def test_outputs_follow_the_umask(tmp_path):
     wrong = []
     for umask, dmode, fmode in ((0o022, 0o755, 0o644), (0o077, 0o700, 0o600), (0o002, 0o775, 0o664)):
         out, ds = tmp_path / f"flat{umask:o}", tmp_path / f"ds{umask:o}"
-        set_umask = lambda u=umask: os.umask(u)  # noqa: E731
+        set_umask = lambda u=umask: os.umask(u)
         assert cli("flatten", src, "-o", out, "-q", preexec=set_umask).returncode == 0
         assert cli("batch", src.parent, "-o", ds, "-q", preexec=set_umask).returncode == 0
         assert cli("augment", src, "-o", tmp_path / f"aug{umask:o}.json", "-q", preexec=set_umask).returncode == 0
@@ -96,8 +111,19 @@ def test_outputs_follow_the_umask(tmp_path):
 
 # ------------------------------------------------------------------ deep nesting
 def test_deeply_nested_args_are_kept_as_text_by_every_command(tmp_path):
-    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1,
-               "args": {"x": "DEEP" if i == 3 else i}} for i in range(10)]
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": f"op{i}",
+            "pid": 1,
+            "tid": 1,
+            "ts": i,
+            "dur": 1,
+            "args": {"x": "DEEP" if i == 3 else i},
+        }
+        for i in range(10)
+    ]
     deep = "[" * 5000 + "]" * 5000
     path = tmp_path / "deep.json"
     path.write_text(json.dumps({"traceEvents": events}).replace('"DEEP"', deep))
@@ -108,8 +134,11 @@ def test_deeply_nested_args_are_kept_as_text_by_every_command(tmp_path):
         kept, levels = kept[0], levels + 1
     assert len(args) == 10 and 0 < levels < tame.MAX_DEPTH and kept == deep[levels:-levels]
     assert r.problems == {f"coerced:{tame.TOO_DEEP}": 1}
-    for cmd in (["augment", path, "-o", tmp_path / "a.json"], ["combine", path, path, "-o", tmp_path / "c.json"],
-                ["analyze", path, "-f", "json"]):
+    for cmd in (
+        ["augment", path, "-o", tmp_path / "a.json"],
+        ["combine", path, path, "-o", tmp_path / "c.json"],
+        ["analyze", path, "-f", "json"],
+    ):
         p = cli(*cmd)
         assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     a = json.loads((tmp_path / "a.json").read_text())["traceEvents"]
@@ -130,17 +159,20 @@ def _file_size_limit(n: int):
     def limit():  # writes past n bytes fail with EFBIG, as on a full disk, instead of killing us
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+
     return limit
 
 
 def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     src = tmp_path / "big.json"
     synth.write_big_trace(src, 3 << 20)
-    shm = lambda: {p for p in os.listdir("/dev/shm") if p.startswith("tracepipe-")}  # noqa: E731
+    shm = lambda: {p for p in os.listdir("/dev/shm") if p.startswith("tracepipe-")}
     before = shm()
-    for cmd, out in ((["flatten", src, "-o", tmp_path / "flat"], tmp_path / "flat"),
-                     (["augment", src, "-o", tmp_path / "aug.json"], tmp_path / "aug.json"),
-                     (["analyze", src, "-f", "json", "-o", tmp_path / "r.json"], tmp_path / "r.json")):
+    for cmd, out in (
+        (["flatten", src, "-o", tmp_path / "flat"], tmp_path / "flat"),
+        (["augment", src, "-o", tmp_path / "aug.json"], tmp_path / "aug.json"),
+        (["analyze", src, "-f", "json", "-o", tmp_path / "r.json"], tmp_path / "r.json"),
+    ):
         p = cli(*cmd, preexec=_file_size_limit(200_000))
         assert one_line(p, 2), (cmd[0], p.returncode, p.stderr)
         assert "File too large" in p.stderr or "No space" in p.stderr
@@ -163,8 +195,11 @@ def test_a_document_cut_after_the_events_is_truncated(tmp_path):
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_nan_in_metadata_is_read_as_json_load_reads_it(tmp_path, where):
     events = json.dumps(synth.make_trace(n_steps=1)["traceEvents"])
-    body = (f'{{"x": NaN, "y": -Infinity, "traceEvents": {events}}}' if where == "before"
-            else f'{{"traceEvents": {events}, "x": NaN, "y": -Infinity}}')
+    body = (
+        f'{{"x": NaN, "y": -Infinity, "traceEvents": {events}}}'
+        if where == "before"
+        else f'{{"traceEvents": {events}, "x": NaN, "y": -Infinity}}'
+    )
     path = tmp_path / "nan.json"
     path.write_text(body)
     p = cli("flatten", path, "-o", tmp_path / "out")
@@ -210,8 +245,10 @@ def test_query_output_is_atomic(flat_dir, tmp_path):
 # ------------------------------------------------------------------ secrets
 def test_shared_outputs_carry_no_secret(tmp_path):
     src = small_trace(tmp_path, metadata={"system": {"env": {"HF_TOKEN": TOKEN, "HOME": "/root"}}})
-    for cmd, out in ((["augment", src, "-o", tmp_path / "a.json"], tmp_path / "a.json"),
-                     (["combine", src, src, "-o", tmp_path / "c.json.gz"], tmp_path / "c.json.gz")):
+    for cmd, out in (
+        (["augment", src, "-o", tmp_path / "a.json"], tmp_path / "a.json"),
+        (["combine", src, src, "-o", tmp_path / "c.json.gz"], tmp_path / "c.json.gz"),
+    ):
         assert cli(*cmd).returncode == 0
         text = gzip.open(out, "rt").read() if out.suffix == ".gz" else out.read_text()
         assert TOKEN not in text and "/root" in text
@@ -235,12 +272,14 @@ def test_a_zip_member_declaring_a_bomb_is_quarantined_unread(tmp_path):
 
 def test_a_member_inflating_past_its_limit_is_stopped_and_removed(tmp_path):
     """A zip header may lie about the size: the bytes are counted as they are extracted."""
-    item = inputs.extract_member(io.BytesIO(b"x" * 5000), "a.zip!m.json", "m.json", tmp_path / "x", 1, limit=4096,
-                          compressed=20)
+    item = inputs.extract_member(
+        io.BytesIO(b"x" * 5000), "a.zip!m.json", "m.json", tmp_path / "x", 1, limit=4096, compressed=20
+    )
     assert "decompression bomb" in item.rejected and item.path is None
     assert not files_under(tmp_path / "x")
-    item = inputs.extract_member(io.BytesIO(b"x" * 4096), "a.zip!m.json", "m.json", tmp_path / "x", 2, limit=4096,
-                          compressed=20)
+    item = inputs.extract_member(
+        io.BytesIO(b"x" * 4096), "a.zip!m.json", "m.json", tmp_path / "x", 2, limit=4096, compressed=20
+    )
     assert item.rejected is None and Path(item.path).stat().st_size == 4096
 
 
@@ -250,6 +289,7 @@ def test_a_gzip_bomb_is_refused(tmp_path, monkeypatch):
     with gzip.open(path, "wb") as f:
         f.write(b'{"traceEvents": [' + b" " * (8 << 20) + b"]}")
     from pipeline.errors import BadTrace
+
     with pytest.raises(BadTrace, match="decompression bomb"):
         flatten(path, tmp_path / "out")
     assert not files_under(tmp_path / "out")
@@ -291,7 +331,7 @@ def test_squeezer_keeps_small_values_whatever_the_blocks(block):
     def squeeze(data, **kw):
         sq, pos = tame.EventSqueezer(**kw), 0
         while not sq.done and pos < len(data):
-            pos += sq.feed(data[pos:pos + block])
+            pos += sq.feed(data[pos : pos + block])
         return sq, data[pos:]
 
     sq, rest = squeeze(text + b', {"next": 1}', value_limit=10**6)
@@ -311,11 +351,27 @@ def test_a_200_mb_string_stays_in_bounded_memory(tmp_path):
         for _ in range(200):
             f.write(b"S" * (1 << 20))
         f.write(b'", "ts": 1, "dur": 1, "pid": 1, "tid": 1}]}')
-    peak = subprocess.run([sys.executable, "-c", (
-        "import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); assert p.returncode == 0; "
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"),
-        sys.executable, "-m", "pipeline", "flatten", str(path), "-o", str(tmp_path / "out"), "-q"],
-        capture_output=True, text=True, check=True)
+    peak = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); assert p.returncode == 0; "
+                "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+            ),
+            sys.executable,
+            "-m",
+            "pipeline",
+            "flatten",
+            str(path),
+            "-o",
+            str(tmp_path / "out"),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert int(peak.stdout) < 600 << 10, f"peak RSS {int(peak.stdout) >> 10} MB for a 200 MB string"
     assert pq.read_table(tmp_path / "out/big_string/events.parquet").num_rows == len(events) + 1
 
@@ -327,8 +383,9 @@ def test_a_worker_killed_mid_trace(tmp_path):
         small_trace(src, f"rank{i}.json", n=i)
     p = cli("batch", src, "-o", tmp_path / "ds", "-j", "2", env={batch.FAULT_KILL: "rank2"}, timeout=120)
     assert p.returncode == 1 and "rank2.json: quarantined: the worker flattening it died" in p.stderr
-    assert sorted(layout.read_manifest(tmp_path / "ds")[t]["status"] for t in layout.committed_ids(tmp_path / "ds")) \
-        == ["ok", "ok", "ok", "quarantined"]
+    assert sorted(
+        layout.read_manifest(tmp_path / "ds")[t]["status"] for t in layout.committed_ids(tmp_path / "ds")
+    ) == ["ok", "ok", "ok", "quarantined"]
 
 
 def test_a_full_disk_mid_commit_touches_nothing_else(tmp_path, monkeypatch):
@@ -346,8 +403,11 @@ def test_a_full_disk_mid_commit_touches_nothing_else(tmp_path, monkeypatch):
     monkeypatch.setattr(batch, "commit", commit)
     r = batch.run_batch(src, tmp_path / "ds", jobs=1)
     assert (r.added, r.failed) == (2, 1) and "cannot commit: No space left on device" in r.problems[0]
-    leftovers = [p for p in (tmp_path / "ds").rglob("trace_id=*") if p.name.split("=")[1] not in
-                 layout.committed_ids(tmp_path / "ds")]
+    leftovers = [
+        p
+        for p in (tmp_path / "ds").rglob("trace_id=*")
+        if p.name.split("=")[1] not in layout.committed_ids(tmp_path / "ds")
+    ]
     assert not leftovers
     monkeypatch.setattr(batch, "commit", real)
     assert batch.run_batch(src, tmp_path / "ds", jobs=1).added == 1  # retried by the next run

@@ -3,6 +3,7 @@
 Synthetic traces are built event by event below so every expected figure can be checked by
 hand; the real traces in ../shared/traces are compared with an independent json.load count.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -34,8 +35,16 @@ def op(name, ts, dur, tid=TID, cat="cpu_op", **args):
 
 
 def launch(ts, dur, corr, tid=TID, name="cudaLaunchKernel"):
-    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur,
-            "args": {"correlation": corr}}
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": name,
+        "pid": PID,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr},
+    }
 
 
 def gpu(name, ts, dur, corr=None, device=0, stream=7, cat="kernel"):
@@ -45,8 +54,11 @@ def gpu(name, ts, dur, corr=None, device=0, stream=7, cat="kernel"):
 
 def launched(op_name, kernel, t, corr, kdur=10, device=0, stream=7, delay=20):
     """An op [t, t+10] holding a 4 µs launch at t+2 and its kernel `delay` µs after the launch."""
-    return [op(op_name, t, 10), launch(t + 2, 4, corr),
-            gpu(kernel, t + 2 + delay, kdur, corr, device=device, stream=stream)]
+    return [
+        op(op_name, t, 10),
+        launch(t + 2, 4, corr),
+        gpu(kernel, t + 2 + delay, kdur, corr, device=device, stream=stream),
+    ]
 
 
 def flat_of(tmp_path: Path, events: list, name: str = "t", **top) -> rp.Flat:
@@ -59,9 +71,13 @@ def flat_of(tmp_path: Path, events: list, name: str = "t", **top) -> rp.Flat:
 def busy_trace(tmp_path):
     """device 0: kernels [0,10] [5,15] on stream 7, [20,30] on stream 8, memcpy [40,50] on stream 9;
     device 1: one kernel [100,110]. Busy on device 0: 35 of 50 µs; gaps 15->20 and 30->40."""
-    ev = [gpu("gemm_a", 0, 10), gpu("gemm_a", 5, 10), gpu("vectorized_elementwise_kernel", 20, 10, stream=8),
-          gpu("Memcpy HtoD (Pinned -> Device)", 40, 10, stream=9, cat="gpu_memcpy"),
-          gpu("ncclKernel_AllReduce_RING_LL_Sum_float", 100, 10, device=1)]
+    ev = [
+        gpu("gemm_a", 0, 10),
+        gpu("gemm_a", 5, 10),
+        gpu("vectorized_elementwise_kernel", 20, 10, stream=8),
+        gpu("Memcpy HtoD (Pinned -> Device)", 40, 10, stream=9, cat="gpu_memcpy"),
+        gpu("ncclKernel_AllReduce_RING_LL_Sum_float", 100, 10, device=1),
+    ]
     return flat_of(tmp_path, ev)
 
 
@@ -84,15 +100,29 @@ def test_interval_union_and_overlap_match_brute_force():
         runs = interval_union(df, ["k"]).collect()
         assert list(zip(runs["start_ns"], runs["end_ns"], strict=False)) == _brute_union(iv)
         q = [(a, a + rng.randint(0, 80)) for a in (rng.randint(-20, 220) for _ in range(10))]
-        got = covered_overlap(pl.LazyFrame({"k": [0] * 10, "ts_ns": [a for a, _ in q], "end_ns": [b for _, b in q]}),
-                                 runs.lazy(), ["k"]).collect()["overlap_ns"].to_list()
+        got = (
+            covered_overlap(
+                pl.LazyFrame({"k": [0] * 10, "ts_ns": [a for a, _ in q], "end_ns": [b for _, b in q]}),
+                runs.lazy(),
+                ["k"],
+            )
+            .collect()["overlap_ns"]
+            .to_list()
+        )
         want = [sum(max(0, min(b, e) - max(a, s)) for s, e in _brute_union(iv)) for a, b in q]
         assert got == want
 
 
 def test_nesting_parents_and_identical_intervals():
-    iv = pl.LazyFrame({"iv_idx": [0, 1, 2, 3, 4, 5], "pid": [1] * 6, "tid": [1] * 6,
-                       "ts_ns": [0, 10, 10, 20, 50, 100], "end_ns": [100, 40, 40, 30, 50, 120]})
+    iv = pl.LazyFrame(
+        {
+            "iv_idx": [0, 1, 2, 3, 4, 5],
+            "pid": [1] * 6,
+            "tid": [1] * 6,
+            "ts_ns": [0, 10, 10, 20, 50, 100],
+            "end_ns": [100, 40, 40, 30, 50, 120],
+        }
+    )
     got = {r["iv_idx"]: (r["depth"], r["parent_idx"]) for r in nesting(iv).collect().iter_rows(named=True)}
     # identical intervals 1 and 2 nest in file order; zero-length 4 sits inside 0; 5 starts as 0 ends
     assert got == {0: (1, None), 1: (2, 0), 2: (3, 1), 3: (4, 2), 4: (2, 0), 5: (1, None)}
@@ -114,7 +144,9 @@ def test_busy_pct_gaps_and_streams(busy_trace):
 def test_kernel_table_counts_every_launch_and_keeps_copies_apart(busy_trace):
     k = rp.kernel_table(busy_trace)
     assert k.filter(pl.col("device") == 0).select("name", "count", "dur_us").rows() == [
-        ("gemm_a", 2, 20.0), ("vectorized_elementwise_kernel", 1, 10.0)]
+        ("gemm_a", 2, 20.0),
+        ("vectorized_elementwise_kernel", 1, 10.0),
+    ]
     assert k["count"].sum() == 4 and "Memcpy HtoD (Pinned -> Device)" not in k["name"].to_list()
     t = rp.transfer_table(busy_trace)
     assert t.select("device", "kind", "count", "dur_us").rows() == [(0, "memcpy", 1, 10.0)]
@@ -122,28 +154,36 @@ def test_kernel_table_counts_every_launch_and_keeps_copies_apart(busy_trace):
     assert cats == {(0, "gemm"): 50.0, (0, "elementwise"): 25.0, (0, "memcpy"): 25.0, (1, "communication"): 100.0}
 
 
-@pytest.mark.parametrize("kernel, op, kind, want", [
-    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", None, "kernel", "communication"),
-    ("triton_poi_fused_add_0", "CompiledFunction", "kernel", "triton_pointwise"),
-    ("triton_red_fused_sum_1", None, "kernel", "triton_reduction"),
-    ("triton_per_fused__softmax_2", None, "kernel", "triton_persistent_reduction"),
-    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "aten::mm", "kernel", "gemm"),
-    ("Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT256x128x64", "aten::mm", "kernel", "gemm"),
-    ("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32", "aten::cudnn_convolution", "kernel", "conv"),
-    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>, cutlass::bfloat16_t>", None, "kernel",
-     "attention"),
-    ("attn_fwd", "aten::_flash_attention_forward", "kernel", "attention"),
-    ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float>", None, "kernel", "normalization"),
-    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, MeanOps> >", None, "kernel", "reduction"),
-    ("void at::native::vectorized_elementwise_kernel<4, FillFunctor<float> >", "aten::mm", "kernel", "elementwise"),
-    ("mystery_kernel", "aten::addmm", "kernel", "gemm"),  # unknown kernel name: its op decides
-    ("mystery_kernel", None, "kernel", "other"),
-    ("Memset (Device)", "aten::mm", "memset", "memset"),
-    ("cpp_fused_add_relu_0", "cpp_fused_add_relu_0", "cpu_op", "inductor_cpp"),
-])
+@pytest.mark.parametrize(
+    "kernel, op, kind, want",
+    [
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", None, "kernel", "communication"),
+        ("triton_poi_fused_add_0", "CompiledFunction", "kernel", "triton_pointwise"),
+        ("triton_red_fused_sum_1", None, "kernel", "triton_reduction"),
+        ("triton_per_fused__softmax_2", None, "kernel", "triton_persistent_reduction"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "aten::mm", "kernel", "gemm"),
+        ("Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT256x128x64", "aten::mm", "kernel", "gemm"),
+        ("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32", "aten::cudnn_convolution", "kernel", "conv"),
+        (
+            "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>, cutlass::bfloat16_t>",
+            None,
+            "kernel",
+            "attention",
+        ),
+        ("attn_fwd", "aten::_flash_attention_forward", "kernel", "attention"),
+        ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float>", None, "kernel", "normalization"),
+        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, MeanOps> >", None, "kernel", "reduction"),
+        ("void at::native::vectorized_elementwise_kernel<4, FillFunctor<float> >", "aten::mm", "kernel", "elementwise"),
+        ("mystery_kernel", "aten::addmm", "kernel", "gemm"),  # unknown kernel name: its op decides
+        ("mystery_kernel", None, "kernel", "other"),
+        ("Memset (Device)", "aten::mm", "memset", "memset"),
+        ("cpp_fused_add_relu_0", "cpp_fused_add_relu_0", "cpu_op", "inductor_cpp"),
+    ],
+)
 def test_categories_table(kernel, op, kind, want):
-    df = pl.DataFrame({"name": [kernel], "op": [op], "kind": [kind]},
-                      schema={"name": pl.String, "op": pl.String, "kind": pl.String})
+    df = pl.DataFrame(
+        {"name": [kernel], "op": [op], "kind": [kind]}, schema={"name": pl.String, "op": pl.String, "kind": pl.String}
+    )
     assert df.select(rp.category_expr(pl.col("name"), pl.col("op"), pl.col("kind"))).item() == want
 
 
@@ -153,13 +193,17 @@ def nested_trace(tmp_path):
     """ProfilerStep#1 [0,200] > aten::linear [10,110] > aten::addmm [20,100] with a launch at 30
     (5 µs) whose kernel runs [60,90]; aten::relu [120,150] with a launch at 125 (2 µs) and a 1 µs
     kernel at 200. python frames wrap the linear: model.py(1): forward [5,115]."""
-    ev = [op("ProfilerStep#1", 0, 200, cat="user_annotation"),
-          op("model.py(1): forward", 5, 110, cat="python_function"),
-          op("aten::linear", 10, 100, **{"Input Dims": [[16, 32], [64, 32], [64]]}),
-          op("aten::addmm", 20, 80, **{"Input Dims": [[64], [16, 32], [32, 64]]}),
-          launch(30, 5, 1), gpu("sm90_xmma_gemm_bf16", 60, 30, 1),
-          op("aten::relu", 120, 30, **{"Input Dims": [[16, 64]]}),
-          launch(125, 2, 2), gpu("vectorized_elementwise_kernel<relu>", 200, 1, 2)]
+    ev = [
+        op("ProfilerStep#1", 0, 200, cat="user_annotation"),
+        op("model.py(1): forward", 5, 110, cat="python_function"),
+        op("aten::linear", 10, 100, **{"Input Dims": [[16, 32], [64, 32], [64]]}),
+        op("aten::addmm", 20, 80, **{"Input Dims": [[64], [16, 32], [32, 64]]}),
+        launch(30, 5, 1),
+        gpu("sm90_xmma_gemm_bf16", 60, 30, 1),
+        op("aten::relu", 120, 30, **{"Input Dims": [[16, 64]]}),
+        launch(125, 2, 2),
+        gpu("vectorized_elementwise_kernel<relu>", 200, 1, 2),
+    ]
     return flat_of(tmp_path, ev)
 
 
@@ -174,8 +218,10 @@ def test_op_table_self_and_total_times(nested_trace):
     shapes = rp.op_table(nested_trace, group_by="input-shape", sort="self_cpu_us")
     assert shapes.filter(pl.col("name") == "aten::relu")["input_shape"].item() == "[[16,64]]"
     stack = rp.op_table(nested_trace, group_by="stack")
-    assert stack.filter(pl.col("name") == "aten::addmm")["stack"].item() == \
-        "aten::linear <- model.py(1):_forward <- ProfilerStep#1"
+    assert (
+        stack.filter(pl.col("name") == "aten::addmm")["stack"].item()
+        == "aten::linear <- model.py(1):_forward <- ProfilerStep#1"
+    )
     with pytest.raises(UsageError):
         rp.op_table(nested_trace, sort="nope")
 
@@ -198,12 +244,15 @@ def test_launch_overhead(nested_trace):
 
 
 def test_compile_view_regions_and_breaks(tmp_path):
-    ev = [op("ProfilerStep#3", 0, 1000, cat="user_annotation"),
-          op("Torch-Compiled Region: 0/0", 100, 200), op("CompiledFunction", 110, 180),
-          op("aten::add", 320, 50),  # eager code between the graphs: a graph break
-          op("CompiledFunction", 500, 200),
-          op("CompiledFunctionBackward", 800, 100, tid=TID + 1),  # autograd thread
-          op("autograd::engine::evaluate_function: CompiledFunctionBackward", 790, 120, tid=TID + 1)]
+    ev = [
+        op("ProfilerStep#3", 0, 1000, cat="user_annotation"),
+        op("Torch-Compiled Region: 0/0", 100, 200),
+        op("CompiledFunction", 110, 180),
+        op("aten::add", 320, 50),  # eager code between the graphs: a graph break
+        op("CompiledFunction", 500, 200),
+        op("CompiledFunctionBackward", 800, 100, tid=TID + 1),  # autograd thread
+        op("autograd::engine::evaluate_function: CompiledFunctionBackward", 790, 120, tid=TID + 1),
+    ]
     f = flat_of(tmp_path, ev)
     r = rp.compile_view(f).row(0, named=True)
     assert (r["step"], r["regions"], r["compiled_us"], r["outside_us"]) == (3, 4, 500.0, 500.0)
@@ -213,18 +262,25 @@ def test_compile_view_regions_and_breaks(tmp_path):
 
 
 def test_communication_overlap(tmp_path):
-    ev = [gpu("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 0, 100, stream=20),
-          gpu("ncclDevKernel_AllGather_RING_LL", 50, 100, stream=21),
-          gpu("sm90_xmma_gemm_bf16", 40, 20), gpu("vectorized_elementwise_kernel", 130, 40)]
+    ev = [
+        gpu("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 0, 100, stream=20),
+        gpu("ncclDevKernel_AllGather_RING_LL", 50, 100, stream=21),
+        gpu("sm90_xmma_gemm_bf16", 40, 20),
+        gpu("vectorized_elementwise_kernel", 130, 40),
+    ]
     r = rp.communication(flat_of(tmp_path, ev)).row(0, named=True)
     assert (r["comm_kernels"], r["comm_us"], r["comm_busy_us"]) == (2, 200.0, 150.0)
     assert (r["overlapped_us"], r["exposed_us"]) == (40.0, 110.0)
 
 
 def test_cpu_only_trace_uses_cpu_ops(tmp_path):
-    ev = [op("ProfilerStep#1", 0, 100, cat="user_annotation"),
-          op("CompiledFunction", 10, 80), op("cpp_fused_add_relu_0", 20, 30), op("cpp_fused_add_relu_0", 60, 10),
-          op("aten::empty", 75, 5)]
+    ev = [
+        op("ProfilerStep#1", 0, 100, cat="user_annotation"),
+        op("CompiledFunction", 10, 80),
+        op("cpp_fused_add_relu_0", 20, 30),
+        op("cpp_fused_add_relu_0", 60, 10),
+        op("aten::empty", 75, 5),
+    ]
     f = flat_of(tmp_path, ev)
     k = rp.kernel_table(f)
     assert set(k["device"]) == {rp.CPU_DEVICE}
@@ -239,6 +295,7 @@ def test_cpu_only_trace_uses_cpu_ops(tmp_path):
 def _strict_json(text: str):
     def no_nan(c):
         raise AssertionError(f"{c} in JSON output")
+
     return json.loads(text, parse_constant=no_nan)
 
 
@@ -249,8 +306,16 @@ def test_analysis_json_contract(nested_trace, busy_trace):
             assert {"device", "name", "busy_pct", "kernels"} <= set(d)
             assert isinstance(d["device"], int) and isinstance(d["name"], str) and isinstance(d["busy_pct"], float)
             for k in d["kernels"]:
-                assert {"name", "count", "dur_us", "flops", "bytes", "achieved_flops_pct", "achieved_bw_pct",
-                        "category"} <= set(k)
+                assert {
+                    "name",
+                    "count",
+                    "dur_us",
+                    "flops",
+                    "bytes",
+                    "achieved_flops_pct",
+                    "achieved_bw_pct",
+                    "category",
+                } <= set(k)
         assert {"ops", "launch", "compile", "communication"} <= set(doc)
     doc = _strict_json(rp.format_analysis(busy_trace, rp.analyze(busy_trace), "json"))
     d0 = doc["devices"][0]
@@ -261,10 +326,18 @@ def test_analysis_json_contract(nested_trace, busy_trace):
 def test_costs_aggregate_flops_and_duration_weighted(tmp_path):
     """Cost columns as another stage would fill them (synthetic frame): two launches of one kernel."""
     f = flat_of(tmp_path, [gpu("k", 0, 10, 1), gpu("k", 20, 30, 2), gpu("k2", 60, 10, 3)])
-    g = pl.read_parquet(f.path / "gpu_ops.parquet").sort("ts_ns").with_columns(
-        flops=pl.Series([1e9, 5e9, None]), bytes=pl.Series([1e6, 3e6, None]),
-        achieved_flops_pct=pl.Series([10.0, 20.0, None]), achieved_bw_pct=pl.Series([1.0, 2.0, None]),
-        peak_tflops=pl.Series([100.0] * 3), peak_bw_gbps=pl.Series([1000.0] * 3))
+    g = (
+        pl.read_parquet(f.path / "gpu_ops.parquet")
+        .sort("ts_ns")
+        .with_columns(
+            flops=pl.Series([1e9, 5e9, None]),
+            bytes=pl.Series([1e6, 3e6, None]),
+            achieved_flops_pct=pl.Series([10.0, 20.0, None]),
+            achieved_bw_pct=pl.Series([1.0, 2.0, None]),
+            peak_tflops=pl.Series([100.0] * 3),
+            peak_bw_gbps=pl.Series([1000.0] * 3),
+        )
+    )
     store.write_table(g.to_arrow(), f.path / "gpu_ops.parquet", "gpu_ops")
     k = {r["name"]: r for r in rp.kernel_table(rp.Flat(f.path)).iter_rows(named=True)}
     assert (k["k"]["flops"], k["k"]["bytes"]) == (6e9, 4e6)
@@ -276,30 +349,56 @@ def test_costs_aggregate_flops_and_duration_weighted(tmp_path):
 
 # ------------------------------------------------------------------ diff
 def test_normalise_ops_and_kernels():
-    ops = pl.Series(["aten::cudnn_convolution", "aten::miopen_convolution", "aten::add.Tensor",
-                     "aten::_flash_attention_forward", "aten::_efficient_attention_forward", "aten::mm"])
+    ops = pl.Series(
+        [
+            "aten::cudnn_convolution",
+            "aten::miopen_convolution",
+            "aten::add.Tensor",
+            "aten::_flash_attention_forward",
+            "aten::_efficient_attention_forward",
+            "aten::mm",
+        ]
+    )
     assert ops.to_frame("n").select(rp.normalize_op(pl.col("n")))["n"].to_list() == [
-        "aten::convolution", "aten::convolution", "aten::add", "aten::scaled_dot_product_attention",
-        "aten::scaled_dot_product_attention", "aten::mm"]
-    kernels = pl.Series(["void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, 2>(float*, int)",
-                         "triton_poi_fused_add_cos_sin_0", "Memcpy HtoD (Pinned -> Device)",
-                         "std::enable_if<(((8)>(0)))&&T<c10::BFloat16>::ok, void>::type vllm::rms_norm_kernel<8>(int)"])
+        "aten::convolution",
+        "aten::convolution",
+        "aten::add",
+        "aten::scaled_dot_product_attention",
+        "aten::scaled_dot_product_attention",
+        "aten::mm",
+    ]
+    kernels = pl.Series(
+        [
+            "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, 2>(float*, int)",
+            "triton_poi_fused_add_cos_sin_0",
+            "Memcpy HtoD (Pinned -> Device)",
+            "std::enable_if<(((8)>(0)))&&T<c10::BFloat16>::ok, void>::type vllm::rms_norm_kernel<8>(int)",
+        ]
+    )
     assert kernels.to_frame("n").select(rp.normalize_kernel(pl.col("n")))["n"].to_list() == [
-        "at::native::CatArrayBatchedCopy", "triton_poi_fused_add_cos_sin", "Memcpy HtoD", "vllm::rms_norm_kernel"]
+        "at::native::CatArrayBatchedCopy",
+        "triton_poi_fused_add_cos_sin",
+        "Memcpy HtoD",
+        "vllm::rms_norm_kernel",
+    ]
 
 
 @pytest.fixture
 def diff_pair(tmp_path):
     """A: NVIDIA-like (device 0); B: AMD-like on device 3. Convolution by cudnn vs miopen, add with
     an overload suffix on one side, an op only A has, and one op-less kernel on each side."""
-    a = [*launched("aten::cudnn_convolution", "implicit_convolve_sgemm", 0, 1, kdur=40),
-         *launched("aten::add", "vectorized_elementwise_kernel<add>", 100, 2),
-         *launched("aten::add", "vectorized_elementwise_kernel<add>", 200, 3),
-         *launched("aten::nonzero", "nonzero_kernel", 300, 4),
-         gpu("void foo<int>(int*)", 500, 7)]
-    b = [*launched("aten::miopen_convolution", "MIOpenConvFwd_v4r1", 0, 1, kdur=25, device=3),
-         *launched("aten::add.Tensor", "elementwise_kernel_manual_unroll<add>", 100, 2, device=3),
-         gpu("void foo<float>(float*)", 500, 3, device=3)]
+    a = [
+        *launched("aten::cudnn_convolution", "implicit_convolve_sgemm", 0, 1, kdur=40),
+        *launched("aten::add", "vectorized_elementwise_kernel<add>", 100, 2),
+        *launched("aten::add", "vectorized_elementwise_kernel<add>", 200, 3),
+        *launched("aten::nonzero", "nonzero_kernel", 300, 4),
+        gpu("void foo<int>(int*)", 500, 7),
+    ]
+    b = [
+        *launched("aten::miopen_convolution", "MIOpenConvFwd_v4r1", 0, 1, kdur=25, device=3),
+        *launched("aten::add.Tensor", "elementwise_kernel_manual_unroll<add>", 100, 2, device=3),
+        gpu("void foo<float>(float*)", 500, 3, device=3),
+    ]
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     return flat_of(tmp_path / "a", a, "a"), flat_of(tmp_path / "b", b, "b")
 
@@ -335,8 +434,12 @@ def test_cli_analyze_and_diff(tmp_path, run_cli):
     assert p.returncode == 0 and "| gemm…" in p.stdout
     p = run_cli(["diff", src, src, "--format", "json", "--label-a", "x", "--label-b", "y"])
     assert p.returncode == 0 and _strict_json(p.stdout)["labels"] == {"a": "x", "b": "y"}
-    for bad in (["analyze", tmp_path / "missing.json"], ["analyze", src, "-f", "xml"],
-                ["analyze", src, "--section", "nope"], ["analyze", src, "--group-by", "colour"]):
+    for bad in (
+        ["analyze", tmp_path / "missing.json"],
+        ["analyze", src, "-f", "xml"],
+        ["analyze", src, "--section", "nope"],
+        ["analyze", src, "--group-by", "colour"],
+    ):
         p = run_cli(bad)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
 
@@ -377,8 +480,9 @@ def _truth(path: Path):
 @pytest.fixture(scope="module")
 def real_flat(tmp_path_factory):
     out = tmp_path_factory.mktemp("real")
-    return lambda p: rp.Flat(out / trace_stem(p)) if store.is_flat_dir(out / trace_stem(p)) \
-        else rp.Flat(flatten(p, out).out_dir)
+    return lambda p: (
+        rp.Flat(out / trace_stem(p)) if store.is_flat_dir(out / trace_stem(p)) else rp.Flat(flatten(p, out).out_dir)
+    )
 
 
 @pytest.mark.real
@@ -414,15 +518,35 @@ def test_real_cross_vendor_diff_matches_most_launched_time(real_flat):
 def test_gpu_activity_without_device_id_is_reported_under_minus_one(tmp_path):
     """A kernel whose args carry no device must still be counted (under device -1)."""
     events = [
-        {"ph": "X", "cat": "kernel", "name": "k_nodev", "pid": 0, "tid": 7, "ts": 100.0, "dur": 5.0,
-         "args": {"stream": 7, "correlation": 1}},
-        {"ph": "X", "cat": "kernel", "name": "k_dev0", "pid": 0, "tid": 7, "ts": 110.0, "dur": 5.0,
-         "args": {"device": 0, "stream": 7, "correlation": 2}},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k_nodev",
+            "pid": 0,
+            "tid": 7,
+            "ts": 100.0,
+            "dur": 5.0,
+            "args": {"stream": 7, "correlation": 1},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k_dev0",
+            "pid": 0,
+            "tid": 7,
+            "ts": 110.0,
+            "dur": 5.0,
+            "args": {"device": 0, "stream": 7, "correlation": 2},
+        },
     ]
     path = tmp_path / "nodev.json"
     path.write_text(json.dumps({"traceEvents": events}))
-    p = subprocess.run([sys.executable, "-m", "pipeline", "analyze", str(path), "--format", "json"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "pipeline", "analyze", str(path), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     devices = {d["device"]: [k["name"] for k in d["kernels"]] for d in json.loads(p.stdout)["devices"]}
     assert devices == {-1: ["k_nodev"], 0: ["k_dev0"]}
@@ -432,16 +556,48 @@ def test_kernel_without_correlation_still_links_to_its_launch_by_flow(tmp_path):
     """A GPU op with no correlation id links through its ac2g flow, even when others have one."""
     events = [
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 50.0, "args": {}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 20.0, "dur": 3.0,
-         "args": {"correlation": 5}},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": 20.0,
+            "dur": 3.0,
+            "args": {"correlation": 5},
+        },
         {"ph": "s", "id": 5, "pid": 1, "tid": 1, "ts": 20.0, "cat": "ac2g", "name": "ac2g"},
-        {"ph": "X", "cat": "kernel", "name": "k_nocorr", "pid": 0, "tid": 7, "ts": 40.0, "dur": 5.0,
-         "args": {"device": 0, "stream": 7}},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k_nocorr",
+            "pid": 0,
+            "tid": 7,
+            "ts": 40.0,
+            "dur": 5.0,
+            "args": {"device": 0, "stream": 7},
+        },
         {"ph": "f", "id": 5, "pid": 0, "tid": 7, "ts": 40.0, "cat": "ac2g", "name": "ac2g", "bp": "e"},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 30.0, "dur": 3.0,
-         "args": {"correlation": 6}},
-        {"ph": "X", "cat": "kernel", "name": "k_corr", "pid": 0, "tid": 7, "ts": 50.0, "dur": 5.0,
-         "args": {"device": 0, "stream": 7, "correlation": 6}},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": 30.0,
+            "dur": 3.0,
+            "args": {"correlation": 6},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k_corr",
+            "pid": 0,
+            "tid": 7,
+            "ts": 50.0,
+            "dur": 5.0,
+            "args": {"device": 0, "stream": 7, "correlation": 6},
+        },
     ]
     path = tmp_path / "nocorr.json"
     path.write_text(json.dumps({"traceEvents": events}))

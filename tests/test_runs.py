@@ -1,6 +1,7 @@
 """Whole runs: collectives per rank, matched across ranks, clocks aligned, waits, stragglers,
 bandwidth; on synthetic runs with known physics, on real gloo runs recorded with torch, and on the
 shared NCCL traces."""
+
 from __future__ import annotations
 
 import gzip
@@ -15,7 +16,7 @@ from conftest import TESTS
 from pipeline.dataset.batch import run_batch
 from pipeline.flatten import flatten
 from pipeline.read.metadata import rank_of
-from pipeline.runs.collectives import _kind_from_name, collectives
+from pipeline.runs.collectives import _kind_from_name
 from pipeline.runs.report import analyze_runs, runs_json
 from pipeline.synthetic import write_run
 
@@ -111,11 +112,14 @@ def test_rank_from_distributed_info_then_file_name():
 
 
 def test_kernel_names_of_older_layouts():
-    names = ["ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
-             "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-             "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)",
-             "ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*)", "ncclKernel_Reduce_RING_LL_Sum_half",
-             "ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)"]
+    names = [
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+        "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)",
+        "ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*)",
+        "ncclKernel_Reduce_RING_LL_Sum_half",
+        "ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)",
+    ]
     got = pl.select(_kind_from_name(pl.Series(names))).to_series().to_list()
     assert got == ["allreduce", "allgather", "sendrecv", "broadcast", "reduce", None]
 
@@ -141,8 +145,12 @@ def test_gloo_process_groups_come_from_their_runloop_threads(tmp_path):
     flat = flatten(RUNS / "gloo4_sub" / "rank-1.json.gz", tmp_path).out_dir
     t = pl.read_parquet(flat / "collectives.parquet")
     assert t.group_by("pg_ranks", "kind").len().sort("pg_ranks", "kind").rows() == [
-        ("[0, 1, 2, 3]", "allgather", 6), ("[0, 1, 2, 3]", "allreduce", 6), ("[0, 1, 2, 3]", "barrier", 6),
-        ("[0, 1, 2, 3]", "broadcast", 6), ("[1, 2]", "allreduce", 6)]
+        ("[0, 1, 2, 3]", "allgather", 6),
+        ("[0, 1, 2, 3]", "allreduce", 6),
+        ("[0, 1, 2, 3]", "barrier", 6),
+        ("[0, 1, 2, 3]", "broadcast", 6),
+        ("[1, 2]", "allreduce", 6),
+    ]
     assert t.filter(pl.col("pg_ranks") == "[1, 2]")["bytes"].unique().to_list() == [32]  # 8 floats
     assert t.filter(pl.col("kind") == "allgather")["bytes"].unique().to_list() == [16]  # 1 float x 4 ranks
 
@@ -156,11 +164,17 @@ def test_collectives_of_real_nccl_traces(shared_traces, tmp_path):
     assert t["pg_ranks"].unique().to_list() == ["[0, 1]"] and t["seq"].to_list() == list(range(21))
     first = t.filter(pl.col("kind") == "allreduce").row(0, named=True)
     assert first["bytes"] == first["in_nelems"] * 4 and first["dtype"] == "fp32"
-    old = pl.read_parquet(flatten(shared_traces / "hta/a100_old_format_rank0.json.gz", tmp_path).out_dir
-                          / "collectives.parquet")
+    old = pl.read_parquet(
+        flatten(shared_traces / "hta/a100_old_format_rank0.json.gz", tmp_path).out_dir / "collectives.parquet"
+    )
     # SendRecv kernels of an older layout: the kind comes from the c10d op that launched them
-    assert dict(old.group_by("kind").len().rows()) == {"alltoall": 45, "allreduce": 10, "allgather": 10,
-                                                       "reducescatter": 10, "sendrecv": 5}
+    assert dict(old.group_by("kind").len().rows()) == {
+        "alltoall": 45,
+        "allreduce": 10,
+        "allgather": 10,
+        "reducescatter": 10,
+        "sendrecv": 5,
+    }
 
 
 @pytest.mark.real
@@ -173,10 +187,29 @@ def test_a_run_made_from_a_real_rank(shared_traces, tmp_path):
     if not maker.is_file():
         pytest.skip("make_run.py not found")
     offs = "0,-1300,700,1900"
-    subprocess.run([sys.executable, str(maker), str(shared_traces / "hta/a100_nccl.json.gz"), "--world", "4",
-                    "--straggler", "2", "--delay-us", "3000", "--delay-collective", "5", "--collective-kind",
-                    "allreduce", "--clock-offsets-us", offs, "--out", str(tmp_path / "run")], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(maker),
+            str(shared_traces / "hta/a100_nccl.json.gz"),
+            "--world",
+            "4",
+            "--straggler",
+            "2",
+            "--delay-us",
+            "3000",
+            "--delay-collective",
+            "5",
+            "--collective-kind",
+            "allreduce",
+            "--clock-offsets-us",
+            offs,
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     run = runs_json(analyze_runs(batched(tmp_path / "run", tmp_path)))["runs"][0]
     for r, o in enumerate(map(float, offs.split(","))):
         assert run["clock_offset_us"][str(r)] == pytest.approx(o, abs=20)
@@ -200,8 +233,11 @@ def test_ranks_sections_in_every_format(tmp_path, run_cli, fmt):
     ds = batched(tmp_path / "run", tmp_path)
     p = run_cli(["ranks", ds, "--format", fmt])
     assert p.returncode == 0, p.stderr
-    marks = ("# ranks", "# stragglers", "# steps") if fmt == "csv" else ("Ranks: clock offset", "Stragglers:",
-                                                                          "Per rank and step")
+    marks = (
+        ("# ranks", "# stragglers", "# steps")
+        if fmt == "csv"
+        else ("Ranks: clock offset", "Stragglers:", "Per rank and step")
+    )
     assert all(m in p.stdout for m in marks), p.stdout[:300]
     assert run_cli(["ranks", ds, "--run", "nope"]).returncode == 2
     assert run_cli(["ranks", ds, "--align", "sideways"]).returncode == 2
@@ -210,8 +246,36 @@ def test_ranks_sections_in_every_format(tmp_path, run_cli, fmt):
 def test_ranks_plots(tmp_path, run_cli):
     pytest.importorskip("matplotlib")
     write_run(tmp_path / "run", 4, 16, straggler=2, delay_us=800.0, delayed=3)
-    p = run_cli(["ranks", batched(tmp_path / "run", tmp_path), "--plot", tmp_path / "plots", "-o", tmp_path / "r.md",
-                 "--format", "md"])
+    p = run_cli(
+        [
+            "ranks",
+            batched(tmp_path / "run", tmp_path),
+            "--plot",
+            tmp_path / "plots",
+            "-o",
+            tmp_path / "r.md",
+            "--format",
+            "md",
+        ]
+    )
     assert p.returncode == 0, p.stderr
     assert sorted(f.name for f in (tmp_path / "plots").iterdir()) == [
-        "run_busbw.png", "run_busbw.svg", "run_waits.png", "run_waits.svg"]
+        "run_busbw.png",
+        "run_busbw.svg",
+        "run_waits.png",
+        "run_waits.svg",
+    ]
+
+
+def test_run_level_query_examples(tmp_path):
+    from pipeline.dataset import query as Q
+
+    write_run(tmp_path / "run", 4, 12, straggler=1, delay_us=900.0, delayed=4)  # one clock: raw SQL is right
+    ds = batched(tmp_path / "run", tmp_path)
+    top = Q.run(ds, Q.example("stragglers")).row(0, named=True)
+    assert top["rank"] == 1 and top["wait_caused_us"] == pytest.approx(3 * 900.0)
+    bw = Q.run(ds, Q.example("collective_bandwidth"))
+    assert sorted(bw["kind"].to_list()) == ["allgather", "allreduce", "reducescatter"] and set(bw["ranks"]) == {4}
+    # 10 µs of each comm kernel is exposed; the waiters' wait (900) too; the late rank's kernel (50) is all exposed
+    exposed = Q.run(ds, Q.example("exposed_comm_by_rank"))["exposed_comm_us"].to_list()
+    assert exposed == [pytest.approx(x) for x in (120 + 900, 120 + 40, 120 + 900, 120 + 900)]

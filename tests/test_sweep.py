@@ -4,6 +4,7 @@ Every piece that folds windows is checked against the whole-table answer: unions
 float sums, prefix sums per thread, nesting with pending slices; and the reports of a trace read
 in windows of a few events each equal those read in one window.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-import synth
 from pipeline import report as rp
+from pipeline import synthetic as synth
 from pipeline.analyses import sweep
 from pipeline.analyses.cpu import is_slice
 from pipeline.flatten import flatten
@@ -58,16 +59,28 @@ def test_run_tally_in_windows_equals_the_union_of_all_intervals():
     for _ in range(60):
         n = rng.randint(1, 120)
         ts = [rng.randint(0, 1000) for _ in range(n)]
-        df = pl.DataFrame({"k": [rng.randint(0, 2) for _ in range(n)],
-                           "s": [rng.choice([None, 1, 2]) for _ in range(n)], "ts_ns": ts,
-                           "end_ns": [t + rng.choice([0, rng.randint(0, 50)]) for t in ts]},
-                          schema={"k": pl.Int64, "s": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64})
+        df = pl.DataFrame(
+            {
+                "k": [rng.randint(0, 2) for _ in range(n)],
+                "s": [rng.choice([None, 1, 2]) for _ in range(n)],
+                "ts_ns": ts,
+                "end_ns": [t + rng.choice([0, rng.randint(0, 50)]) for t in ts],
+            },
+            schema={"k": pl.Int64, "s": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64},
+        )
         by = ["k", "s"]
         runs = sweep.interval_union(df, by).collect()
-        want = (runs.group_by(by, maintain_order=True)
-                .agg(start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max(),
-                     busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), runs=pl.len().cast(pl.Int64),
-                     largest_gap_ns=(pl.col("start_ns") - pl.col("end_ns").shift(1)).max()).sort(by))
+        want = (
+            runs.group_by(by, maintain_order=True)
+            .agg(
+                start_ns=pl.col("start_ns").min(),
+                end_ns=pl.col("end_ns").max(),
+                busy_ns=(pl.col("end_ns") - pl.col("start_ns")).sum(),
+                runs=pl.len().cast(pl.Int64),
+                largest_gap_ns=(pl.col("start_ns") - pl.col("end_ns").shift(1)).max(),
+            )
+            .sort(by)
+        )
         tally = sweep.RunTally(by)
         for w in _windows(rng.randint(0, 1000) for _ in range(rng.randint(0, 9))):
             tally.add(df.filter(_in(w)))
@@ -144,12 +157,16 @@ def test_slice_sweep_nests_slices_as_all_of_them_at_once(tmp_path, seed):
     rng = random.Random(seed)
     slices = _nested_slices(rng)
     rng.shuffle(slices)  # file order is not time order
-    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": tid, "ts": ts, "dur": end - ts}
-              for i, (_, tid, ts, end) in enumerate(slices)]
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": tid, "ts": ts, "dur": end - ts}
+        for i, (_, tid, ts, end) in enumerate(slices)
+    ]
     flat = rp.Flat(flatten(_write(tmp_path, events), tmp_path / "flat").out_dir)
     ev = pl.read_parquet(flat.path / "events.parquet")
-    want = nesting.nesting(ev.select(iv_idx="event_idx", pid="pid", tid="tid", ts_ns="ts_ns",
-                                     end_ns=pl.col("ts_ns") + pl.col("dur_ns")), nesting.LONGER_FIRST)
+    want = nesting.nesting(
+        ev.select(iv_idx="event_idx", pid="pid", tid="tid", ts_ns="ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns")),
+        nesting.LONGER_FIRST,
+    )
     where = is_slice(OP_CAT)
     events_file = flat.path / "events.parquet"
     seen, final = [], []
@@ -166,9 +183,12 @@ def test_slice_sweep_nests_slices_as_all_of_them_at_once(tmp_path, seed):
         assert parents["parent_op"].to_list() == expect["parent_idx"].to_list()
         done = pl.concat(final)
         assert done["event_idx"].is_unique().all() and done.height == ev.height
-        child = (expect.drop_nulls("parent_idx")
-                 .join(ev.select("event_idx", "dur_ns"), left_on="iv_idx", right_on="event_idx")
-                 .group_by("parent_idx").agg(pl.col("dur_ns").sum()))
+        child = (
+            expect.drop_nulls("parent_idx")
+            .join(ev.select("event_idx", "dur_ns"), left_on="iv_idx", right_on="event_idx")
+            .group_by("parent_idx")
+            .agg(pl.col("dur_ns").sum())
+        )
         got_child = done.join(child, left_on="event_idx", right_on="parent_idx", how="left")
         assert got_child["child_op_ns"].to_list() == got_child["dur_ns_right"].fill_null(0).to_list()
 
@@ -207,11 +227,24 @@ def test_reports_read_in_small_windows_equal_one_window(synth_flat, per_window, 
 
 
 def test_cpu_only_reports_in_small_windows_equal_one_window(tmp_path, monkeypatch):
-    ev = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1, "ts": s * 100,
-           "dur": 90, "args": {}} for s in range(4)]
-    ev += [{"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": s * 100 + off, "dur": dur, "args": {}}
-           for s in range(4) for name, off, dur in (("CompiledFunction", 5, 60), ("cpp_fused_add_0", 10, 20),
-                                                     ("aten::empty", 40, 5))]
+    ev = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": f"ProfilerStep#{s}",
+            "pid": 1,
+            "tid": 1,
+            "ts": s * 100,
+            "dur": 90,
+            "args": {},
+        }
+        for s in range(4)
+    ]
+    ev += [
+        {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": s * 100 + off, "dur": dur, "args": {}}
+        for s in range(4)
+        for name, off, dur in (("CompiledFunction", 5, 60), ("cpp_fused_add_0", 10, 20), ("aten::empty", 40, 5))
+    ]
     out = flatten(_write(tmp_path, ev), tmp_path / "flat").out_dir
     whole = _all_outputs(out)
     assert whole["analyze"]["devices"][0]["device"] == rp.CPU_DEVICE
@@ -242,8 +275,19 @@ def test_reports_do_not_hold_the_gpu_op_table(synth_flat):
 def test_times_are_exact_and_reports_the_same_every_run(tmp_path):
     """Sums of nanoseconds become µs once: 3,000 kernels of 0.1 µs sum to exactly 300 µs (float
     sums of 0.1 do not), and the document comes out byte for byte the same in a fresh process."""
-    ev = [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": i * 0.5, "dur": 0.1,
-           "args": {"device": 0, "stream": 7}} for i in range(3000)]
+    ev = [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k",
+            "pid": 0,
+            "tid": 7,
+            "ts": i * 0.5,
+            "dur": 0.1,
+            "args": {"device": 0, "stream": 7},
+        }
+        for i in range(3000)
+    ]
     out = flatten(_write(tmp_path, ev), tmp_path / "flat").out_dir
     docs = [rp.format_analysis(f, rp.analyze(f), "json") for f in (rp.Flat(out), rp.Flat(out))]
     assert docs[0] == docs[1]

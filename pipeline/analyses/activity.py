@@ -5,6 +5,7 @@
 of collective / compute kernels, value counts of launch durations and delays, device specs and peaks.
 A trace without GPU ops gets the same totals from its CPU ops (`cpu.cpu_sweep`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,9 +48,25 @@ class Activity:
 
 
 NAME_KEYS = ["device", "kind", "name", "category", "cpu_op_name"]  # what the name sums are kept per
-GPU_COLUMNS = ["event_idx", "kind", "name", "device", "stream", "ts_ns", "dur_ns", "cpu_op_name", "flops", "bytes",
-               "achieved_flops_pct", "achieved_bw_pct", "peak_tflops", "peak_bw_gbps", "spec_name", "launch_ts_ns",
-               "launch_dur_ns"]
+GPU_COLUMNS = [
+    "event_idx",
+    "kind",
+    "name",
+    "device",
+    "stream",
+    "ts_ns",
+    "dur_ns",
+    "cpu_op_name",
+    "flops",
+    "bytes",
+    "achieved_flops_pct",
+    "achieved_bw_pct",
+    "peak_tflops",
+    "peak_bw_gbps",
+    "spec_name",
+    "launch_ts_ns",
+    "launch_dur_ns",
+]
 KERNEL = pl.col("kind") == "kernel"
 COLLECTIVE = pl.col("category") == "communication"
 RUN_SETS: dict[str, tuple[list[str], pl.Expr]] = {  # unions of activity: (key columns, which rows)
@@ -97,24 +114,39 @@ def _name_sums(rows: pl.DataFrame) -> pl.DataFrame:
         return dur.filter(pl.col(col).is_not_null()).sum()
 
     return rows.group_by(NAME_KEYS, maintain_order=True).agg(
-        n=pl.len().cast(pl.Int64), dur_ns=dur.sum(), min_ns=dur.min(), max_ns=dur.max(),
-        flops=float_sum("flops"), flops_n=pl.col("flops").count().cast(pl.Int64), flops_dur_ns=known_time("flops"),
-        bytes=float_sum("bytes"), bytes_n=pl.col("bytes").count().cast(pl.Int64), bytes_dur_ns=known_time("bytes"),
-        fpct_w=float_sum(pl.col("achieved_flops_pct") * dur), fpct_dur_ns=known_time("achieved_flops_pct"),
-        bpct_w=float_sum(pl.col("achieved_bw_pct") * dur), bpct_dur_ns=known_time("achieved_bw_pct"),
+        n=pl.len().cast(pl.Int64),
+        dur_ns=dur.sum(),
+        min_ns=dur.min(),
+        max_ns=dur.max(),
+        flops=float_sum("flops"),
+        flops_n=pl.col("flops").count().cast(pl.Int64),
+        flops_dur_ns=known_time("flops"),
+        bytes=float_sum("bytes"),
+        bytes_n=pl.col("bytes").count().cast(pl.Int64),
+        bytes_dur_ns=known_time("bytes"),
+        fpct_w=float_sum(pl.col("achieved_flops_pct") * dur),
+        fpct_dur_ns=known_time("achieved_flops_pct"),
+        bpct_w=float_sum(pl.col("achieved_bw_pct") * dur),
+        bpct_dur_ns=known_time("achieved_bw_pct"),
         peak_tflops_at=pl.col("event_idx").filter(pl.col("peak_tflops").is_not_null()).first(),
         peak_tflops=pl.col("peak_tflops").drop_nulls().first(),
         peak_bw_at=pl.col("event_idx").filter(pl.col("peak_bw_gbps").is_not_null()).first(),
-        peak_bw_gbps=pl.col("peak_bw_gbps").drop_nulls().first())
+        peak_bw_gbps=pl.col("peak_bw_gbps").drop_nulls().first(),
+    )
 
 
 NAME_SUM_FOLD = [  # how name sums combine (two windows, or the rows of a coarser key)
-    *(pl.col(c).sum() for c in ("n", "dur_ns", "flops_n", "flops_dur_ns", "bytes_n", "bytes_dur_ns", "fpct_dur_ns",
-                                "bpct_dur_ns")),
-    pl.col("min_ns").min(), pl.col("max_ns").max(),
+    *(
+        pl.col(c).sum()
+        for c in ("n", "dur_ns", "flops_n", "flops_dur_ns", "bytes_n", "bytes_dur_ns", "fpct_dur_ns", "bpct_dur_ns")
+    ),
+    pl.col("min_ns").min(),
+    pl.col("max_ns").max(),
     *(float_sum(c).alias(c) for c in ("flops", "bytes", "fpct_w", "bpct_w")),
-    pl.col("peak_tflops_at").min(), first_by("peak_tflops", "peak_tflops_at"),
-    pl.col("peak_bw_at").min(), first_by("peak_bw_gbps", "peak_bw_at"),
+    pl.col("peak_tflops_at").min(),
+    first_by("peak_tflops", "peak_tflops_at"),
+    pl.col("peak_bw_at").min(),
+    first_by("peak_bw_gbps", "peak_bw_at"),
 ]
 
 
@@ -138,8 +170,11 @@ class ActivityTally:
 
     def add_intervals(self, rows: pl.DataFrame):
         """Rows starting in this window (device, stream, kind, category, ts_ns, end_ns)."""
-        with_collectives = (pl.lit(False) if self.collective_devices is None
-                            else pl.col("device").is_in(self.collective_devices.implode()))
+        with_collectives = (
+            pl.lit(False)
+            if self.collective_devices is None
+            else pl.col("device").is_in(self.collective_devices.implode())
+        )
         for name, (by, which) in RUN_SETS.items():
             which = which & with_collectives if name in COLLECTIVE_SETS else which
             self.runs[name].add(rows.filter(which).select(*by, "ts_ns", "end_ns"))
@@ -149,63 +184,93 @@ class ActivityTally:
         self.add_names(g)
         self.add_intervals(g)
         self._add_launches(g)
-        first_spec = (g.filter(pl.col("spec_name").is_not_null()).group_by("device", maintain_order=True)
-                      .agg(spec_at=pl.col("event_idx").first(), spec_name=pl.col("spec_name").first()))
-        self.specs = fold(self.specs, first_spec, ["device"],
-                          [pl.col("spec_at").min(), first_by("spec_name", "spec_at")])
+        first_spec = (
+            g.filter(pl.col("spec_name").is_not_null())
+            .group_by("device", maintain_order=True)
+            .agg(spec_at=pl.col("event_idx").first(), spec_name=pl.col("spec_name").first())
+        )
+        self.specs = fold(
+            self.specs, first_spec, ["device"], [pl.col("spec_at").min(), first_by("spec_name", "spec_at")]
+        )
         self._add_peaks(g.filter(KERNEL))
 
     def _add_launches(self, g: pl.DataFrame):
         """Value counts of kernels' launch durations and launch-to-start delays (exact percentiles)."""
         k = g.filter(KERNEL & pl.col("launch_ts_ns").is_not_null()).select(
-            "device", "dur_ns", launch_ns="launch_dur_ns", delay_ns=pl.col("ts_ns") - pl.col("launch_ts_ns"))
+            "device", "dur_ns", launch_ns="launch_dur_ns", delay_ns=pl.col("ts_ns") - pl.col("launch_ts_ns")
+        )
         count = lambda col: k.group_by("device", col).agg(n=pl.len().cast(pl.Int64))
         self.durations = fold(self.durations, count("launch_ns"), ["device", "launch_ns"], [pl.col("n").sum()])
         self.delays = fold(self.delays, count("delay_ns"), ["device", "delay_ns"], [pl.col("n").sum()])
         shorter = pl.col("dur_ns") < pl.col("launch_ns")
         per_device = k.group_by("device").agg(
-            kernels=pl.len().cast(pl.Int64), compared=shorter.count().cast(pl.Int64),
-            shorter=shorter.sum().cast(pl.Int64), launch_max_ns=pl.col("launch_ns").max(),
-            delay_max_ns=pl.col("delay_ns").max())
-        self.launches = fold(self.launches, per_device, ["device"], [pl.col("kernels", "compared", "shorter").sum(),
-                                                                    pl.col("launch_max_ns", "delay_max_ns").max()])
+            kernels=pl.len().cast(pl.Int64),
+            compared=shorter.count().cast(pl.Int64),
+            shorter=shorter.sum().cast(pl.Int64),
+            launch_max_ns=pl.col("launch_ns").max(),
+            delay_max_ns=pl.col("delay_ns").max(),
+        )
+        self.launches = fold(
+            self.launches,
+            per_device,
+            ["device"],
+            [pl.col("kernels", "compared", "shorter").sum(), pl.col("launch_max_ns", "delay_max_ns").max()],
+        )
 
     def _add_peaks(self, k: pl.DataFrame):
         """The kernels' peak FLOP/s (counted: the plot takes the most used) and first bandwidth."""
         counts = k.filter(pl.col("peak_tflops").is_not_null()).group_by("device", "peak_tflops").agg(n=pl.len())
         self.peak_counts = fold(self.peak_counts, counts, ["device", "peak_tflops"], [pl.col("n").sum()])
-        bw = (k.group_by("device", maintain_order=True)
-              .agg(bw_at=pl.col("event_idx").filter(pl.col("peak_bw_gbps").is_not_null()).first(),
-                   peak_bw_gbps=pl.col("peak_bw_gbps").drop_nulls().first()))
+        bw = k.group_by("device", maintain_order=True).agg(
+            bw_at=pl.col("event_idx").filter(pl.col("peak_bw_gbps").is_not_null()).first(),
+            peak_bw_gbps=pl.col("peak_bw_gbps").drop_nulls().first(),
+        )
         self.peak_bw = fold(self.peak_bw, bw, ["device"], [pl.col("bw_at").min(), first_by("peak_bw_gbps", "bw_at")])
 
     def result(self) -> Activity:
         names = _as_strings(self.names if self.names is not None else _name_sums(empty_activity()))
         runs = {name: t.result({c: pl.Int64 for c in RUN_SETS[name][0]}) for name, t in self.runs.items()}
-        specs = (_as_strings(self.specs.select("device", "spec_name")) if self.specs is not None
-                 else pl.DataFrame(schema={"device": pl.Int64, "spec_name": pl.String}))
+        specs = (
+            _as_strings(self.specs.select("device", "spec_name"))
+            if self.specs is not None
+            else pl.DataFrame(schema={"device": pl.Int64, "spec_name": pl.String})
+        )
         return Activity(names=names, runs=runs, launch=self._launch_table(), specs=specs, peaks=self._peak_table())
 
     def _launch_table(self) -> pl.DataFrame:
         """Per device: kernels, compared, shorter, launch_max_ns, delay_max_ns, launch_q<i>, delay_q<i> (ns)."""
         if self.launches is None or self.durations is None or self.delays is None:  # all set together
-            return pl.DataFrame(schema={"device": pl.Int64, "kernels": pl.Int64, "compared": pl.Int64,
-                                        "shorter": pl.Int64, "launch_max_ns": pl.Int64, "delay_max_ns": pl.Int64,
-                                        **{f"{m}_q{i}": pl.Int64 for m in ("launch", "delay")
-                                           for i in range(len(LAUNCH_QUANTILES))}})
+            return pl.DataFrame(
+                schema={
+                    "device": pl.Int64,
+                    "kernels": pl.Int64,
+                    "compared": pl.Int64,
+                    "shorter": pl.Int64,
+                    "launch_max_ns": pl.Int64,
+                    "delay_max_ns": pl.Int64,
+                    **{f"{m}_q{i}": pl.Int64 for m in ("launch", "delay") for i in range(len(LAUNCH_QUANTILES))},
+                }
+            )
         out = self.launches
         for metric, counts in (("launch", self.durations), ("delay", self.delays)):
             q = quantiles_from_counts(counts, ["device"], f"{metric}_ns", LAUNCH_QUANTILES)
-            out = out.join(q.rename({f"q{i}": f"{metric}_q{i}" for i in range(len(LAUNCH_QUANTILES))}), on="device",
-                           how="left", maintain_order="left")
+            out = out.join(
+                q.rename({f"q{i}": f"{metric}_q{i}" for i in range(len(LAUNCH_QUANTILES))}),
+                on="device",
+                how="left",
+                maintain_order="left",
+            )
         return out
 
     def _peak_table(self) -> pl.DataFrame:
         """(device, peak_tflops, peak_bw_gbps): the most used peak (ties: the lower) and the first bandwidth."""
         if self.peak_bw is None or self.peak_counts is None:  # both set together
             return pl.DataFrame(schema={"device": pl.Int64, "peak_tflops": pl.Float64, "peak_bw_gbps": pl.Float64})
-        most = (self.peak_counts.sort("device", "n", "peak_tflops", descending=[False, True, False])
-                .group_by("device", maintain_order=True).agg(pl.col("peak_tflops").first()))
+        most = (
+            self.peak_counts.sort("device", "n", "peak_tflops", descending=[False, True, False])
+            .group_by("device", maintain_order=True)
+            .agg(pl.col("peak_tflops").first())
+        )
         return self.peak_bw.join(most, on="device", how="left").select("device", "peak_tflops", "peak_bw_gbps")
 
 
@@ -227,8 +292,12 @@ def gpu_sweep(f: Flat) -> Activity:
     columns = gpu_columns(path, GPU_COLUMNS, categorical=True)
     memo = CategoryMemo()
     named = (c for c in columns if c.meta.output_name() in ("kind", "name", "cpu_op_name"))
-    keys = (pl.scan_parquet(path).select(*named, pl.col("device").fill_null(CPU_DEVICE))
-            .unique().collect(engine="streaming"))
+    keys = (
+        pl.scan_parquet(path)
+        .select(*named, pl.col("device").fill_null(CPU_DEVICE))
+        .unique()
+        .collect(engine="streaming")
+    )
     keys = with_category(keys, memo=memo)
     tally = ActivityTally(keys.filter(KERNEL & COLLECTIVE)["device"].unique())
     for window in time_windows(path, pl.lit(True), max(1, sweep.PER_WINDOW // 2)):  # beside the CPU sweep's

@@ -1,4 +1,5 @@
 """busy: busy and idle time per device (or stream) from the GPU sweep's unions of activity."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -11,10 +12,16 @@ def _span_stats(runs: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     """Busy/idle figures of unions (`RunTally.result`)."""
     span = pl.col("end_ns") - pl.col("start_ns")
     return runs.select(
-        *by, span_us=us(span), busy_us=us("busy_ns"),
+        *by,
+        span_us=us(span),
+        busy_us=us("busy_ns"),
         busy_pct=pl.when(span > 0).then(100 * pl.col("busy_ns") / span).otherwise(0.0),
-        idle_us=us(span) - us("busy_ns"), gaps=pl.col("runs") - 1,
-        largest_gap_us=us(pl.col("largest_gap_ns").fill_null(0)), start_ns="start_ns", end_ns="end_ns")
+        idle_us=us(span) - us("busy_ns"),
+        gaps=pl.col("runs") - 1,
+        largest_gap_us=us(pl.col("largest_gap_ns").fill_null(0)),
+        start_ns="start_ns",
+        end_ns="end_ns",
+    )
 
 
 def busy(flat, per_stream: bool = False) -> pl.DataFrame:
@@ -26,5 +33,6 @@ def busy(flat, per_stream: bool = False) -> pl.DataFrame:
     stats = _span_stats(f.activity.runs["stream" if per_stream else "device"], by).sort(by)
     if per_stream:
         return stats
-    return (stats.join(f.activity_devices, on="device", how="left", maintain_order="left")
-            .select("device", "name", pl.exclude("device", "name")))
+    return stats.join(f.activity_devices, on="device", how="left", maintain_order="left").select(
+        "device", "name", pl.exclude("device", "name")
+    )

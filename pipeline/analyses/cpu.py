@@ -6,6 +6,7 @@ anywhere inside it (`Launches`); `CpuTally` folds the final ones per op key (`GR
 and keeps the ProfilerSteps and compiled regions. A trace without GPU ops gets its device activity's
 totals from the ops' self times (device -1).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -72,8 +73,13 @@ GROUP_ARGS = {  # what a grouping reads from an op's args (the rest of its key c
 
 def is_slice(cat_regex: str) -> pl.Expr:
     """Complete events of these categories on a thread, with a start."""
-    return ((pl.col("ph") == "X") & pl.col("cat").str.contains(cat_regex) & pl.col("pid").is_not_null()
-            & pl.col("tid").is_not_null() & pl.col("ts_ns").is_not_null())
+    return (
+        (pl.col("ph") == "X")
+        & pl.col("cat").str.contains(cat_regex)
+        & pl.col("pid").is_not_null()
+        & pl.col("tid").is_not_null()
+        & pl.col("ts_ns").is_not_null()
+    )
 
 
 IS_OP = pl.col("cat").str.contains(OP_CAT)
@@ -94,13 +100,18 @@ class Launches:
     def enter(self, window):
         """The launches in the window: (pid, tid) of the launch call, its start, the GPU op's duration."""
         launched = pl.col("launch_event_idx").is_not_null() & pl.col("ts_ns").is_not_null()
-        g = read(self.gpu, launched & within(window, "launch_ts_ns"),
-                 ["launch_event_idx", "launch_ts_ns", pl.col("dur_ns").fill_null(0)])
-        threads = read_among(self.events, pl.lit(True), "event_idx", g["launch_event_idx"],
-                             ["event_idx", "pid", "tid"], wide=True)
+        g = read(
+            self.gpu,
+            launched & within(window, "launch_ts_ns"),
+            ["launch_event_idx", "launch_ts_ns", pl.col("dur_ns").fill_null(0)],
+        )
+        threads = read_among(
+            self.events, pl.lit(True), "event_idx", g["launch_event_idx"], ["event_idx", "pid", "tid"], wide=True
+        )
         points = g.join(threads, left_on="launch_event_idx", right_on="event_idx", how="inner")
-        self.prefix.enter(points.select("pid", "tid", t="launch_ts_ns", device_ns="dur_ns",
-                                        kernels=pl.lit(1, pl.Int64)))
+        self.prefix.enter(
+            points.select("pid", "tid", t="launch_ts_ns", device_ns="dur_ns", kernels=pl.lit(1, pl.Int64))
+        )
 
     def own(self, owned: pl.DataFrame, per_op: bool) -> pl.DataFrame:
         """Ops starting in the window with the launch sums before their start and, if `per_op`,
@@ -110,16 +121,30 @@ class Launches:
         if not per_op:
             return _none_own(owned)
         launched = pl.col("launch_event_idx").is_not_null() & pl.col("ts_ns").is_not_null()
-        g = read_among(self.gpu, launched, "cpu_op_event_idx", owned["event_idx"],
-                       ["event_idx", "cpu_op_event_idx", pl.col("dur_ns").fill_null(0), "flops"])
+        g = read_among(
+            self.gpu,
+            launched,
+            "cpu_op_event_idx",
+            owned["event_idx"],
+            ["event_idx", "cpu_op_event_idx", pl.col("dur_ns").fill_null(0), "flops"],
+        )
         # sorted by op: each op's few values are added in file order, by one thread
-        own = g.sort("cpu_op_event_idx", "event_idx").group_by("cpu_op_event_idx", maintain_order=True).agg(
-            self_device_ns=pl.col("dur_ns").sum(), flops=pl.col("flops").sum(),
-            flops_n=pl.col("flops").count().cast(pl.Int64), own_n=pl.len().cast(pl.Int64))
-        mine = owned.select("event_idx").join(own, left_on="event_idx", right_on="cpu_op_event_idx", how="left",
-                                              maintain_order="left")
-        return owned.with_columns(mine["self_device_ns"].fill_null(0), mine["flops"], mine["flops_n"].fill_null(0),
-                                  mine["own_n"].fill_null(0))
+        own = (
+            g.sort("cpu_op_event_idx", "event_idx")
+            .group_by("cpu_op_event_idx", maintain_order=True)
+            .agg(
+                self_device_ns=pl.col("dur_ns").sum(),
+                flops=pl.col("flops").sum(),
+                flops_n=pl.col("flops").count().cast(pl.Int64),
+                own_n=pl.len().cast(pl.Int64),
+            )
+        )
+        mine = owned.select("event_idx").join(
+            own, left_on="event_idx", right_on="cpu_op_event_idx", how="left", maintain_order="left"
+        )
+        return owned.with_columns(
+            mine["self_device_ns"].fill_null(0), mine["flops"], mine["flops_n"].fill_null(0), mine["own_n"].fill_null(0)
+        )
 
     def inside(self, ending: pl.DataFrame) -> pl.DataFrame:
         """(event_idx, device_ns, kernels) of ops ending in the window: the launches inside them."""
@@ -142,10 +167,13 @@ def _no_launches(ops: pl.DataFrame) -> pl.DataFrame:
 def _with_own_by_name(ops: pl.DataFrame, activity: Activity) -> pl.DataFrame:
     """Op totals per name (no grouping) with their own GPU ops' time and FLOPs: those of the GPU ops
     whose op has that name (`Activity.names` are kept per op name too)."""
-    own = (activity.names.filter(pl.col("cpu_op_name").is_not_null()).sort(NAME_KEYS)
-           .with_columns(name=pl.col("cpu_op_name").str.replace(OVERLOAD_SUFFIX, "$1"))
-           .group_by("name", maintain_order=True)
-           .agg(self_device_ns=pl.col("dur_ns").sum(), flops=float_sum("flops"), flops_ops=pl.col("flops_n").sum()))
+    own = (
+        activity.names.filter(pl.col("cpu_op_name").is_not_null())
+        .sort(NAME_KEYS)
+        .with_columns(name=pl.col("cpu_op_name").str.replace(OVERLOAD_SUFFIX, "$1"))
+        .group_by("name", maintain_order=True)
+        .agg(self_device_ns=pl.col("dur_ns").sum(), flops=float_sum("flops"), flops_ops=pl.col("flops_n").sum())
+    )
     mine = beside(ops, own, "name")
     return ops.with_columns(mine["self_device_ns"].fill_null(0), mine["flops"], mine["flops_ops"].fill_null(0))
 
@@ -154,8 +182,14 @@ def _with_args(f: Flat, owned: pl.DataFrame, group_by: str | None) -> pl.DataFra
     """Owned ops with the columns their grouping reads from args: only their rows' args are decoded."""
     if group_by not in GROUP_ARGS:
         return owned
-    values = read_among(f.path / "events.parquet", pl.lit(True), "event_idx", owned.filter(IS_OP)["event_idx"],
-                        ["event_idx", *(v.alias(k) for k, v in GROUP_ARGS[group_by].items())], wide=True)
+    values = read_among(
+        f.path / "events.parquet",
+        pl.lit(True),
+        "event_idx",
+        owned.filter(IS_OP)["event_idx"],
+        ["event_idx", *(v.alias(k) for k, v in GROUP_ARGS[group_by].items())],
+        wide=True,
+    )
     return owned.join(values, on="event_idx", how="left", maintain_order="left")
 
 
@@ -175,8 +209,7 @@ def _op_keys(ops: pl.DataFrame, group_by: str | None, stack_n: int) -> pl.DataFr
 class CpuTally:
     """Folds the windows of a CPU sweep into `CpuOps`."""
 
-    def __init__(self, group_by: str | None, stack_n: int, frames: bool, activity: ActivityTally | None,
-                 paths: Paths):
+    def __init__(self, group_by: str | None, stack_n: int, frames: bool, activity: ActivityTally | None, paths: Paths):
         self.group_by, self.stack_n, self.frames, self.activity = group_by, stack_n, frames, activity
         self.paths = paths
         self.keys = ["name", *GROUPINGS[group_by]]
@@ -189,10 +222,14 @@ class CpuTally:
 
     def add_owned(self, ops: pl.DataFrame):
         """Ops (and annotations) starting in the window."""
-        self.steps.append(ops.filter(pl.col("cat").str.contains(ANNOTATION_CAT) & IS_STEP).select(
-            step=pl.col("name").str.extract(STEP_NAME, 1).cast(pl.Int64), ts_ns="ts_ns", end_ns="end_ns"))
-        self.regions.append(ops.filter(pl.col("name").str.contains(COMPILED_REGION)).select("name", "ts_ns", "end_ns",
-                                                                                           "dur_ns"))
+        self.steps.append(
+            ops.filter(pl.col("cat").str.contains(ANNOTATION_CAT) & IS_STEP).select(
+                step=pl.col("name").str.extract(STEP_NAME, 1).cast(pl.Int64), ts_ns="ts_ns", end_ns="end_ns"
+            )
+        )
+        self.regions.append(
+            ops.filter(pl.col("name").str.contains(COMPILED_REGION)).select("name", "ts_ns", "end_ns", "dur_ns")
+        )
         first, last, n = self.span
         if ops.height:
             first = min(v for v in (first, ops["ts_ns"].min()) if v is not None)
@@ -204,19 +241,24 @@ class CpuTally:
     def add_final(self, final: pl.DataFrame):
         """Slices whose children have all been seen (device_ns, kernels set)."""
         ops = (final.filter(IS_OP) if self.frames else final).with_columns(
-            self_ns=pl.col("dur_ns") - pl.col("child_op_ns"))
+            self_ns=pl.col("dur_ns") - pl.col("child_op_ns")
+        )
         if self.group_by == "stack":
             ops = ops.with_columns(beside(ops, self._nested_stacks(ops["path_id"]), "path_id")["nested_stack"])
         keyed = _op_keys(ops, self.group_by, self.stack_n)
         part = keyed.group_by(self.keys, maintain_order=True).agg(  # positional sums first, as Python passes them
-            *(pl.col(c).sum() for c in OP_SUMS), calls=pl.len().cast(pl.Int64), flops=float_sum("flops"),
-            flops_ops=(pl.col("flops_n") > 0).sum().cast(pl.Int64))
+            *(pl.col(c).sum() for c in OP_SUMS),
+            calls=pl.len().cast(pl.Int64),
+            flops=float_sum("flops"),
+            flops_ops=(pl.col("flops_n") > 0).sum().cast(pl.Int64),
+        )
         if self.group_by is None:  # names lose their overload suffix: on the few rows of the part
             part = part.with_columns(name=pl.col("name").str.replace(OVERLOAD_SUFFIX, "$1"))
         self.ops = fold(self.ops, part, self.keys, OP_FOLD)
         if self.frames:
             stacks = final.group_by("path_id", maintain_order=True).agg(
-                self_ns=(pl.col("dur_ns") - pl.col("child_frame_ns")).sum(), device_ns=pl.col("self_device_ns").sum())
+                self_ns=(pl.col("dur_ns") - pl.col("child_frame_ns")).sum(), device_ns=pl.col("self_device_ns").sum()
+            )
             self.stacks = fold(self.stacks, stacks, ["path_id"], [pl.col("self_ns", "device_ns").sum()])
         if self.activity is not None:
             self.activity.add_names(_cpu_activity(ops.filter(~IS_STEP), self.memo))
@@ -228,33 +270,58 @@ class CpuTally:
         nested = pl.col("path").str.split(";")
         nested = nested.list.slice(0, nested.list.len() - 1).list.reverse().list.head(self.stack_n)
         return pl.DataFrame({"path_id": ids, "path": self.paths.strings(ids)}).select(
-            "path_id", nested_stack=nested.list.join(" <- "))
+            "path_id", nested_stack=nested.list.join(" <- ")
+        )
 
     def result(self) -> CpuOps:
-        steps = pl.concat(self.steps) if self.steps else pl.DataFrame(
-            schema={"step": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64})
-        regions = pl.concat(self.regions) if self.regions else pl.DataFrame(
-            schema={"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64})
-        stacks = None if self.stacks is None else self.stacks.select(
-            path=self.paths.strings(self.stacks["path_id"]), self_ns="self_ns", device_ns="device_ns")
+        steps = (
+            pl.concat(self.steps)
+            if self.steps
+            else pl.DataFrame(schema={"step": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64})
+        )
+        regions = (
+            pl.concat(self.regions)
+            if self.regions
+            else pl.DataFrame(schema={"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64})
+        )
+        stacks = (
+            None
+            if self.stacks is None
+            else self.stacks.select(
+                path=self.paths.strings(self.stacks["path_id"]), self_ns="self_ns", device_ns="device_ns"
+            )
+        )
         assert self.ops is not None, "a sweep has at least one window"
-        return CpuOps(ops=self.ops, steps=steps, regions=regions, span=self.span, stacks=stacks,
-                      activity=None if self.activity is None else self.activity.result())
+        return CpuOps(
+            ops=self.ops,
+            steps=steps,
+            regions=regions,
+            span=self.span,
+            stacks=stacks,
+            activity=None if self.activity is None else self.activity.result(),
+        )
 
 
 def _cpu_activity(ops: pl.DataFrame, memo: CategoryMemo) -> pl.DataFrame:
     """CPU ops as the activity of a trace without GPU ops: device -1, stream = thread, each op's
     self time as its duration (when known), category from its name."""
-    rows = ops.select("event_idx", "name", "ts_ns", "end_ns", device=pl.lit(CPU_DEVICE, pl.Int64),
-                      stream=pl.col("tid"), kind=pl.lit("cpu_op"), cpu_op_name="name",
-                      dur_ns=pl.col("self_ns") if "self_ns" in ops.columns else pl.col("dur_ns"))
+    rows = ops.select(
+        "event_idx",
+        "name",
+        "ts_ns",
+        "end_ns",
+        device=pl.lit(CPU_DEVICE, pl.Int64),
+        stream=pl.col("tid"),
+        kind=pl.lit("cpu_op"),
+        cpu_op_name="name",
+        dur_ns=pl.col("self_ns") if "self_ns" in ops.columns else pl.col("dur_ns"),
+    )
     missing = {c: t for c, t in empty_activity().schema.items() if c not in rows.columns and c != "category"}
     rows = rows.with_columns(pl.lit(None, t).alias(c) for c, t in missing.items())
     return with_category(rows, "name", "name", "kind", memo=memo)
 
 
-def cpu_sweep(f: Flat, group_by: str | None, stack_n: int, frames: bool,
-              activity: Callable[[], Activity]) -> CpuOps:
+def cpu_sweep(f: Flat, group_by: str | None, stack_n: int, frames: bool, activity: Callable[[], Activity]) -> CpuOps:
     """The totals of a trace's CPU ops and annotations (with python_function frames if `frames`),
     read window by window in time: parents and self times among ops (and among frames), the GPU
     time they launched, their keys for an op grouping."""
@@ -270,8 +337,15 @@ def cpu_sweep(f: Flat, group_by: str | None, stack_n: int, frames: bool,
         return _with_args(f, launches.own(owned, per_op=frames or group_by is not None), group_by)
 
     label = pl.col("name").fill_null("?").str.replace_many(STACK_TRANSLATE)
-    slices = SliceSweep(events, where, nests, time_windows(events, where), extend,
-                        at_end=launches.inside if launches else None, path=("frame", label) if frames else None)
+    slices = SliceSweep(
+        events,
+        where,
+        nests,
+        time_windows(events, where),
+        extend,
+        at_end=launches.inside if launches else None,
+        path=("frame", label) if frames else None,
+    )
     tally = CpuTally(group_by, stack_n, frames, None if f.has_gpu else ActivityTally(), slices.paths)
     for _, owned, final in slices.windows():
         tally.add_owned(owned.filter(IS_OP) if frames else owned)

@@ -1,4 +1,5 @@
 """diff: two traces side by side, rows matched by normalised CPU op (`names`), else by kernel or copy name."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -15,27 +16,61 @@ def diff_side(flat) -> pl.DataFrame:
     by_op = pl.col("cpu_op_name").is_not_null() & pl.col("kind").is_in(["kernel", "cpu_op"])
     names = f.activity.names.with_columns(
         key=pl.when(by_op).then(normalize_op(pl.col("cpu_op_name"))).otherwise(normalize_kernel(pl.col("name"))),
-        key_kind=pl.when(by_op).then(pl.lit("op")).otherwise(pl.col("kind")))
+        key_kind=pl.when(by_op).then(pl.lit("op")).otherwise(pl.col("kind")),
+    )
     keys = ["key", "key_kind"]
-    calls = (f.op_calls.with_columns(key=normalize_op(pl.col("cpu_op_name")), key_kind=pl.lit("op"))
-             .group_by(keys).agg(pl.col("calls").sum()))
-    top = (names.group_by(*keys, "name").agg(n=pl.col("n").sum(), d=pl.col("dur_ns").sum())
-           .sort("d", "name", descending=[True, False])
-           .group_by(keys, maintain_order=True)
-           .agg(top_kernels=pl.struct(name="name", count=pl.col("n").cast(pl.UInt32), dur_us=pl.col("d") / NS_PER_US)
-                .head(3)))
-    spread = names.group_by(keys).agg(kernel_names=pl.col("name").n_unique().cast(pl.Int64),
-                                      devices=pl.col("device").unique().sort())
-    rows = (rolled(names, keys).join(spread, on=keys, how="left", maintain_order="left")
-            .join(calls, on=keys, how="left", maintain_order="left"))
-    out = rows.select(*keys, *cost_columns(), count=pl.col("n").cast(pl.UInt32), calls=pl.col("calls").fill_null(0),
-                      dur_us=us("dur_ns"), kernel_names="kernel_names", devices="devices")
+    calls = (
+        f.op_calls.with_columns(key=normalize_op(pl.col("cpu_op_name")), key_kind=pl.lit("op"))
+        .group_by(keys)
+        .agg(pl.col("calls").sum())
+    )
+    top = (
+        names.group_by(*keys, "name")
+        .agg(n=pl.col("n").sum(), d=pl.col("dur_ns").sum())
+        .sort("d", "name", descending=[True, False])
+        .group_by(keys, maintain_order=True)
+        .agg(
+            top_kernels=pl.struct(name="name", count=pl.col("n").cast(pl.UInt32), dur_us=pl.col("d") / NS_PER_US).head(
+                3
+            )
+        )
+    )
+    spread = names.group_by(keys).agg(
+        kernel_names=pl.col("name").n_unique().cast(pl.Int64), devices=pl.col("device").unique().sort()
+    )
+    rows = (
+        rolled(names, keys)
+        .join(spread, on=keys, how="left", maintain_order="left")
+        .join(calls, on=keys, how="left", maintain_order="left")
+    )
+    out = rows.select(
+        *keys,
+        *cost_columns(),
+        count=pl.col("n").cast(pl.UInt32),
+        calls=pl.col("calls").fill_null(0),
+        dur_us=us("dur_ns"),
+        kernel_names="kernel_names",
+        devices="devices",
+    )
     return with_roofline(out).join(top, on=keys, how="left", maintain_order="left")
 
 
-SIDE_COLS = ("count", "calls", "dur_us", "flops", "bytes", "achieved_tflops", "achieved_gbps",
-             "achieved_flops_pct", "achieved_bw_pct", "arithmetic_intensity", "roofline_bound",
-             "kernel_names", "devices", "top_kernels")
+SIDE_COLS = (
+    "count",
+    "calls",
+    "dur_us",
+    "flops",
+    "bytes",
+    "achieved_tflops",
+    "achieved_gbps",
+    "achieved_flops_pct",
+    "achieved_bw_pct",
+    "arithmetic_intensity",
+    "roofline_bound",
+    "kernel_names",
+    "devices",
+    "top_kernels",
+)
 
 
 def diff(a, b) -> pl.DataFrame:
@@ -43,8 +78,16 @@ def diff(a, b) -> pl.DataFrame:
     a side has no such row), delta_us = b - a, ratio = b / a; sorted by the larger time."""
     sa, sb = (diff_side(x).rename({c: f"{p}_{c}" for c in SIDE_COLS}) for x, p in ((a, "a"), (b, "b")))
     j = sa.join(sb, on=["key", "key_kind"], how="full", coalesce=True)
-    return (j.rename({"key_kind": "kind"})
-            .with_columns(delta_us=pl.col("b_dur_us").fill_null(0) - pl.col("a_dur_us").fill_null(0),
-                          ratio=pl.when(pl.col("a_dur_us") > 0).then(pl.col("b_dur_us") / pl.col("a_dur_us")))
-            .sort(pl.max_horizontal(pl.col("a_dur_us").fill_null(0), pl.col("b_dur_us").fill_null(0)), "key", "kind",
-                  descending=[True, False, False]))
+    return (
+        j.rename({"key_kind": "kind"})
+        .with_columns(
+            delta_us=pl.col("b_dur_us").fill_null(0) - pl.col("a_dur_us").fill_null(0),
+            ratio=pl.when(pl.col("a_dur_us") > 0).then(pl.col("b_dur_us") / pl.col("a_dur_us")),
+        )
+        .sort(
+            pl.max_horizontal(pl.col("a_dur_us").fill_null(0), pl.col("b_dur_us").fill_null(0)),
+            "key",
+            "kind",
+            descending=[True, False, False],
+        )
+    )

@@ -5,6 +5,7 @@ first use: the GPU sweep's totals (`activity`) and the CPU sweeps' (`cpu`), a fe
 nothing holds the trace. `opened` gives a Flat for a trace file too (flattened into a temporary
 directory).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -60,9 +61,14 @@ class Flat:
         tmp = Path(tempfile.mkdtemp(prefix="tracepipe-linked-"))
         weakref.finalize(self, shutil.rmtree, tmp, True)
         src = link.LinkSources.of(self.path)
-        store.write_extended(own, tmp / "gpu_ops.parquet", "gpu_ops",
-                             lambda batch: link.link_batch(src, batch).select("event_idx", *link.LINK_COLUMNS),
-                             inputs=link.GPU_LINK_INPUTS, batch_rows=link.BATCH_ROWS)
+        store.write_extended(
+            own,
+            tmp / "gpu_ops.parquet",
+            "gpu_ops",
+            lambda batch: link.link_batch(src, batch).select("event_idx", *link.LINK_COLUMNS),
+            inputs=link.GPU_LINK_INPUTS,
+            batch_rows=link.BATCH_ROWS,
+        )
         return tmp / "gpu_ops.parquet"
 
     @cached_property
@@ -95,11 +101,21 @@ class Flat:
             own = pl.col("cpu_op_name").is_not_null() & (pl.col("kind") == "cpu_op")
             return self.activity.names.filter(own).group_by("cpu_op_name").agg(calls=pl.col("n").sum())
         launched = KERNEL & pl.col("cpu_op_name").is_not_null() & pl.col("ts_ns").is_not_null()
-        return (pl.scan_parquet(self.gpu_ops_file).filter(launched).group_by("cpu_op_name")
-                .agg(calls=pl.col("cpu_op_event_idx").n_unique().cast(pl.Int64)).collect(engine="streaming"))
+        return (
+            pl.scan_parquet(self.gpu_ops_file)
+            .filter(launched)
+            .group_by("cpu_op_name")
+            .agg(calls=pl.col("cpu_op_event_idx").n_unique().cast(pl.Int64))
+            .collect(engine="streaming")
+        )
 
-    def cpu(self, group_by: str | None = None, stack_n: int = 5, frames: bool = False,
-            activity: Callable[[], Activity] | None = None) -> CpuOps:
+    def cpu(
+        self,
+        group_by: str | None = None,
+        stack_n: int = 5,
+        frames: bool = False,
+        activity: Callable[[], Activity] | None = None,
+    ) -> CpuOps:
         """The CPU sweep for an op grouping (`frames`: python_function frames swept too, for
         stacks; grouping by stack needs them). Each is swept once. `activity`: how to get the GPU
         sweep's totals when they are needed (default `Flat.activity`)."""
@@ -140,17 +156,21 @@ class Flat:
         devs = devs.select("device", pl.col("name").alias("dev_name"))
         ids = self.activity.runs["device"].select("device")
         ids = ids.join(self.activity.specs, on="device", how="left")
-        return (ids.join(devs, on="device", how="left")
-                .select("device", name=pl.coalesce("dev_name", pl.lit(only, pl.String), "spec_name",
-                                                   pl.lit("unknown")))
-                .sort("device"))
+        return (
+            ids.join(devs, on="device", how="left")
+            .select("device", name=pl.coalesce("dev_name", pl.lit(only, pl.String), "spec_name", pl.lit("unknown")))
+            .sort("device")
+        )
 
     @cached_property
     def activity_devices(self) -> pl.DataFrame:
         if self.has_gpu:
             return self.device_names
-        return pl.DataFrame({"device": [CPU_DEVICE], "name": ["cpu"]}) if self.any_cpu().span[2] else \
-            pl.DataFrame(schema={"device": pl.Int64, "name": pl.String})
+        return (
+            pl.DataFrame({"device": [CPU_DEVICE], "name": ["cpu"]})
+            if self.any_cpu().span[2]
+            else pl.DataFrame(schema={"device": pl.Int64, "name": pl.String})
+        )
 
 
 def as_flat(flat) -> Flat:

@@ -1,4 +1,5 @@
 """intervals: interval algebra beside the sweep's unions: how much of intervals a union covers, nesting."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -13,14 +14,19 @@ def covered_overlap(iv: pl.LazyFrame, union: pl.LazyFrame, by: list[str], lo="ts
 
     def covered_until(lf: pl.LazyFrame, col: str) -> pl.LazyFrame:  # covered length of (-inf, lf[col]]
         inside = (pl.min_horizontal(pl.col(col), pl.col("r1")) - pl.col("r0")).clip(0)
-        return (lf.sort(col).join_asof(runs, left_on=col, right_on="r0", by=by, strategy="backward",
-                                       check_sortedness=False)
-                .with_columns((pl.col("before") + inside).fill_null(0).alias(f"_cov_{col}"))
-                .drop("r0", "r1", "before"))
+        return (
+            lf.sort(col)
+            .join_asof(runs, left_on=col, right_on="r0", by=by, strategy="backward", check_sortedness=False)
+            .with_columns((pl.col("before") + inside).fill_null(0).alias(f"_cov_{col}"))
+            .drop("r0", "r1", "before")
+        )
 
     out = covered_until(covered_until(iv.with_row_index("_row"), lo), hi)
-    return (out.with_columns(overlap_ns=pl.col(f"_cov_{hi}") - pl.col(f"_cov_{lo}"))
-            .sort("_row").drop("_row", f"_cov_{lo}", f"_cov_{hi}"))
+    return (
+        out.with_columns(overlap_ns=pl.col(f"_cov_{hi}") - pl.col(f"_cov_{lo}"))
+        .sort("_row")
+        .drop("_row", f"_cov_{lo}", f"_cov_{hi}")
+    )
 
 
 def nesting(iv: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:

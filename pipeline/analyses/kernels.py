@@ -3,6 +3,7 @@
 Both tables are made by `name_table` from the GPU sweep's name sums (`Flat.activity.names`); for a
 trace without GPU activity those are its CPU ops (device -1).
 """
+
 from __future__ import annotations
 
 import polars as pl
@@ -14,16 +15,24 @@ from pipeline.analyses.rollup import cost_columns, most_common, rolled, us, with
 def name_table(names: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """Per keys: count, time, share of the device's time, cost, top CPU op, category; by device, then
     time (ties by name)."""
-    t = (rolled(names, keys)
-         .join(most_common(names, keys, "category"), on=keys, how="left", nulls_equal=True, maintain_order="left")
-         .join(most_common(names, keys, "cpu_op_name"), on=keys, how="left", nulls_equal=True,
-               maintain_order="left"))
+    t = (
+        rolled(names, keys)
+        .join(most_common(names, keys, "category"), on=keys, how="left", nulls_equal=True, maintain_order="left")
+        .join(most_common(names, keys, "cpu_op_name"), on=keys, how="left", nulls_equal=True, maintain_order="left")
+    )
     dur_us = us("dur_ns")
     out = t.select(
-        *keys, "category", pl.col("n").cast(pl.UInt32).alias("count"), dur_us.alias("dur_us"),
-        (100 * dur_us / us(pl.col("dur_ns").sum().over("device"))).alias("pct"), *cost_columns(),
-        (dur_us / pl.col("n")).alias("mean_us"), us("min_ns").alias("min_us"), us("max_ns").alias("max_us"),
-        pl.col("cpu_op_name").alias("cpu_op"))
+        *keys,
+        "category",
+        pl.col("n").cast(pl.UInt32).alias("count"),
+        dur_us.alias("dur_us"),
+        (100 * dur_us / us(pl.col("dur_ns").sum().over("device"))).alias("pct"),
+        *cost_columns(),
+        (dur_us / pl.col("n")).alias("mean_us"),
+        us("min_ns").alias("min_us"),
+        us("max_ns").alias("max_us"),
+        pl.col("cpu_op_name").alias("cpu_op"),
+    )
     rest = [k for k in keys if k != "device"]
     return with_roofline(out).sort("device", "dur_us", *rest, descending=[False, True, *[False] * len(rest)])
 

@@ -3,6 +3,7 @@
 Both are declarative rule tables applied in order: `OP_ALIASES` maps vendor-specific ops to one
 key, `KERNEL_NAME_RULES` strips what changes from build to build (templates, hashes, suffixes).
 """
+
 from __future__ import annotations
 
 import polars as pl
@@ -10,20 +11,28 @@ import polars as pl
 # Op names that mean the same operation across vendors and libraries, applied in order to the
 # name (after an optional overload suffix `.Tensor`, `.out`, ... is dropped) as (regex, key).
 OP_ALIASES: tuple[tuple[str, str], ...] = (
-    (r"^aten::(?:cudnn|miopen|mkldnn|thnn|_nnpack|slow|_slow)_conv(?:olution|_dilated[23]d|2d|3d)?$",
-     "aten::convolution"),
+    (
+        r"^aten::(?:cudnn|miopen|mkldnn|thnn|_nnpack|slow|_slow)_conv(?:olution|_dilated[23]d|2d|3d)?$",
+        "aten::convolution",
+    ),
     (r"^aten::(?:cudnn|miopen)_depthwise_convolution$|^aten::_conv_depthwise2d$", "aten::convolution"),
-    (r"^aten::(?:cudnn|miopen|mkldnn)_convolution_transpose$|^aten::slow_conv_transpose[23]d$",
-     "aten::convolution_transpose"),
+    (
+        r"^aten::(?:cudnn|miopen|mkldnn)_convolution_transpose$|^aten::slow_conv_transpose[23]d$",
+        "aten::convolution_transpose",
+    ),
     (r"^aten::(?:cudnn|miopen|mkldnn)_convolution_backward(?:_input|_weight|_bias)?$", "aten::convolution_backward"),
     (r"^aten::(?:cudnn|miopen|native|_native)_batch_norm(?:_legit)?(?:_no_training)?$", "aten::batch_norm"),
     (r"^aten::(?:cudnn|miopen|native)_batch_norm_backward$", "aten::batch_norm_backward"),
     (r"^aten::_(?:cudnn|miopen)_rnn$", "aten::rnn"),
     (r"^aten::_(?:cudnn|miopen)_rnn_backward$", "aten::rnn_backward"),
-    (r"^aten::_(?:scaled_dot_product_)?(?:flash|efficient|cudnn|fused)_attention(?:_for_cpu)?(?:_forward)?$",
-     "aten::scaled_dot_product_attention"),
-    (r"^aten::_(?:scaled_dot_product_)?(?:flash|efficient|cudnn|fused)_attention(?:_for_cpu)?_backward$",
-     "aten::scaled_dot_product_attention_backward"),
+    (
+        r"^aten::_(?:scaled_dot_product_)?(?:flash|efficient|cudnn|fused)_attention(?:_for_cpu)?(?:_forward)?$",
+        "aten::scaled_dot_product_attention",
+    ),
+    (
+        r"^aten::_(?:scaled_dot_product_)?(?:flash|efficient|cudnn|fused)_attention(?:_for_cpu)?_backward$",
+        "aten::scaled_dot_product_attention_backward",
+    ),
     (r"^(?:nccl|rccl):(.+)$", "collective:$1"),
 )
 OVERLOAD_SUFFIX = r"^(\w[\w.]*::\w+)\.\w+$"

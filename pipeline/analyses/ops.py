@@ -1,4 +1,5 @@
 """ops: the CPU op table, like torch.profiler's key_averages().table(), from the CPU sweep's op totals."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -21,11 +22,18 @@ def op_table(flat, group_by: str | None = None, sort: str | None = None, stack_n
     keys = ["name", *GROUPINGS[group_by]]
     share = lambda col: 100 * us(col) / us(pl.col(col).sum())
     out = f.cpu(group_by, stack_n).ops.select(
-        *keys, calls=pl.col("calls").cast(pl.UInt32), self_cpu_us=us("self_ns"), cpu_total_us=us("dur_ns"),
-        cpu_avg_us=us("dur_ns") / pl.col("calls"), self_device_us=us("self_device_ns"),
+        *keys,
+        calls=pl.col("calls").cast(pl.UInt32),
+        self_cpu_us=us("self_ns"),
+        cpu_total_us=us("dur_ns"),
+        cpu_avg_us=us("dur_ns") / pl.col("calls"),
+        self_device_us=us("self_device_ns"),
         device_total_us=us("device_ns"),
-        kernels="kernels", flops=pl.when(pl.col("flops_ops") > 0).then("flops"),
-        self_cpu_pct=share("self_ns"), self_device_pct=share("self_device_ns"))
+        kernels="kernels",
+        flops=pl.when(pl.col("flops_ops") > 0).then("flops"),
+        self_cpu_pct=share("self_ns"),
+        self_device_pct=share("self_device_ns"),
+    )
     sort = sort or ("self_device_us" if f.has_gpu else "self_cpu_us")
     if sort not in out.columns:
         raise UsageError(f"cannot sort by {sort!r}; columns: {', '.join(out.columns)}")

@@ -5,6 +5,7 @@ documents show it: title, table columns, place in the JSON document, how `--top`
 line. `analyze`, `SECTIONS`, the documents (`pipeline.render.documents`), `check_options` and the
 `--section` help derive from `REGISTRY`: a new analysis is one module and one entry here.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -51,32 +52,82 @@ class Section:
 
 
 REGISTRY: tuple[Section, ...] = (
-    Section("devices", lambda f, o: busy(f), "Devices: busy time (union of kernels, memcpy, memset over the span)",
-            "busy and idle time per device", json=DEVICES,
-            columns=("device", "name", "busy_pct", "span_us", "busy_us", "idle_us", "gaps", "largest_gap_us")),
-    Section("kernels", lambda f, o: kernel_table(f), "Kernels per device",
-            "time, FLOPs and roofline per kernel name", json=IN_DEVICE, top_per_device=True,
-            columns=("device", "name", "category", "count", "dur_us", "pct", "mean_us", "flops", "achieved_tflops",
-                     "achieved_gbps", "achieved_flops_pct", "achieved_bw_pct", "roofline_bound")),
-    Section("transfers", lambda f, o: transfer_table(f), "Memcpy / memset",
-            "the same for memcpy and memset", json=IN_DEVICE, top_per_device=True,
-            columns=("device", "kind", "name", "count", "dur_us", "pct", "mean_us", "bytes", "achieved_gbps")),
-    Section("streams", lambda f, o: busy(f, per_stream=True), "Streams",
-            "busy and idle time per stream", json=IN_DEVICE, top_per_device=True,
-            columns=("device", "stream", "busy_pct", "span_us", "busy_us", "gaps", "largest_gap_us")),
-    Section("categories", lambda f, o: categories(f), "Time by category",
-            "time per kernel category", json=IN_DEVICE, top_per_device=True,
-            columns=("device", "category", "count", "dur_us", "pct")),
-    Section("ops", lambda f, o: op_table(f, group_by=o.group_by, sort=o.sort), "CPU ops (key_averages)",
-            "CPU ops like key_averages()", top_in_json=True),
-    Section("launch", lambda f, o: launch_overhead(f), "Launch overhead",
-            "launch durations and delays per device"),
-    Section("compile", lambda f, o: compile_view(f), "torch.compile regions per step",
-            "compiled time and breaks per step"),
-    Section("regions", lambda f, o: compiled_regions(f), "Compiled regions",
-            "compiled regions by name"),
-    Section("communication", lambda f, o: communication(f), "Communication vs compute overlap",
-            "collectives and their overlap with compute"),
+    Section(
+        "devices",
+        lambda f, o: busy(f),
+        "Devices: busy time (union of kernels, memcpy, memset over the span)",
+        "busy and idle time per device",
+        json=DEVICES,
+        columns=("device", "name", "busy_pct", "span_us", "busy_us", "idle_us", "gaps", "largest_gap_us"),
+    ),
+    Section(
+        "kernels",
+        lambda f, o: kernel_table(f),
+        "Kernels per device",
+        "time, FLOPs and roofline per kernel name",
+        json=IN_DEVICE,
+        top_per_device=True,
+        columns=(
+            "device",
+            "name",
+            "category",
+            "count",
+            "dur_us",
+            "pct",
+            "mean_us",
+            "flops",
+            "achieved_tflops",
+            "achieved_gbps",
+            "achieved_flops_pct",
+            "achieved_bw_pct",
+            "roofline_bound",
+        ),
+    ),
+    Section(
+        "transfers",
+        lambda f, o: transfer_table(f),
+        "Memcpy / memset",
+        "the same for memcpy and memset",
+        json=IN_DEVICE,
+        top_per_device=True,
+        columns=("device", "kind", "name", "count", "dur_us", "pct", "mean_us", "bytes", "achieved_gbps"),
+    ),
+    Section(
+        "streams",
+        lambda f, o: busy(f, per_stream=True),
+        "Streams",
+        "busy and idle time per stream",
+        json=IN_DEVICE,
+        top_per_device=True,
+        columns=("device", "stream", "busy_pct", "span_us", "busy_us", "gaps", "largest_gap_us"),
+    ),
+    Section(
+        "categories",
+        lambda f, o: categories(f),
+        "Time by category",
+        "time per kernel category",
+        json=IN_DEVICE,
+        top_per_device=True,
+        columns=("device", "category", "count", "dur_us", "pct"),
+    ),
+    Section(
+        "ops",
+        lambda f, o: op_table(f, group_by=o.group_by, sort=o.sort),
+        "CPU ops (key_averages)",
+        "CPU ops like key_averages()",
+        top_in_json=True,
+    ),
+    Section("launch", lambda f, o: launch_overhead(f), "Launch overhead", "launch durations and delays per device"),
+    Section(
+        "compile", lambda f, o: compile_view(f), "torch.compile regions per step", "compiled time and breaks per step"
+    ),
+    Section("regions", lambda f, o: compiled_regions(f), "Compiled regions", "compiled regions by name"),
+    Section(
+        "communication",
+        lambda f, o: communication(f),
+        "Communication vs compute overlap",
+        "collectives and their overlap with compute",
+    ),
 )
 SECTIONS = tuple(s.name for s in REGISTRY)
 BY_NAME = {s.name: s for s in REGISTRY}

@@ -3,6 +3,7 @@
 Times stay exact integer nanoseconds in the sweeps and become µs here, once (`us`); name sums are
 added up per key in a fixed order of the rows (`rolled`), so the tables do not change from run to run.
 """
+
 from __future__ import annotations
 
 import polars as pl
@@ -25,13 +26,17 @@ def rolled(names: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 def most_common(names: pl.DataFrame, keys: list[str], col: str) -> pl.DataFrame:
     """(keys..., col): the col most rows per keys have (ties: the first by name), null if none has one."""
     counted = names.filter(pl.col(col).is_not_null()).group_by(*keys, col).agg(pl.col("n").sum())
-    return (counted.sort(*keys, "n", col, descending=[False] * len(keys) + [True, False], nulls_last=True)
-            .group_by(keys, maintain_order=True).agg(pl.col(col).first()))
+    return (
+        counted.sort(*keys, "n", col, descending=[False] * len(keys) + [True, False], nulls_last=True)
+        .group_by(keys, maintain_order=True)
+        .agg(pl.col(col).first())
+    )
 
 
 def cost_columns() -> list[pl.Expr]:
     """FLOPs, bytes and achieved rates of rolled-up name sums: sums (null when none is known); rates
     over the time of the ops whose cost is known; % of peak duration-weighted (total FLOPs over total time)."""
+
     def over_known(value: str, time: str) -> pl.Expr:
         return pl.when(pl.col(time) > 0).then(pl.col(value) / pl.col(time))
 
@@ -49,7 +54,10 @@ def cost_columns() -> list[pl.Expr]:
 
 def with_roofline(df: pl.DataFrame) -> pl.DataFrame:
     """arithmetic_intensity and roofline_bound of aggregated rows (`roofline.bound`)."""
-    return (df.with_columns(arithmetic_intensity=roofline.intensity(pl.col("flops"), pl.col("bytes")))
-            .with_columns(roofline_bound=roofline.bound(pl.col("arithmetic_intensity"), pl.col("_peak_tflops"),
-                                                        pl.col("_peak_bw")))
-            .drop("_peak_tflops", "_peak_bw"))
+    return (
+        df.with_columns(arithmetic_intensity=roofline.intensity(pl.col("flops"), pl.col("bytes")))
+        .with_columns(
+            roofline_bound=roofline.bound(pl.col("arithmetic_intensity"), pl.col("_peak_tflops"), pl.col("_peak_bw"))
+        )
+        .drop("_peak_tflops", "_peak_bw")
+    )

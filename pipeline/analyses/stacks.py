@@ -1,5 +1,6 @@
 """stacks: flame-graph collapsed stacks ("a;b;c value", like torch's export_stacks) from a CPU sweep
 with python_function frames."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -20,8 +21,11 @@ def collapsed_stacks(flat, metric: str = "self_cpu_time_total") -> pl.DataFrame:
     value = "self_ns" if metric == "self_cpu_time_total" else "device_ns"
     stacks = as_flat(flat).any_frames().stacks
     assert stacks is not None, "a sweep with frames makes stacks"
-    return (stacks.select(stack="path", value=(pl.col(value) / NS_PER_US).floor().cast(pl.Int64))
-            .filter(pl.col("value") > 0).sort("stack"))
+    return (
+        stacks.select(stack="path", value=(pl.col(value) / NS_PER_US).floor().cast(pl.Int64))
+        .filter(pl.col("value") > 0)
+        .sort("stack")
+    )
 
 
 def stack_lines(stacks: pl.DataFrame) -> str:

@@ -6,6 +6,7 @@ totals: sums per key (`fold`, `float_sum`), unions of intervals (`RunTally`), CP
 thread (`SliceSweep`), prefix sums per thread (`ThreadPrefix`). Each carries into the next window
 only what that window may still change, so the answers equal those of one pass over the table.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -28,8 +29,13 @@ def time_windows(path: Path, where: pl.Expr, per_window: int | None = None) -> l
     of the columns `where` uses and `ts_ns`, counted per time bin."""
     per_window = per_window or PER_WINDOW
     bins = TimeBins.over(EventReach.of(path).span)
-    starts = (pl.scan_parquet(path).filter(where & pl.col("ts_ns").is_not_null())
-              .group_by(bin=bins.of(pl.col("ts_ns"))).agg(n=pl.len()).collect(engine="streaming"))
+    starts = (
+        pl.scan_parquet(path)
+        .filter(where & pl.col("ts_ns").is_not_null())
+        .group_by(bin=bins.of(pl.col("ts_ns")))
+        .agg(n=pl.len())
+        .collect(engine="streaming")
+    )
     cuts = TimeCells.of(starts, bins, per_window).cuts.to_list() if starts.height else []
     return list(zip([None, *cuts], [*cuts, None], strict=False))
 
@@ -51,8 +57,9 @@ def read(path: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
     return pl.scan_parquet(path).filter(where).select(columns).collect(engine="streaming")
 
 
-def read_among(path: Path, where: pl.Expr, column: str, values: pl.Series, columns: list, wide: bool = False
-               ) -> pl.DataFrame:
+def read_among(
+    path: Path, where: pl.Expr, column: str, values: pl.Series, columns: list, wide: bool = False
+) -> pl.DataFrame:
     """The rows `where` selects whose `column` is one of `values` (`columns`, which must include
     `column`). The reader gets the values' range, to skip row groups by their statistics; the rows
     are then matched in memory (a predicate on thousands of values costs more than a few narrow
@@ -130,44 +137,72 @@ class RunTally:
         if iv.is_empty():
             return
         iv = iv.select(*self.by, "ts_ns", "end_ns")
-        carried = iv.clear() if self.state is None else self.state.select(
-            *self.by, ts_ns="run_start_ns", end_ns="run_end_ns")
+        carried = (
+            iv.clear() if self.state is None else self.state.select(*self.by, ts_ns="run_start_ns", end_ns="run_end_ns")
+        )
         runs = interval_union(pl.concat([carried, iv], how="vertical_relaxed"), self.by).collect()
         length = pl.col("end_ns") - pl.col("start_ns")
         window = runs.group_by(self.by, maintain_order=True).agg(
-            w_first=pl.col("start_ns").first(), w_runs=pl.len().cast(pl.Int64), w_busy=length.sum(),
+            w_first=pl.col("start_ns").first(),
+            w_runs=pl.len().cast(pl.Int64),
+            w_busy=length.sum(),
             w_gap=(pl.col("start_ns") - pl.col("end_ns").shift(1)).max(),
-            w_last_start=pl.col("start_ns").last(), w_last_end=pl.col("end_ns").last())
+            w_last_start=pl.col("start_ns").last(),
+            w_last_end=pl.col("end_ns").last(),
+        )
         self.state = self._merged(window)
 
     def _merged(self, window: pl.DataFrame) -> pl.DataFrame:
         """The state with a window's runs (w_*; the carried run is among them) taken in: all of them
         final but the last."""
-        state = self.state if self.state is not None else pl.DataFrame(schema={
-            **window.select(self.by).schema,
-            **dict.fromkeys(["first_ns", "done_busy_ns", "done_runs", "largest_gap_ns", "run_start_ns", "run_end_ns"],
-                            pl.Int64)})
+        state = (
+            self.state
+            if self.state is not None
+            else pl.DataFrame(
+                schema={
+                    **window.select(self.by).schema,
+                    **dict.fromkeys(
+                        ["first_ns", "done_busy_ns", "done_runs", "largest_gap_ns", "run_start_ns", "run_end_ns"],
+                        pl.Int64,
+                    ),
+                }
+            )
+        )
         both = state.join(window, on=self.by, how="full", coalesce=True, nulls_equal=True)
         seen = pl.col("w_runs").is_not_null()
         final_busy = pl.col("w_busy") - (pl.col("w_last_end") - pl.col("w_last_start"))
         return both.select(
-            *self.by, first_ns=pl.min_horizontal("first_ns", "w_first"),
+            *self.by,
+            first_ns=pl.min_horizontal("first_ns", "w_first"),
             done_busy_ns=pl.col("done_busy_ns").fill_null(0) + pl.when(seen).then(final_busy).otherwise(0),
             done_runs=pl.col("done_runs").fill_null(0) + pl.when(seen).then(pl.col("w_runs") - 1).otherwise(0),
             largest_gap_ns=pl.max_horizontal("largest_gap_ns", "w_gap"),
             run_start_ns=pl.when(seen).then("w_last_start").otherwise("run_start_ns"),
-            run_end_ns=pl.when(seen).then("w_last_end").otherwise("run_end_ns"))
+            run_end_ns=pl.when(seen).then("w_last_end").otherwise("run_end_ns"),
+        )
 
     def result(self, schema: dict[str, pl.DataType]) -> pl.DataFrame:
         """(by..., start_ns, end_ns, busy_ns, runs, largest_gap_ns) per key (`schema`: the key types,
         for a tally that saw no interval)."""
         if self.state is None:
-            return pl.DataFrame(schema={**schema, "start_ns": pl.Int64, "end_ns": pl.Int64, "busy_ns": pl.Int64,
-                                        "runs": pl.Int64, "largest_gap_ns": pl.Int64})
+            return pl.DataFrame(
+                schema={
+                    **schema,
+                    "start_ns": pl.Int64,
+                    "end_ns": pl.Int64,
+                    "busy_ns": pl.Int64,
+                    "runs": pl.Int64,
+                    "largest_gap_ns": pl.Int64,
+                }
+            )
         return self.state.select(
-            *self.by, start_ns="first_ns", end_ns="run_end_ns",
+            *self.by,
+            start_ns="first_ns",
+            end_ns="run_end_ns",
             busy_ns=pl.col("done_busy_ns") + pl.col("run_end_ns") - pl.col("run_start_ns"),
-            runs=pl.col("done_runs") + 1, largest_gap_ns="largest_gap_ns")
+            runs=pl.col("done_runs") + 1,
+            largest_gap_ns="largest_gap_ns",
+        )
 
 
 # ------------------------------------------------------------------ quantiles
@@ -175,14 +210,20 @@ def quantiles_from_counts(counts: pl.DataFrame, by: list[str], value: str, qs: t
     """(by..., q0, q1, ...): the nearest-rank quantiles of a column given as value counts
     (by..., value, n), equal to polars' `quantile(q, "nearest")` of the values themselves: the
     value at rank (n - 1) q rounded half away from zero among the n sorted values."""
-    ranked = (counts.filter(pl.col(value).is_not_null()).sort(*by, value)
-              .with_columns(upto=pl.col("n").cum_sum().over(by), total=pl.col("n").sum().over(by)))
+    ranked = (
+        counts.filter(pl.col(value).is_not_null())
+        .sort(*by, value)
+        .with_columns(upto=pl.col("n").cum_sum().over(by), total=pl.col("n").sum().over(by))
+    )
     out = ranked.select(by).unique(maintain_order=True)
     for i, q in enumerate(qs):
         x = (pl.col("total") - 1).cast(pl.Float64) * q
         rank = x.floor() + (x - x.floor() >= 0.5).cast(pl.Float64)
-        picked = (ranked.filter(pl.col("upto") > rank).group_by(by, maintain_order=True)
-                  .agg(pl.col(value).first().alias(f"q{i}")))
+        picked = (
+            ranked.filter(pl.col("upto") > rank)
+            .group_by(by, maintain_order=True)
+            .agg(pl.col(value).first().alias(f"q{i}"))
+        )
         out = out.join(picked, on=by, how="left", nulls_equal=True, maintain_order="left")
     return out
 
@@ -215,9 +256,19 @@ class ThreadPrefix:
         inclusive), one row per query (with `by` and `t`) in their order."""
         assert self.points is not None, "enter a window first"
         q = queries.select(*self.by, t).with_row_index("_q")
-        found = (q.sort(t).join_asof(self.points.rename({"t": "_t"}), left_on=t, right_on="_t", by=self.by,
-                                     strategy="backward", allow_exact_matches=inclusive, check_sortedness=False)
-                 .sort("_q"))
+        found = (
+            q.sort(t)
+            .join_asof(
+                self.points.rename({"t": "_t"}),
+                left_on=t,
+                right_on="_t",
+                by=self.by,
+                strategy="backward",
+                allow_exact_matches=inclusive,
+                check_sortedness=False,
+            )
+            .sort("_q")
+        )
         return found.select(pl.col(v).fill_null(0) for v in self.values)
 
 
@@ -255,10 +306,16 @@ class SliceSweep:
     per thread and depth (`_last`). A slice is final once it has ended before the window's end and
     is no longer such a last start."""
 
-    def __init__(self, events: Path, where: pl.Expr, nests: tuple[Nest, ...], windows: list[Window],
-                 extend: Callable[[pl.DataFrame, Window], pl.DataFrame] = lambda owned, window: owned,
-                 at_end: Callable[[pl.DataFrame], pl.DataFrame] | None = None,
-                 path: tuple[str, pl.Expr] | None = None):
+    def __init__(
+        self,
+        events: Path,
+        where: pl.Expr,
+        nests: tuple[Nest, ...],
+        windows: list[Window],
+        extend: Callable[[pl.DataFrame, Window], pl.DataFrame] = lambda owned, window: owned,
+        at_end: Callable[[pl.DataFrame], pl.DataFrame] | None = None,
+        path: tuple[str, pl.Expr] | None = None,
+    ):
         self.events, self.where, self.nests, self.extend, self.path = events, where, nests, extend, path
         self.at_end = at_end
         self.paths = Paths()
@@ -284,9 +341,20 @@ class SliceSweep:
 
     def _read(self, window: Window) -> pl.DataFrame:
         end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)
-        return read(self.events, self.where & within(window),
-                    ["event_idx", "cat", pl.col("name").cast(pl.String), "pid", "tid", "ts_ns",
-                     pl.col("dur_ns").fill_null(0), end.alias("end_ns")])
+        return read(
+            self.events,
+            self.where & within(window),
+            [
+                "event_idx",
+                "cat",
+                pl.col("name").cast(pl.String),
+                "pid",
+                "tid",
+                "ts_ns",
+                pl.col("dur_ns").fill_null(0),
+                end.alias("end_ns"),
+            ],
+        )
 
     def _done(self, window: Window) -> pl.Expr:
         """The slices no later slice can be a child of: ended before the window's end, and not the
@@ -303,24 +371,36 @@ class SliceSweep:
         members = live if n.member is None else live.filter(n.member)
         # per thread in start order: the depth of every member; only the owned ones' are their
         # depths among all slices, so pending rows are left out (the carried last starts stand for them)
-        nested = nesting.nesting(members.select(iv_idx="event_idx", pid="pid", tid="tid", ts_ns="ts_ns",
-                                                end_ns="end_ns"), nesting.LONGER_FIRST)
+        nested = nesting.nesting(
+            members.select(iv_idx="event_idx", pid="pid", tid="tid", ts_ns="ts_ns", end_ns="end_ns"),
+            nesting.LONGER_FIRST,
+        )
         pending = live.head(live.height - owned)["event_idx"]
-        new = (nested.with_row_index("pos").filter(~pl.col("iv_idx").is_in(pending.implode()))
-               .select(pl.col("pos").cast(pl.Int64), event_idx="iv_idx", depth="depth"))
+        new = (
+            nested.with_row_index("pos")
+            .filter(~pl.col("iv_idx").is_in(pending.implode()))
+            .select(pl.col("pos").cast(pl.Int64), event_idx="iv_idx", depth="depth")
+        )
         new = new.with_columns(beside(new, members.select("event_idx", "pid", "tid"), "event_idx").drop("event_idx"))
         last = self._last.get(n.name, new.clear().select("pid", "tid", "depth", "event_idx"))
         starts = pl.concat([last.with_columns(pos=pl.lit(-1, pl.Int64)), new.select(*last.columns, "pos")])
         found = new.with_columns(depth=pl.col("depth") - 1).join_asof(
-            starts.rename({"event_idx": parent, "pos": "before"}).sort("before"), left_on="pos", right_on="before",
-            by=["pid", "tid", "depth"], strategy="backward", allow_exact_matches=False, check_sortedness=False)
+            starts.rename({"event_idx": parent, "pos": "before"}).sort("before"),
+            left_on="pos",
+            right_on="before",
+            by=["pid", "tid", "depth"],
+            strategy="backward",
+            allow_exact_matches=False,
+            check_sortedness=False,
+        )
         self._last[n.name] = starts.sort("pos").group_by("pid", "tid", "depth").agg(pl.col("event_idx").last())
         if parent not in live.columns:
             live = live.with_columns(pl.lit(None, pl.Int64).alias(parent))
         mine = beside(live.tail(owned), found.select("event_idx", parent), "event_idx")[parent]
         live = live.with_columns(pl.concat([live[parent].head(live.height - owned), mine]).alias(parent))
-        children = (live.tail(owned).filter(pl.col(parent).is_not_null())
-                    .group_by(parent).agg(_add=pl.col("dur_ns").sum()))
+        children = (
+            live.tail(owned).filter(pl.col(parent).is_not_null()).group_by(parent).agg(_add=pl.col("dur_ns").sum())
+        )
         added = beside(live, children, "event_idx", parent)["_add"].fill_null(0)
         return live.with_columns((pl.col(child) + added).alias(child))
 
@@ -328,15 +408,17 @@ class SliceSweep:
 def _with_values(live: pl.DataFrame, values: pl.DataFrame) -> pl.DataFrame:
     """live with the columns of `values` (event_idx, ...) set on the rows they are given for."""
     given = beside(live, values, "event_idx")
-    return live.with_columns(pl.coalesce(given[c], pl.col(c)) if c in live.columns else given[c]
-                             for c in values.columns if c != "event_idx")
+    return live.with_columns(
+        pl.coalesce(given[c], pl.col(c)) if c in live.columns else given[c] for c in values.columns if c != "event_idx"
+    )
 
 
 def beside(frame: pl.DataFrame, other: pl.DataFrame, left_on: str, right_on: str | None = None) -> pl.DataFrame:
     """The columns of `other` (at most one row per key) for each row of `frame`, in its order: a
     join in which only the key column of the frame takes part (its other columns are not copied)."""
-    return frame.select(left_on).join(other, left_on=left_on, right_on=right_on or left_on, how="left",
-                                      maintain_order="left")
+    return frame.select(left_on).join(
+        other, left_on=left_on, right_on=right_on or left_on, how="left", maintain_order="left"
+    )
 
 
 class Paths:
@@ -345,8 +427,9 @@ class Paths:
     integer each rather than the labels of all its ancestors."""
 
     def __init__(self):
-        self.table = pl.DataFrame(schema={"path_id": pl.Int64, "parent_path": pl.Int64, "label": pl.String,
-                                          "path": pl.String})
+        self.table = pl.DataFrame(
+            schema={"path_id": pl.Int64, "parent_path": pl.Int64, "label": pl.String, "path": pl.String}
+        )
 
     def ids(self, parent_paths: pl.Series, labels: pl.Series) -> pl.Series:
         """The ids of the paths (parent path id or null, label), stored if new."""
@@ -354,14 +437,15 @@ class Paths:
         asked = pl.DataFrame({"parent_path": parent_paths.cast(pl.Int64), "label": labels.cast(pl.String)})
         new = asked.unique(maintain_order=True).join(self.table.select(keys), on=keys, how="anti", nulls_equal=True)
         if new.height:
-            new = (new.with_row_index("path_id", offset=self.table.height)
-                   .with_columns(pl.col("path_id").cast(pl.Int64)))
+            new = new.with_row_index("path_id", offset=self.table.height).with_columns(pl.col("path_id").cast(pl.Int64))
             outer = beside(new, self.table.select(parent_path="path_id", outer="path"), "parent_path")["outer"]
-            new = new.with_columns(path=pl.when(outer.is_null()).then(pl.col("label"))
-                                   .otherwise(outer + ";" + pl.col("label")))
+            new = new.with_columns(
+                path=pl.when(outer.is_null()).then(pl.col("label")).otherwise(outer + ";" + pl.col("label"))
+            )
             self.table = pl.concat([self.table, new.select(self.table.columns)])
-        return asked.join(self.table.select(*keys, "path_id"), on=keys, how="left", nulls_equal=True,
-                          maintain_order="left")["path_id"]
+        return asked.join(
+            self.table.select(*keys, "path_id"), on=keys, how="left", nulls_equal=True, maintain_order="left"
+        )["path_id"]
 
     def strings(self, ids: pl.Series) -> pl.Series:
         """The paths of ids (ids are row numbers of the table)."""

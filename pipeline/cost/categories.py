@@ -4,6 +4,7 @@ Rows are tried in order: the first whose `kind` (memcpy/memset) or kernel-name r
 wins; only when none does is the CPU op name tried. Used by `cost` (the `gpu_ops.category`
 column) and `report` (time by category).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,46 +25,75 @@ class Category:
     kind: str | None = None
 
 
-_ELEMENTWISE_OPS = ("add|add_|sub|sub_|mul|mul_|div|div_|pow|neg|exp|log|sqrt|rsqrt|reciprocal|sin|cos|"
-                    "tanh|sigmoid|silu|gelu|relu|relu_|threshold_backward|clamp|clamp_|where|copy_|_to_copy|"
-                    "to|fill_|zero_|zeros|ones|cat|stack|index|index_select|index_put_|masked_fill|eq|ne|lt|"
-                    "gt|le|ge|abs|arange|embedding|dropout|lerp_|addcmul_|addcdiv_|_foreach_\\w+")
+_ELEMENTWISE_OPS = (
+    "add|add_|sub|sub_|mul|mul_|div|div_|pow|neg|exp|log|sqrt|rsqrt|reciprocal|sin|cos|"
+    "tanh|sigmoid|silu|gelu|relu|relu_|threshold_backward|clamp|clamp_|where|copy_|_to_copy|"
+    "to|fill_|zero_|zeros|ones|cat|stack|index|index_select|index_put_|masked_fill|eq|ne|lt|"
+    "gt|le|ge|abs|arange|embedding|dropout|lerp_|addcmul_|addcdiv_|_foreach_\\w+"
+)
 CATEGORIES: tuple[Category, ...] = (
     Category("memcpy", kind="memcpy"),
     Category("memset", kind="memset"),
-    Category("communication",
-             kernel=r"(?i)nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv|cross_device_reduce",
-             op=r"(?i)^(?:nccl|rccl|gloo|c10d)[:]|record_param_comms|all_?reduce|all_?gather|reduce_scatter|all_?to_?all|broadcast"),
+    Category(
+        "communication",
+        kernel=r"(?i)nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv|cross_device_reduce",
+        op=r"(?i)^(?:nccl|rccl|gloo|c10d)[:]|record_param_comms|all_?reduce|all_?gather|reduce_scatter|all_?to_?all|broadcast",
+    ),
     Category("triton_persistent_reduction", kernel=r"^triton_per_"),
     Category("triton_reduction", kernel=r"^triton_red_"),
     Category("triton_pointwise", kernel=r"^triton_poi_"),
     Category("inductor_cpp", kernel=r"^cpp_fused_"),
-    Category("embedding", kernel=r"(?i)split_embedding|embedding_bag|pooled_embs|bounds_check_indices",
-             op=r"(?i)^fbgemm::|SplitLookup|embedding_bag"),
+    Category(
+        "embedding",
+        kernel=r"(?i)split_embedding|embedding_bag|pooled_embs|bounds_check_indices",
+        op=r"(?i)^fbgemm::|SplitLookup|embedding_bag",
+    ),
     Category("attention", kernel=r"(?i)flash|fmha|attn|attention|sdpa", op=r"(?i)attention|sdpa"),
-    Category("normalization", kernel=r"(?i)_norm|norm_|layernorm|rmsnorm|batchnorm|groupnorm|bn_fw|bn_bw|softmax",
-             op=r"(?i)norm|softmax"),
-    Category("conv", kernel=r"(?i)convol|conv[123]d|fprop|dgrad|wgrad|implicit_?gemm|winograd|^triton_tem_fused_convolution",
-             op=r"(?i)convolution|conv[123]d|conv_transpose"),
-    Category("gemm", kernel=r"(?i)gemm|gemv|Cijk_|xmma|wgmma|nvjet|matmul|splitKreduce|^bmm_|^triton_tem_fused_(?:addmm|mm|bmm)",
-             op=r"^aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|dot|_addmm_activation)$"),
+    Category(
+        "normalization",
+        kernel=r"(?i)_norm|norm_|layernorm|rmsnorm|batchnorm|groupnorm|bn_fw|bn_bw|softmax",
+        op=r"(?i)norm|softmax",
+    ),
+    Category(
+        "conv",
+        kernel=r"(?i)convol|conv[123]d|fprop|dgrad|wgrad|implicit_?gemm|winograd|^triton_tem_fused_convolution",
+        op=r"(?i)convolution|conv[123]d|conv_transpose",
+    ),
+    Category(
+        "gemm",
+        kernel=r"(?i)gemm|gemv|Cijk_|xmma|wgmma|nvjet|matmul|splitKreduce|^bmm_|^triton_tem_fused_(?:addmm|mm|bmm)",
+        op=r"^aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|dot|_addmm_activation)$",
+    ),
     Category("triton_other", kernel=r"^triton_"),  # templates (tem_) matched above; old `triton__0d1d2d...`
-    Category("pooling", kernel=r"(?i)pool(?:ing)?_?(?:forward|backward|2d|3d|1d|nchw|nhwc|kernel)|avg_pool|max_pool",
-             op=r"(?i)pool[123]d|_pool"),
-    Category("sort", kernel=r"(?i)radixsort|bitonic|sort_kernel|segmented_?sort", op=r"^aten::(?:sort|argsort|unique\w*)$"),
-    Category("reduction", kernel=r"(?i)reduce|reduction|argmax|argmin|topk|cumsum|scan",
-             op=r"^aten::(?:sum|mean|max|min|amax|amin|argmax|argmin|prod|std|var|all|any|cumsum|topk|norm)$"),
-    Category("elementwise",
-             kernel=r"(?i)elementwise|pointwise|unrolled|vectorized|copy|fill|cat_?array|index|gather|scatter|multi_tensor_apply|where|masked",
-             op=rf"^aten::(?:{_ELEMENTWISE_OPS})$"),
+    Category(
+        "pooling",
+        kernel=r"(?i)pool(?:ing)?_?(?:forward|backward|2d|3d|1d|nchw|nhwc|kernel)|avg_pool|max_pool",
+        op=r"(?i)pool[123]d|_pool",
+    ),
+    Category(
+        "sort", kernel=r"(?i)radixsort|bitonic|sort_kernel|segmented_?sort", op=r"^aten::(?:sort|argsort|unique\w*)$"
+    ),
+    Category(
+        "reduction",
+        kernel=r"(?i)reduce|reduction|argmax|argmin|topk|cumsum|scan",
+        op=r"^aten::(?:sum|mean|max|min|amax|amin|argmax|argmin|prod|std|var|all|any|cumsum|topk|norm)$",
+    ),
+    Category(
+        "elementwise",
+        kernel=r"(?i)elementwise|pointwise|unrolled|vectorized|copy|fill|cat_?array|index|gather|scatter|multi_tensor_apply|where|masked",
+        op=rf"^aten::(?:{_ELEMENTWISE_OPS})$",
+    ),
 )
 OTHER = "other"
 
 
 def category_expr(name: pl.Expr, op: pl.Expr, kind: pl.Expr) -> pl.Expr:
     """The category of a GPU op (see `Category`) from its kernel name, CPU op name and kind."""
-    first = [pl.when(kind == c.kind if c.kind else name.str.contains(c.kernel)).then(pl.lit(c.name))
-             for c in CATEGORIES if c.kind or c.kernel]
+    first = [
+        pl.when(kind == c.kind if c.kind else name.str.contains(c.kernel)).then(pl.lit(c.name))
+        for c in CATEGORIES
+        if c.kind or c.kernel
+    ]
     fallback = [pl.when(op.str.contains(c.op)).then(pl.lit(c.name)) for c in CATEGORIES if c.op]
     return pl.coalesce(*first, *fallback, pl.lit(OTHER))
 
@@ -76,8 +106,13 @@ class CategoryMemo:
         self.named: pl.DataFrame | None = None
 
 
-def with_category(frame: pl.DataFrame, name: str = "name", op: str = "cpu_op_name", kind: str = "kind",
-                  memo: CategoryMemo | None = None) -> pl.DataFrame:
+def with_category(
+    frame: pl.DataFrame,
+    name: str = "name",
+    op: str = "cpu_op_name",
+    kind: str = "kind",
+    memo: CategoryMemo | None = None,
+) -> pl.DataFrame:
     """`frame` with a `category` column from its `name`, `op` and `kind` columns (`category_expr`).
 
     The regexes are the cost, and a trace has hundreds of thousands of GPU ops but a few hundred
@@ -86,9 +121,10 @@ def with_category(frame: pl.DataFrame, name: str = "name", op: str = "cpu_op_nam
     (small ids rather than long kernel names), beside the frame's columns rather than copying them.
     """
     keys = list(dict.fromkeys([name, op, kind]))  # a CPU-only trace uses the op name as kernel name
-    as_keys = frame.select(pl.col(k).cast(pl.Categorical) if t == pl.String else pl.col(k)
-                           for k, t in frame.select(keys).schema.items())
-    text = lambda c: pl.col(c).cast(pl.String)  # noqa: E731
+    as_keys = frame.select(
+        pl.col(k).cast(pl.Categorical) if t == pl.String else pl.col(k) for k, t in frame.select(keys).schema.items()
+    )
+    text = lambda c: pl.col(c).cast(pl.String)
     new = as_keys.unique()
     if memo is not None and memo.named is not None:
         new = new.join(memo.named, on=keys, how="anti", nulls_equal=True)

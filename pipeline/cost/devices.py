@@ -11,6 +11,7 @@ several matching rows one whose SM count / memory / compute capability fit the d
 properties is preferred, e.g. "AMD Instinct MI250X / MI250" with 104 CUs is an MI250 GCD), then
 the properties alone (for names like "AMD Radeon Graphics").
 """
+
 from __future__ import annotations
 
 import re
@@ -22,30 +23,60 @@ from pipeline.errors import UsageError
 from pipeline.schema import DATA_DIR
 
 SPECS_CSV = DATA_DIR / "device_specs.csv"
-PEAK_COLS = ["peak_fp64_tflops", "peak_fp32_tflops", "peak_tf32_tflops", "peak_bf16_tflops",
-             "peak_fp16_tflops", "peak_fp8_tflops", "peak_int8_tops", "peak_bw_gbps"]
+PEAK_COLS = [
+    "peak_fp64_tflops",
+    "peak_fp32_tflops",
+    "peak_tf32_tflops",
+    "peak_bf16_tflops",
+    "peak_fp16_tflops",
+    "peak_fp8_tflops",
+    "peak_int8_tops",
+    "peak_bw_gbps",
+]
 SPEC_SCHEMA = {
-    "spec_name": pl.String, "vendor": pl.String, "name_regex": pl.String, "arch": pl.String,
-    "compute_major": pl.Int64, "compute_minor": pl.Int64, "sm_count": pl.Int64,
-    "memory_gb": pl.Float64, **{c: pl.Float64 for c in PEAK_COLS}, "source": pl.String,
+    "spec_name": pl.String,
+    "vendor": pl.String,
+    "name_regex": pl.String,
+    "arch": pl.String,
+    "compute_major": pl.Int64,
+    "compute_minor": pl.Int64,
+    "sm_count": pl.Int64,
+    "memory_gb": pl.Float64,
+    **{c: pl.Float64 for c in PEAK_COLS},
+    "source": pl.String,
 }
-OUT_SCHEMA = {"spec_name": pl.String, "spec_match": pl.String,
-              **{c: pl.Float64 for c in PEAK_COLS}, "spec_source": pl.String}
+OUT_SCHEMA = {
+    "spec_name": pl.String,
+    "spec_match": pl.String,
+    **{c: pl.Float64 for c in PEAK_COLS},
+    "spec_source": pl.String,
+}
 MEM_TOLERANCE = 0.10  # relative, totalGlobalMem (GiB) against memory_gb
 
 DTYPE_PEAK = {
-    "fp8": "peak_fp8_tflops", "e4m3": "peak_fp8_tflops", "e5m2": "peak_fp8_tflops",
-    "float8_e4m3fn": "peak_fp8_tflops", "float8_e5m2": "peak_fp8_tflops",
-    "bf16": "peak_bf16_tflops", "bfloat16": "peak_bf16_tflops",
-    "fp16": "peak_fp16_tflops", "half": "peak_fp16_tflops", "float16": "peak_fp16_tflops",
+    "fp8": "peak_fp8_tflops",
+    "e4m3": "peak_fp8_tflops",
+    "e5m2": "peak_fp8_tflops",
+    "float8_e4m3fn": "peak_fp8_tflops",
+    "float8_e5m2": "peak_fp8_tflops",
+    "bf16": "peak_bf16_tflops",
+    "bfloat16": "peak_bf16_tflops",
+    "fp16": "peak_fp16_tflops",
+    "half": "peak_fp16_tflops",
+    "float16": "peak_fp16_tflops",
     "tf32": "peak_tf32_tflops",
-    "fp32": "peak_fp32_tflops", "float": "peak_fp32_tflops", "float32": "peak_fp32_tflops",
-    "fp64": "peak_fp64_tflops", "double": "peak_fp64_tflops", "float64": "peak_fp64_tflops",
+    "fp32": "peak_fp32_tflops",
+    "float": "peak_fp32_tflops",
+    "float32": "peak_fp32_tflops",
+    "fp64": "peak_fp64_tflops",
+    "double": "peak_fp64_tflops",
+    "float64": "peak_fp64_tflops",
     "int8": "peak_int8_tops",
 }
 
 
 # ---- the table
+
 
 def _blank_to_null(col: str) -> pl.Expr:
     cell = pl.col(col).str.strip_chars()
@@ -81,12 +112,22 @@ def load_specs(extra: str | None = None) -> pl.DataFrame:
 
 def specs_markdown(specs: pl.DataFrame) -> str:
     """The spec table as a markdown table for the README."""
-    cols = {"spec_name": "device", "peak_bw_gbps": "GB/s", "peak_fp32_tflops": "FP32",
-            "peak_tf32_tflops": "TF32", "peak_bf16_tflops": "BF16", "peak_fp16_tflops": "FP16",
-            "peak_fp8_tflops": "FP8", "sm_count": "SMs/CUs", "memory_gb": "GB", "source": "source"}
+    cols = {
+        "spec_name": "device",
+        "peak_bw_gbps": "GB/s",
+        "peak_fp32_tflops": "FP32",
+        "peak_tf32_tflops": "TF32",
+        "peak_bf16_tflops": "BF16",
+        "peak_fp16_tflops": "FP16",
+        "peak_fp8_tflops": "FP8",
+        "sm_count": "SMs/CUs",
+        "memory_gb": "GB",
+        "source": "source",
+    }
     lines = ["| " + " | ".join(cols.values()) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_cell(r[c]) for c in cols) + " |"
-              for r in specs.select(list(cols)).iter_rows(named=True)]
+    lines += [
+        "| " + " | ".join(_cell(r[c]) for c in cols) + " |" for r in specs.select(list(cols)).iter_rows(named=True)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -95,6 +136,7 @@ def _cell(v) -> str:
 
 
 # ---- matching
+
 
 def _props_fit(row: dict, props: dict) -> bool:
     """numSms equal, totalGlobalMem within MEM_TOLERANCE, and compute capability when given."""
@@ -117,15 +159,20 @@ def _forced(force: str, rows: list[dict]) -> dict:
     exact = [r for r in rows if r["spec_name"].casefold() == force.strip().casefold()]
     found = exact or _by_name(force, rows)
     if not found:
-        raise UsageError(f"unknown device {force!r}: not a spec_name of data/device_specs.csv "
-                         "nor a name its patterns recognise")
+        raise UsageError(
+            f"unknown device {force!r}: not a spec_name of data/device_specs.csv nor a name its patterns recognise"
+        )
     return found[0]
 
 
 def _result(row: dict | None, how: str) -> dict:
     row = row or {}
-    return {"spec_name": row.get("spec_name"), "match": how, "spec_source": row.get("source"),
-            **{c: row.get(c) for c in PEAK_COLS}}
+    return {
+        "spec_name": row.get("spec_name"),
+        "match": how,
+        "spec_source": row.get("source"),
+        **{c: row.get(c) for c in PEAK_COLS},
+    }
 
 
 def match_device(name: str | None, props: dict, specs: pl.DataFrame, force: str | None = None) -> dict:
@@ -150,17 +197,22 @@ def one_model(devices: pl.DataFrame) -> dict | None:
     return listed.filter(pl.col("name") == names[0]).row(0, named=True)
 
 
-def match_specs(devices: pl.DataFrame, specs: pl.DataFrame,
-                     force: str | None = None) -> tuple[pl.DataFrame, list[str]]:
+def match_specs(devices: pl.DataFrame, specs: pl.DataFrame, force: str | None = None) -> tuple[pl.DataFrame, list[str]]:
     """Add spec_name, spec_match, peak columns and spec_source to each device row; warn on unknowns."""
     matches, warnings = [], []
     for d in devices.iter_rows(named=True):
-        props = {"numSms": d.get("num_sms"), "totalGlobalMem": d.get("total_global_mem"),
-                 "computeMajor": d.get("compute_major"), "computeMinor": d.get("compute_minor")}
+        props = {
+            "numSms": d.get("num_sms"),
+            "totalGlobalMem": d.get("total_global_mem"),
+            "computeMajor": d.get("compute_major"),
+            "computeMinor": d.get("compute_minor"),
+        }
         m = match_device(d.get("name"), props, specs, force)
         if m["match"] == "unknown":
-            warnings.append(f"device {d['device']} ({d.get('name') or 'no name'}): not in the device-spec "
-                            "table, achieved-% left empty (use --device or --device-specs)")
+            warnings.append(
+                f"device {d['device']} ({d.get('name') or 'no name'}): not in the device-spec "
+                "table, achieved-% left empty (use --device or --device-specs)"
+            )
         matches.append({**m, "spec_match": m.pop("match")})
     out = pl.DataFrame(matches, schema=OUT_SCHEMA)
     return pl.concat([devices.drop(list(OUT_SCHEMA), strict=False), out], how="horizontal"), warnings

@@ -6,31 +6,29 @@ the kernels that op launched in proportion to their durations (a split-K GEMM's 
 its FLOPs; nothing is counted once per kernel). memcpy/memset carry their own byte counts.
 Kernels whose op has no formula keep null cost with a reason (`unmodelled_reason`).
 """
+
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import orjson
 import polars as pl
 import pyarrow as pa
 
+from pipeline import schema, store
 from pipeline.cost import devices as device_specs_mod
-from pipeline.cost import formulas
-from pipeline.link import links as link
-from pipeline import schema
-from pipeline import store
-from pipeline.cost import roofline
+from pipeline.cost import formulas, roofline
 from pipeline.cost.categories import CategoryMemo, with_category
+from pipeline.link import links as link
 
 SIGNATURE_KEYS = formulas.ARGS_READ
 PEAK_COLS = device_specs_mod.PEAK_COLS
 
 
-def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None,
-             evaluated: dict | None = None) -> pl.DataFrame:
+def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None, evaluated: dict | None = None) -> pl.DataFrame:
     """(cpu_op_event_idx, op_flops, op_bytes, cost_family, cost_dtype, op_reason) for the given ops.
 
     The events are read with the streaming engine, only the given ops' rows decoded. Only ops
@@ -42,15 +40,21 @@ def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None,
     evaluated = {} if evaluated is None else evaluated
     key = pl.col("name").str.split(" ").list.first()
     wanted = op_idx.unique().drop_nulls()
-    in_range = (pl.col("event_idx").is_between(wanted.min(), wanted.max()) if wanted.len() else pl.lit(False))
+    in_range = pl.col("event_idx").is_between(wanted.min(), wanted.max()) if wanted.len() else pl.lit(False)
     # a predicate rather than a semi-join: the Parquet reader filters each row group by event_idx
     # (skipping those outside the range) before it decodes the other columns
-    ops = (events.select("event_idx", "name", "args_json")
-           .filter(in_range & pl.col("event_idx").is_in(wanted.implode()))
-           .with_columns(modelled=pl.col("name").is_in(formulas.MODELLED_OPS) | key.is_in(formulas.MODELLED_OPS))
-           .select(pl.col("event_idx").alias("cpu_op_event_idx"), "modelled", pl.col("name").cast(pl.Categorical),
-                   args=pl.when("modelled").then(pl.col("args_json")))
-           .collect(engine="streaming"))
+    ops = (
+        events.select("event_idx", "name", "args_json")
+        .filter(in_range & pl.col("event_idx").is_in(wanted.implode()))
+        .with_columns(modelled=pl.col("name").is_in(formulas.MODELLED_OPS) | key.is_in(formulas.MODELLED_OPS))
+        .select(
+            pl.col("event_idx").alias("cpu_op_event_idx"),
+            "modelled",
+            pl.col("name").cast(pl.Categorical),
+            args=pl.when("modelled").then(pl.col("args_json")),
+        )
+        .collect(engine="streaming")
+    )
     modelled = ops.filter("modelled").select("cpu_op_event_idx", "name", shape=_shape(pl.col("args")), args="args")
     shapes = modelled.group_by("name", "shape").agg(pl.col("args").first())
     costed = modelled.join(_shape_costs(shapes, dtype, evaluated), on=["name", "shape"], how="left", nulls_equal=True)
@@ -68,18 +72,26 @@ def _shape_costs(shapes: pl.DataFrame, dtype: str | None, evaluated: dict) -> pl
         if known not in evaluated:
             evaluated[known] = _evaluate(sig, dtype)
         rows.append({"shape": shape, **evaluated[known]})
-    schema = {"shape": pl.String, **{k: pl.String for k in keys}, "op_flops": pl.Float64, "op_bytes": pl.Float64,
-              "cost_family": pl.String, "cost_dtype": pl.String, "op_reason": pl.String}
-    return (pl.DataFrame(rows, schema=schema)
-            .select(pl.col("name").cast(pl.Categorical), "shape", *OP_COST_COLUMNS))
+    schema = {
+        "shape": pl.String,
+        **{k: pl.String for k in keys},
+        "op_flops": pl.Float64,
+        "op_bytes": pl.Float64,
+        "cost_family": pl.String,
+        "cost_dtype": pl.String,
+        "op_reason": pl.String,
+    }
+    return pl.DataFrame(rows, schema=schema).select(pl.col("name").cast(pl.Categorical), "shape", *OP_COST_COLUMNS)
 
 
 def _signature(args: pl.Expr) -> list[pl.Expr]:
     """SIGNATURE_KEYS of each op's args as polars' json_path_match gives them. Each lookup parses
     the whole JSON text, so a key is looked up only in the args that contain it as text (keys
     appear verbatim); the others are null, as json_path_match would give."""
-    return [pl.when(args.str.contains(f'"{k}"', literal=True)).then(args).str.json_path_match(f"$['{k}']")
-            .alias(k) for k in SIGNATURE_KEYS]
+    return [
+        pl.when(args.str.contains(f'"{k}"', literal=True)).then(args).str.json_path_match(f"$['{k}']").alias(k)
+        for k in SIGNATURE_KEYS
+    ]
 
 
 _JSON_SCALAR = r"(?:-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null)\b"
@@ -109,11 +121,23 @@ def _evaluate(sig: dict, dtype: str | None) -> dict:
     args = {k: _json_value(sig[k]) for k in SIGNATURE_KEYS if sig[k] is not None}
     c = formulas.op_cost(sig["name"] or "", args, dtype_fallback=dtype)
     if c is None:
-        return {**sig, "op_flops": None, "op_bytes": None, "cost_family": None, "cost_dtype": None,
-                "op_reason": "no_shapes" if not args.get("Input Dims") else "shapes_not_modelled"}
+        return {
+            **sig,
+            "op_flops": None,
+            "op_bytes": None,
+            "cost_family": None,
+            "cost_dtype": None,
+            "op_reason": "no_shapes" if not args.get("Input Dims") else "shapes_not_modelled",
+        }
     flops, nbytes = _finite(c.flops), _finite(c.bytes)  # unknown dtype sizes come back as NaN bytes
-    return {**sig, "op_flops": flops, "op_bytes": nbytes, "cost_family": c.family,
-            "cost_dtype": c.dtype, "op_reason": None if flops is not None else "shapes_not_modelled"}
+    return {
+        **sig,
+        "op_flops": flops,
+        "op_bytes": nbytes,
+        "cost_family": c.family,
+        "cost_dtype": c.dtype,
+        "op_reason": None if flops is not None else "shapes_not_modelled",
+    }
 
 
 def _finite(v) -> float | None:
@@ -140,7 +164,9 @@ def matched_devices(flat_dir: Path, extra_specs: str | None, force: str | None) 
     out, warnings = device_specs_mod.match_specs(devs.drop("inferred"), specs, force=force)
     out = out.with_columns(
         spec_match=pl.when(devs["inferred"] & (pl.col("spec_match") != "unknown"))
-        .then(pl.lit("inferred")).otherwise(pl.col("spec_match")))
+        .then(pl.lit("inferred"))
+        .otherwise(pl.col("spec_match"))
+    )
     return out, warnings
 
 
@@ -162,18 +188,22 @@ def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame) 
     """
     is_kernel = pl.col("kind") == "kernel"
     dur_s = pl.col("dur_ns") / 1e9
-    share = (pl.when(pl.col("op_dur_ns") > 0).then(pl.col("dur_ns") / pl.col("op_dur_ns"))
-             .otherwise(1.0 / pl.col("op_kernels")))
-    g = (g.join(op_kernels, on="cpu_op_event_idx", how="left", maintain_order="left")
-         .with_columns(op_kernels=pl.when(is_kernel).then(pl.col("op_kernels")),
-                       op_dur_ns=pl.when(is_kernel).then(pl.col("op_dur_ns"))))
+    share = (
+        pl.when(pl.col("op_dur_ns") > 0)
+        .then(pl.col("dur_ns") / pl.col("op_dur_ns"))
+        .otherwise(1.0 / pl.col("op_kernels"))
+    )
+    g = g.join(op_kernels, on="cpu_op_event_idx", how="left", maintain_order="left").with_columns(
+        op_kernels=pl.when(is_kernel).then(pl.col("op_kernels")), op_dur_ns=pl.when(is_kernel).then(pl.col("op_dur_ns"))
+    )
     g = g.with_columns(
         flops=pl.when(is_kernel).then(pl.col("op_flops") * share).otherwise(pl.lit(0.0)),
-        bytes=pl.when(is_kernel).then(pl.col("op_bytes") * share)
-        .otherwise(pl.col("copy_bytes").cast(pl.Float64)),
+        bytes=pl.when(is_kernel).then(pl.col("op_bytes") * share).otherwise(pl.col("copy_bytes").cast(pl.Float64)),
         cost_family=pl.when(is_kernel).then(pl.col("cost_family")).otherwise(pl.col("kind")),
-        unmodelled_reason=pl.when(~is_kernel).then(None)
-        .when(pl.col("cpu_op_event_idx").is_null()).then(pl.lit("no_cpu_op"))
+        unmodelled_reason=pl.when(~is_kernel)
+        .then(None)
+        .when(pl.col("cpu_op_event_idx").is_null())
+        .then(pl.lit("no_cpu_op"))
         .otherwise(pl.col("op_reason")),
     )
     peaks = devs.select(pl.col("device"), "spec_name", *PEAK_COLS).unique("device", keep="first")
@@ -206,8 +236,11 @@ class OpKernels:
     def add(self, links: pl.DataFrame):
         """Count a batch of linked GPU ops (kind, dur_ns, cpu_op_event_idx)."""
         kernels = links.filter((pl.col("kind") == "kernel") & pl.col("cpu_op_event_idx").is_not_null())
-        part = (kernels.group_by("cpu_op_event_idx")
-                .agg(op_kernels=pl.len(), op_dur_ns=pl.col("dur_ns").fill_null(0).sum()).sort("cpu_op_event_idx"))
+        part = (
+            kernels.group_by("cpu_op_event_idx")
+            .agg(op_kernels=pl.len(), op_dur_ns=pl.col("dur_ns").fill_null(0).sum())
+            .sort("cpu_op_event_idx")
+        )
         if part.height:
             self._parts.append(part)
 
@@ -223,8 +256,7 @@ class OpKernels:
                 start, end = idx.search_sorted(first, side="left"), idx.search_sorted(last, side="right")
                 if end > start:
                     pieces.append(part.slice(start, end - start))
-        return (pl.concat(pieces).group_by("cpu_op_event_idx")
-                .agg(pl.col("op_kernels").sum(), pl.col("op_dur_ns").sum()))
+        return pl.concat(pieces).group_by("cpu_op_event_idx").agg(pl.col("op_kernels").sum(), pl.col("op_dur_ns").sum())
 
 
 class Tally:
@@ -257,10 +289,14 @@ class Tally:
         problems = orjson.loads(row["problems_json"])
         unmodelled = sorted(self.unmodelled.items(), key=lambda kv: (-kv[1], kv[0]))
         problems.update({k: v for k, v in [*self.links.items(), *unmodelled] if v})
-        row.update(n_kernels=self.n_kernels, n_costed=self.n_costed,
-                   gpu_time_modelled_pct=100.0 * self.modelled_ns / self.kernel_ns if self.kernel_ns else None,
-                   n_launch_linked=self.n_launch_linked, n_cpu_op_linked=self.n_cpu_op_linked,
-                   problems_json=orjson.dumps(problems).decode())
+        row.update(
+            n_kernels=self.n_kernels,
+            n_costed=self.n_costed,
+            gpu_time_modelled_pct=100.0 * self.modelled_ns / self.kernel_ns if self.kernel_ns else None,
+            n_launch_linked=self.n_launch_linked,
+            n_cpu_op_linked=self.n_cpu_op_linked,
+            problems_json=orjson.dumps(problems).decode(),
+        )
 
 
 COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  # the gpu_ops columns costing reads
@@ -284,16 +320,20 @@ def _link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally) -> 
     events = pl.scan_parquet(flat_dir / "events.parquet")
     declared = {f.name: f for f in schema.table("gpu_ops").arrow_schema(schema.ALL_STAGES)}
     op_cost_types = {"op_flops": pa.float64(), "op_bytes": pa.float64()}
-    fields = [pa.field("event_idx", pa.int64()), *schema.table("gpu_ops").arrow_schema(("link",)),
-              *(pa.field(c, op_cost_types.get(c, pa.string())) for c in OP_COST_COLUMNS),
-              *(declared[c] for c in KERNEL_INPUTS)]
+    fields = [
+        pa.field("event_idx", pa.int64()),
+        *schema.table("gpu_ops").arrow_schema(("link",)),
+        *(pa.field(c, op_cost_types.get(c, pa.string())) for c in OP_COST_COLUMNS),
+        *(declared[c] for c in KERNEL_INPUTS),
+    ]
     with store.SpillWriter(spill, fields) as out:
         for links in link.link_batches(flat_dir, carry=tuple(COST_INPUTS)):
             tally.add_links(links)
             op_kernels.add(links)
             ops = op_costs(events, links["cpu_op_event_idx"], dtype, evaluated)
-            out.write(with_category(links.join(ops, on="cpu_op_event_idx", how="left", maintain_order="left"),
-                                    memo=memo))
+            out.write(
+                with_category(links.join(ops, on="cpu_op_event_idx", how="left", maintain_order="left"), memo=memo)
+            )
     return op_kernels
 
 
@@ -334,8 +374,9 @@ class BatchCoster:
         return spilled.select("event_idx", *link.LINK_COLUMNS).hstack(costed.select(COST_COLUMNS))
 
 
-def enrich(flat_dir, row: dict, device_specs: str | None = None, device: str | None = None,
-           dtype: str | None = None) -> list[str]:
+def enrich(
+    flat_dir, row: dict, device_specs: str | None = None, device: str | None = None, dtype: str | None = None
+) -> list[str]:
     """Link and cost a freshly flattened directory in place; update the trace row. Returns warnings.
 
     Two passes over the GPU ops, batch by batch, so that memory does not grow with the trace:

@@ -6,6 +6,7 @@ B (GB/s) can reach min(P, AI x B / 1000) TFLOP/s: it is compute-bound when AI x 
 dtype (`dtype_peak`). Used by costing (per kernel), the reports (per aggregated row) and the
 roofline plot (the ridge it draws).
 """
+
 from __future__ import annotations
 
 import polars as pl
@@ -19,11 +20,15 @@ def ridge(peak_tflops: float, peak_bw_gbps: float) -> float:
 
 
 def bound(intensity: pl.Expr, peak_tflops: pl.Expr, peak_bw_gbps: pl.Expr) -> pl.Expr:
-    """"compute" or "memory" (null when the intensity or a peak is unknown)."""
+    """ "compute" or "memory" (null when the intensity or a peak is unknown)."""
     unknown = intensity.is_null() | peak_tflops.is_null() | peak_bw_gbps.is_null()
-    return (pl.when(unknown).then(None)
-            .when(intensity * peak_bw_gbps / 1e3 >= peak_tflops).then(pl.lit("compute"))
-            .otherwise(pl.lit("memory")))
+    return (
+        pl.when(unknown)
+        .then(None)
+        .when(intensity * peak_bw_gbps / 1e3 >= peak_tflops)
+        .then(pl.lit("compute"))
+        .otherwise(pl.lit("memory"))
+    )
 
 
 def intensity(flops: pl.Expr, bytes_: pl.Expr) -> pl.Expr:

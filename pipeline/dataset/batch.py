@@ -6,17 +6,19 @@ with their reason (re-runs report them without reading them again); a failure th
 file's fault (a full disk, a bug) commits nothing and is retried by the next run; a worker that
 dies has its inputs run again one at a time, and the one that kills its worker is quarantined.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import datetime as _dt
 import os
 import shutil
 import signal
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -65,7 +67,7 @@ def process_one(path: str, source: str, trace_id: str, stage: str, max_inflate: 
         raise  # a full disk: not the file's fault, retried by the next run
     except TracepipeError as e:
         msg = str(e).replace(path, source)
-        msg = msg[len(source) + 2:] if msg.startswith(f"{source}: ") else msg
+        msg = msg[len(source) + 2 :] if msg.startswith(f"{source}: ") else msg
         return {"status": "quarantined", "error": msg, "started_at": started, "finished_at": _now()}
     for name in TABLES:
         part = stage / name / f"{KEY}={trace_id}"
@@ -73,28 +75,38 @@ def process_one(path: str, source: str, trace_id: str, stage: str, max_inflate: 
         if name == "trace":  # the dataset's trace_id lives in the path; record the input's name
             t = pq.read_table(r.out_dir / "trace.parquet")
             t = t.drop_columns([KEY])
-            t = t.set_column(t.schema.get_field_index("source_path"), "source_path",
-                             pa.array([source] * t.num_rows, pa.string()))
+            t = t.set_column(
+                t.schema.get_field_index("source_path"), "source_path", pa.array([source] * t.num_rows, pa.string())
+            )
             pq.write_table(t, part / PART, **store.PARQUET_OPTIONS)
         else:
             os.rename(r.out_dir / f"{name}.parquet", part / PART)
     start_ns, end_ns = _span(stage / "events" / f"{KEY}={trace_id}" / PART)
     shutil.rmtree(stage / "flat", ignore_errors=True)
-    return {"status": "truncated" if r.truncated else "ok", "error": r.truncation_reason if r.truncated else None,
-            "n_events": r.n_events, "n_gpu_ops": r.n_gpu_ops, "n_flows": r.n_flows, "n_devices": r.n_devices,
-            "trace_start_ns": start_ns, "trace_end_ns": end_ns, "started_at": started, "finished_at": _now(),
-            "warnings": "; ".join(r.warnings) or None}
+    return {
+        "status": "truncated" if r.truncated else "ok",
+        "error": r.truncation_reason if r.truncated else None,
+        "n_events": r.n_events,
+        "n_gpu_ops": r.n_gpu_ops,
+        "n_flows": r.n_flows,
+        "n_devices": r.n_devices,
+        "trace_start_ns": start_ns,
+        "trace_end_ns": end_ns,
+        "started_at": started,
+        "finished_at": _now(),
+        "warnings": "; ".join(r.warnings) or None,
+    }
 
 
 @dataclass
 class BatchResult:
     dataset: Path
-    added: int = 0          # traces committed by this run (ok or truncated)
-    truncated: int = 0      # ... of which salvaged from a truncated file
-    quarantined: int = 0    # bad inputs (this run's and those already quarantined)
-    skipped: int = 0        # content already in the dataset
-    duplicates: int = 0     # same content as another input of this run
-    failed: int = 0         # not committed (worker died, internal error): retried next run
+    added: int = 0  # traces committed by this run (ok or truncated)
+    truncated: int = 0  # ... of which salvaged from a truncated file
+    quarantined: int = 0  # bad inputs (this run's and those already quarantined)
+    skipped: int = 0  # content already in the dataset
+    duplicates: int = 0  # same content as another input of this run
+    failed: int = 0  # not committed (worker died, internal error): retried next run
     problems: list = field(default_factory=list)
 
     @property
@@ -106,9 +118,15 @@ def default_jobs() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def run_batch(src: str | os.PathLike, dataset: str | os.PathLike, *, jobs: int | None = None,
-              engine: str = "local", report: Callable[[str, str, str], None] | None = None,
-              max_inflate: float | None = None) -> BatchResult:
+def run_batch(
+    src: str | os.PathLike,
+    dataset: str | os.PathLike,
+    *,
+    jobs: int | None = None,
+    engine: str = "local",
+    report: Callable[[str, str, str], None] | None = None,
+    max_inflate: float | None = None,
+) -> BatchResult:
     """Flatten every trace of SRC into DATASET (see the module docstring), skipping known content.
 
     `report(kind, source, message)` is called as inputs finish; kind is one of ok, truncated,
@@ -163,12 +181,20 @@ def run_batch(src: str | os.PathLike, dataset: str | os.PathLike, *, jobs: int |
             except cf.process.BrokenProcessPool:  # a worker died (killed, out of memory): whose input was it?
                 if item.trace_id in alone:
                     now = _now()
-                    settle(item, stage, {"status": "quarantined", "started_at": now, "finished_at": now,
-                                         "error": "the worker flattening it died (killed by a signal: out of memory?)"})
+                    settle(
+                        item,
+                        stage,
+                        {
+                            "status": "quarantined",
+                            "started_at": now,
+                            "finished_at": now,
+                            "error": "the worker flattening it died (killed by a signal: out of memory?)",
+                        },
+                    )
                 else:
                     suspects.append((item, stage))
                     keep_input = True
-            except Exception as e:  # noqa: BLE001 - not the file's fault: commit nothing, retry next run
+            except Exception as e:
                 res.failed += 1
                 note("failed", item, f"{type(e).__name__}: {e}".splitlines()[0])
                 seen.discard(item.trace_id)
@@ -180,8 +206,10 @@ def run_batch(src: str | os.PathLike, dataset: str | os.PathLike, *, jobs: int |
 
         def submit(item: Item, stage: Path):
             shutil.rmtree(stage, ignore_errors=True)  # what a dead worker may have left
-            pending[pool.submit(process_one, item.path, item.source, item.trace_id, str(stage), max_inflate)] = \
-                (item, stage)
+            pending[pool.submit(process_one, item.path, item.source, item.trace_id, str(stage), max_inflate)] = (
+                item,
+                stage,
+            )
 
         try:
             for item in inputs(src, run / "x", ds, max_inflate):
@@ -210,8 +238,11 @@ def run_batch(src: str | os.PathLike, dataset: str | os.PathLike, *, jobs: int |
                 if item.rejected:
                     stage.mkdir()
                     now = _now()
-                    settle(item, stage, {"status": "quarantined", "error": item.rejected,
-                                         "started_at": now, "finished_at": now})
+                    settle(
+                        item,
+                        stage,
+                        {"status": "quarantined", "error": item.rejected, "started_at": now, "finished_at": now},
+                    )
                     continue
                 while len(pending) >= 2 * jobs:
                     for f in cf.wait(pending, return_when=cf.FIRST_COMPLETED).done:
@@ -229,9 +260,6 @@ def run_batch(src: str | os.PathLike, dataset: str | os.PathLike, *, jobs: int |
         finally:
             pool.close()
             shutil.rmtree(run, ignore_errors=True)
-            try:
+            with contextlib.suppress(OSError):
                 (ds / STAGING).rmdir()
-            except OSError:
-                pass
     return res
-

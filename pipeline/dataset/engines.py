@@ -1,5 +1,6 @@
 """engines: where a batch's traces are flattened: local worker processes, a Ray cluster or a
 Dask scheduler, each behind one concurrent.futures-style interface (`Pool`)."""
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -35,6 +36,7 @@ def _signalable(pid: int) -> bool:
 
 def _watch_driver(pid: int):
     """Worker initializer: exit once the driver is gone (after kill -9 nobody would take our result)."""
+
     def watch():
         while _alive(pid):
             time.sleep(1)
@@ -48,8 +50,12 @@ class _RayExecutor:
         import ray
 
         if not ray.is_initialized():
-            ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": jobs}),
-                     include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            ray.init(
+                **({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": jobs}),
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.ERROR,
+            )
         self.ray, self._fns = ray, {}
 
     def submit(self, fn, *args) -> cf.Future:
@@ -66,8 +72,11 @@ class _DaskExecutor:
         from dask.distributed import Client, LocalCluster
 
         addr = dask.config.get("scheduler-address", None)
-        self.client = Client(addr) if addr else Client(LocalCluster(n_workers=jobs, threads_per_worker=1,
-                                                                    processes=True, dashboard_address=None))
+        self.client = (
+            Client(addr)
+            if addr
+            else Client(LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None))
+        )
         self.ex = self.client.get_executor(pure=False)
 
     def submit(self, fn, *args) -> cf.Future:
@@ -109,8 +118,9 @@ class Pool:
 
                 ctx = mp.get_context("forkserver")  # a fresh process: workers inherit no lock fd
                 ctx.set_forkserver_preload(["pipeline.dataset.batch", "pipeline.flatten"])
-                self.ex = cf.ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=_watch_driver,
-                                                 initargs=(os.getpid(),))
+                self.ex = cf.ProcessPoolExecutor(
+                    self.jobs, mp_context=ctx, initializer=_watch_driver, initargs=(os.getpid(),)
+                )
         try:
             return self.ex.submit(fn, *args)
         except cf.process.BrokenProcessPool:  # a worker died (e.g. out of memory): start afresh
@@ -121,4 +131,3 @@ class Pool:
     def close(self):
         if self.ex is not None:
             self.ex.shutdown(wait=True, cancel_futures=True)
-

@@ -1,6 +1,7 @@
 """inputs: every trace a batch source holds: a directory (recursive), a .tar/.tar.gz/.zip archive
 (members streamed one at a time, unsafe names and links quarantined, bombs refused), a trace, or
 a text file listing paths; each hashed (BLAKE2b) so the same content is one trace."""
+
 from __future__ import annotations
 
 import hashlib
@@ -9,9 +10,9 @@ import shutil
 import stat
 import tarfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterator
 
 from pipeline.errors import UsageError
 from pipeline.kineto import is_trace_name
@@ -29,8 +30,8 @@ class Item:
     size: int = 0
     content_hash: str | None = None
     rejected: str | None = None  # an archive member refused before reading (unsafe name, a link)
-    failed: str | None = None    # not readable, through no fault of its content: nothing committed
-    temp: bool = False           # path is an extracted copy to delete once used
+    failed: str | None = None  # not readable, through no fault of its content: nothing committed
+    temp: bool = False  # path is an extracted copy to delete once used
 
     @property
     def trace_id(self) -> str:
@@ -112,7 +113,7 @@ def _tar_items(path: str, tmp: Path, ratio: float | None) -> Iterator[Item]:
     """Members of a tar archive, streamed: one member on disk at a time per pending task. A
     member may inflate to `inflate_limit` of the whole archive's size."""
     try:
-        tf = tarfile.open(path, mode="r|*")
+        tf = tarfile.open(path, mode="r|*")  # noqa: SIM115 - closed by the `with tf` below
     except (tarfile.TarError, OSError) as e:
         raise UsageError(f"{path}: cannot read archive: {e}") from None
     limit = inflate_limit(_size(path), ratio)
@@ -150,7 +151,8 @@ def _zip_items(path: str, tmp: Path, ratio: float | None) -> Iterator[Item]:
             mode = info.external_attr >> 16
             limit = inflate_limit(info.compress_size, ratio)
             why = unsafe_member(info.filename) or (
-                "archive member is a link or device" if stat.S_IFMT(mode) not in (0, stat.S_IFREG) else None)
+                "archive member is a link or device" if stat.S_IFMT(mode) not in (0, stat.S_IFREG) else None
+            )
             if why is None and limit is not None and info.file_size > limit:
                 why = f"archive member of {info.file_size:,} bytes {too_inflated(limit, info.compress_size)}"
             if why:
@@ -184,8 +186,9 @@ def _list_items(listing: str) -> Iterator[Item]:
     try:
         lines = Path(listing).read_text().splitlines()
     except (UnicodeDecodeError, OSError):
-        raise UsageError(f"{listing}: not a directory, an archive (.tar, .tar.gz, .tgz, .zip), "
-                         "a trace or a text file listing traces") from None
+        raise UsageError(
+            f"{listing}: not a directory, an archive (.tar, .tar.gz, .tgz, .zip), a trace or a text file listing traces"
+        ) from None
     base = os.path.dirname(listing)
     for line in lines:
         p = line.strip()
@@ -212,4 +215,3 @@ def inputs(src: str | os.PathLike, tmp: Path, dataset: Path, max_inflate: float 
     if low.endswith(TAR_SUFFIXES) or tarfile.is_tarfile(src):
         return _tar_items(src, tmp, max_inflate)
     return _list_items(src)
-

@@ -13,6 +13,7 @@ dataset only when its manifest row is. On start a run removes `_staging/` and an
 without a manifest row, so a run killed at any moment (kill -9) leaves neither duplicates nor
 orphans.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -65,8 +66,7 @@ def committed_ids(ds: Path) -> set[str]:
     d = ds / MANIFEST
     if not d.is_dir():
         return set()
-    return {p.name.split("=", 1)[1] for p in d.iterdir()
-            if p.name.startswith(f"{KEY}=") and (p / PART).is_file()}
+    return {p.name.split("=", 1)[1] for p in d.iterdir() if p.name.startswith(f"{KEY}=") and (p / PART).is_file()}
 
 
 def recover(ds: Path) -> set[str]:
@@ -89,7 +89,8 @@ def read_manifest(ds: Path) -> dict[str, dict]:
     import pyarrow.dataset as pads
 
     t = pads.dataset(ds / MANIFEST, format="parquet", partitioning="hive").to_table(
-        columns=[KEY, "path", "status", "error"])
+        columns=[KEY, "path", "status", "error"]
+    )
     return {r[KEY]: r for r in t.to_pylist()}
 
 
@@ -103,8 +104,13 @@ def commit(ds: Path, stage: Path, item: Item, facts: dict):
             if dst.exists():  # an orphan of a run killed mid-commit (no manifest row): replace it
                 shutil.rmtree(dst)
             os.rename(stage / name / part, dst)
-    row = {"path": item.source, "size": item.size, "content_hash": item.content_hash,
-           "tracepipe_version": __version__, **facts}
+    row = {
+        "path": item.source,
+        "size": item.size,
+        "content_hash": item.content_hash,
+        "tracepipe_version": __version__,
+        **facts,
+    }
     mdir = stage / MANIFEST / part
     mdir.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist([row], schema=MANIFEST_SCHEMA), mdir / PART)
@@ -120,4 +126,3 @@ def uncommit(ds: Path, trace_id: str):
         return  # committed after all
     for name in TABLES:
         shutil.rmtree(ds / name / part, ignore_errors=True)
-

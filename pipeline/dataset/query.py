@@ -4,6 +4,7 @@ Tables are registered by name as lazy scans (events, gpu_ops, flows, devices, tr
 manifest `traces` for a dataset), only those the query names, so polars reads only the columns
 and partitions the query needs. Every table has a `trace_id` column to join on.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,12 +22,17 @@ FORMATS = ("table", "csv", "json", "parquet")
 # A "run" is the directory holding its traces (one file per rank), so ranks of one job group together.
 _RUN = "REGEXP_REPLACE(t.source_path, '/[^/]*$', '')"
 EXAMPLES: dict[str, tuple[str, str]] = {
-    "top_kernels": ("the 20 kernels with the most GPU time, summed over every trace and rank", """
+    "top_kernels": (
+        "the 20 kernels with the most GPU time, summed over every trace and rank",
+        """
         SELECT name, COUNT(*) AS launches, COUNT(DISTINCT trace_id) AS traces,
                SUM(dur_ns) / 1e3 AS total_us, AVG(dur_ns) / 1e3 AS mean_us
         FROM gpu_ops WHERE kind = 'kernel'
-        GROUP BY name ORDER BY total_us DESC LIMIT 20"""),
-    "slowest_rank_per_step": ("for each run and profiler step, the rank that took longest, and the fastest", f"""
+        GROUP BY name ORDER BY total_us DESC LIMIT 20""",
+    ),
+    "slowest_rank_per_step": (
+        "for each run and profiler step, the rank that took longest, and the fastest",
+        f"""
         WITH steps AS (
             SELECT {_RUN} AS run, e.name AS step, t.rank, t.stem, e.trace_id, e.dur_ns
             FROM events e JOIN trace t ON e.trace_id = t.trace_id
@@ -37,8 +43,11 @@ EXAMPLES: dict[str, tuple[str, str]] = {
         SELECT w.run, w.step, s.rank AS slowest_rank, s.stem AS slowest_trace, w.slowest_ns / 1e3 AS slowest_us,
                w.fastest_ns / 1e3 AS fastest_us, w.ranks
         FROM worst w JOIN steps s ON s.run = w.run AND s.step = w.step AND s.dur_ns = w.slowest_ns
-        ORDER BY w.run, LENGTH(w.step), w.step"""),
-    "achieved_pct_by_device": ("time-weighted achieved % of peak FLOP/s and of peak bandwidth, by device type", """
+        ORDER BY w.run, LENGTH(w.step), w.step""",
+    ),
+    "achieved_pct_by_device": (
+        "time-weighted achieved % of peak FLOP/s and of peak bandwidth, by device type",
+        """
         WITH k AS (
             SELECT COALESCE(spec_name, 'unknown') AS device_type, dur_ns,
                    CASE WHEN achieved_flops_pct <> CAST('NaN' AS DOUBLE) THEN achieved_flops_pct END AS flops_pct,
@@ -47,9 +56,12 @@ EXAMPLES: dict[str, tuple[str, str]] = {
         SELECT device_type, COUNT(*) AS kernels, SUM(dur_ns) / 1e3 AS kernel_us,
                SUM(flops_pct * dur_ns) / SUM(CASE WHEN flops_pct IS NOT NULL THEN dur_ns END) AS achieved_flops_pct,
                SUM(bw_pct * dur_ns) / SUM(CASE WHEN bw_pct IS NOT NULL THEN dur_ns END) AS achieved_bw_pct
-        FROM k GROUP BY device_type ORDER BY kernel_us DESC"""),
-    "stragglers": ("per run, how often each rank started a collective last and the others' wait it caused "
-                   "(raw clocks: `tracepipe ranks` aligns them first)", f"""
+        FROM k GROUP BY device_type ORDER BY kernel_us DESC""",
+    ),
+    "stragglers": (
+        "per run, how often each rank started a collective last and the others' wait it caused "
+        "(raw clocks: `tracepipe ranks` aligns them first)",
+        f"""
         WITH c AS (
             SELECT {_RUN} AS run, c.rank, c.kind, c.pg_ranks, c.seq, c.ts_ns
             FROM collectives c JOIN trace t ON c.trace_id = t.trace_id),
@@ -63,22 +75,30 @@ EXAMPLES: dict[str, tuple[str, str]] = {
             SELECT l.run, l.rank, COUNT(*) AS times_last, SUM(o.wait_ns) / 1e3 AS wait_caused_us
             FROM w l JOIN w o ON l.run = o.run AND l.pg_ranks = o.pg_ranks AND l.seq = o.seq
             WHERE l.wait_ns = 0 AND o.rank <> l.rank GROUP BY l.run, l.rank)
-        SELECT run, rank, times_last, wait_caused_us FROM caused ORDER BY run, wait_caused_us DESC"""),
-    "collective_bandwidth": ("per run, collective kind and message size: count, median duration and the "
-                             "algorithm bandwidth of that median", f"""
+        SELECT run, rank, times_last, wait_caused_us FROM caused ORDER BY run, wait_caused_us DESC""",
+    ),
+    "collective_bandwidth": (
+        "per run, collective kind and message size: count, median duration and the algorithm bandwidth of that median",
+        f"""
         SELECT {_RUN} AS run, c.kind, c.bytes, COUNT(*) AS calls, COUNT(DISTINCT c.rank) AS ranks,
                MEDIAN(c.dur_ns) / 1e3 AS median_us, c.bytes / MEDIAN(c.dur_ns) AS algbw_gbps
         FROM collectives c JOIN trace t ON c.trace_id = t.trace_id
-        WHERE c.bytes IS NOT NULL GROUP BY run, c.kind, c.bytes ORDER BY run, c.kind, c.bytes"""),
-    "exposed_comm_by_rank": ("per run and rank: step time, compute, communication and the communication "
-                             "no compute overlapped, summed over its profiler steps", f"""
+        WHERE c.bytes IS NOT NULL GROUP BY run, c.kind, c.bytes ORDER BY run, c.kind, c.bytes""",
+    ),
+    "exposed_comm_by_rank": (
+        "per run and rank: step time, compute, communication and the communication "
+        "no compute overlapped, summed over its profiler steps",
+        f"""
         SELECT {_RUN} AS run, t.rank, COUNT(DISTINCT s.step) AS steps,
                SUM(s.step_end_ns - s.step_ts_ns) / 1e3 AS step_us, SUM(s.compute_ns) / 1e3 AS compute_us,
                SUM(s.comm_ns) / 1e3 AS comm_us, SUM(s.exposed_comm_ns) / 1e3 AS exposed_comm_us
         FROM steps s JOIN trace t ON s.trace_id = t.trace_id
-        GROUP BY run, t.rank ORDER BY run, t.rank"""),
-    "time_by_category": ("GPU time by kernel category (gemm, attention, triton_*, communication, ...) for each "
-                         "run (all its ranks), with its share of the run's GPU time", f"""
+        GROUP BY run, t.rank ORDER BY run, t.rank""",
+    ),
+    "time_by_category": (
+        "GPU time by kernel category (gemm, attention, triton_*, communication, ...) for each "
+        "run (all its ranks), with its share of the run's GPU time",
+        f"""
         WITH c AS (
             SELECT {_RUN} AS run, g.category, COUNT(DISTINCT g.trace_id) AS traces, COUNT(*) AS ops,
                    SUM(g.dur_ns) / 1e3 AS total_us
@@ -86,7 +106,8 @@ EXAMPLES: dict[str, tuple[str, str]] = {
             GROUP BY run, g.category)
         SELECT run, category, traces, ops, total_us,
                100.0 * total_us / SUM(total_us) OVER (PARTITION BY run) AS pct
-        FROM c ORDER BY run, total_us DESC"""),
+        FROM c ORDER BY run, total_us DESC""",
+    ),
 }
 
 
@@ -101,8 +122,10 @@ def check_sandboxed(sql: str):
     m = _TABLE_FUNCTION.search(_LITERALS_AND_COMMENTS.sub(" ", sql))
     if m:
         name = m.group().rstrip("( \t\n").lower()
-        raise UsageError(f"{name}() reads files outside the dataset: not allowed in the sandbox "
-                         "(only the dataset's tables; --no-sandbox allows it)")
+        raise UsageError(
+            f"{name}() reads files outside the dataset: not allowed in the sandbox "
+            "(only the dataset's tables; --no-sandbox allows it)"
+        )
 
 
 def run(path: str | Path, sql: str, sandbox: bool = False) -> pl.DataFrame:
@@ -114,7 +137,7 @@ def run(path: str | Path, sql: str, sandbox: bool = False) -> pl.DataFrame:
     ctx = pl.SQLContext(tables(path, words), eager=False)
     try:
         return ctx.execute(sql).collect()
-    except Exception as e:  # noqa: BLE001 - polars raises many kinds (PolarsError, OSError, ...) for a bad query
+    except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"query failed: {first}") from None
 

@@ -1,5 +1,6 @@
 """tables: the tables of a batch dataset, of one flattened trace, or of a folder of flattened
 traces, as lazy polars scans with a `trace_id` column: what `query`, `ranks` and the reports read."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,8 +34,14 @@ def _scan_dataset(ds: Path, name: str, keep: set[str]) -> pl.LazyFrame:
     parts = {p.name.split("=", 1)[1] for p in d.glob(f"{KEY}=*")} if d.is_dir() else set()
     if not parts & keep:
         return pl.LazyFrame(schema={**want, KEY: pl.String})
-    lf = pl.scan_parquet(str(d / f"{KEY}=*" / "*.parquet"), hive_partitioning=True, hive_schema={KEY: pl.String},
-                         schema=want, missing_columns="insert", extra_columns="ignore")
+    lf = pl.scan_parquet(
+        str(d / f"{KEY}=*" / "*.parquet"),
+        hive_partitioning=True,
+        hive_schema={KEY: pl.String},
+        schema=want,
+        missing_columns="insert",
+        extra_columns="ignore",
+    )
     if parts - keep:  # a batch run was killed mid-commit: its partitions are not part of the dataset yet
         lf = lf.filter(pl.col(KEY).is_in(sorted(keep)))
     return lf
@@ -55,9 +62,14 @@ def flat_dirs(path: Path) -> list[Path]:
 
 def _scan_flat_dirs(dirs: list[Path], name: str) -> pl.LazyFrame:
     want = _declared(name)
-    scans = [_scan_flat(d, name).select(pl.col(c).cast(t) if c in _names(d, name) else pl.lit(None, t).alias(c)
-                                        for c, t in {**want, KEY: pl.String}.items())
-             for d in dirs if (d / f"{name}.parquet").is_file()]
+    scans = [
+        _scan_flat(d, name).select(
+            pl.col(c).cast(t) if c in _names(d, name) else pl.lit(None, t).alias(c)
+            for c, t in {**want, KEY: pl.String}.items()
+        )
+        for d in dirs
+        if (d / f"{name}.parquet").is_file()
+    ]
     return pl.concat(scans) if scans else pl.LazyFrame(schema={**want, KEY: pl.String})
 
 
@@ -69,7 +81,7 @@ def tables(path: str | Path, names=None) -> dict[str, pl.LazyFrame]:
     """Lazy scans of the tables, by name, of a batch dataset, of one flattened trace, or of a
     folder of flattened traces; every table has a `trace_id` column to join on."""
     path = Path(path)
-    wanted = lambda n: names is None or n in names  # noqa: E731
+    wanted = lambda n: names is None or n in names
     if store.is_flat_dir(path):
         avail = [n for n in schema.TABLES if (path / f"{n}.parquet").is_file()]
         return {n: _scan_flat(path, n) for n in avail if wanted(n)}

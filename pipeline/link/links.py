@@ -39,24 +39,29 @@ the window, and cannot overlap the start of a slice still running at a without c
 so no depth changes; slices starting after b are counted nowhere. Where slices overlap without
 nesting, the innermost is decided among the slices the window reads.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Iterator
 
 import polars as pl
 
+from pipeline import schema, store
+from pipeline.kineto import (
+    ANNOTATION_CATS,
+    CPU_OP_CATS,
+    LAUNCH_CATS,
+    LINK_FLOW_CATS,
+    MODULE_CATS,
+    MODULE_PREFIX,
+    STEP_NAME,
+    cat_regex,
+)
 from pipeline.link import nesting
-
-from pipeline import schema
-
-from pipeline import store
-from pipeline.kineto import (ANNOTATION_CATS, CPU_OP_CATS, LAUNCH_CATS, LINK_FLOW_CATS, MODULE_CATS, MODULE_PREFIX,
-                             STEP_NAME, cat_regex)
 from pipeline.link.windows import EventReach, RunningSlices, TimeBins, TimeCells
-
 
 BATCH_ROWS = 1 << 15  # GPU ops linked together
 CELL_SLICES = 1 << 17  # CPU slices starting in one time cell (read together), about
@@ -66,11 +71,30 @@ KIND_CATS = {LAUNCH: LAUNCH_CATS, CPU_OP: CPU_OP_CATS, ANNOTATION: ANNOTATION_CA
 CONTEXT_KINDS = (CPU_OP, ANNOTATION, MODULE)  # the slices that launches are nested in
 # GPU op columns linking reads, and the columns it adds (in this order)
 GPU_LINK_INPUTS = ["event_idx", "pid", "tid", "ts_ns", "correlation", "external_id"]
-LINK_COLUMNS = ["launch_event_idx", "launch_link", "launch_name", "launch_ts_ns", "launch_dur_ns",
-                "cpu_op_event_idx", "cpu_op_link", "annotation", "module", "cpu_op_name", "step"]
+LINK_COLUMNS = [
+    "launch_event_idx",
+    "launch_link",
+    "launch_name",
+    "launch_ts_ns",
+    "launch_dur_ns",
+    "cpu_op_event_idx",
+    "cpu_op_link",
+    "annotation",
+    "module",
+    "cpu_op_name",
+    "step",
+]
 _FLOW_COLS = ["ph", "cat", "id", "pid", "tid", "ts_ns"]
-_LAUNCH_COLUMNS = ["event_idx", pl.col("name").cast(pl.Categorical), "pid", "tid", "ts_ns", "dur_ns", "correlation",
-                   "external_id"]
+_LAUNCH_COLUMNS = [
+    "event_idx",
+    pl.col("name").cast(pl.Categorical),
+    "pid",
+    "tid",
+    "ts_ns",
+    "dur_ns",
+    "correlation",
+    "external_id",
+]
 _THREAD_TIME = ["pid", "tid", "ts_ns"]
 _REPEATED_GPU_TEXT = ("name",)  # gpu_ops text columns carried as categoricals
 
@@ -90,34 +114,57 @@ class LinkSources:
     cells: TimeCells
 
     @classmethod
-    def of(cls, flat_dir: Path) -> "LinkSources":
+    def of(cls, flat_dir: Path) -> LinkSources:
         """One streaming pass over the events (categories, slice starts over time) and one over
         the GPU ops' correlation ids; the rest comes from the Parquet statistics."""
         flat_dir = Path(flat_dir)
         events, gpu_ops = flat_dir / "events.parquet", flat_dir / "gpu_ops.parquet"
         reach = EventReach.of(events)
         bins = TimeBins.over(reach.span)
-        starts = (pl.scan_parquet(events).filter((pl.col("ph") == "X") & pl.col("ts_ns").is_not_null())
-                  .group_by("cat", bin=bins.of(pl.col("ts_ns"))).agg(n=pl.len()).collect(engine="streaming"))
+        starts = (
+            pl.scan_parquet(events)
+            .filter((pl.col("ph") == "X") & pl.col("ts_ns").is_not_null())
+            .group_by("cat", bin=bins.of(pl.col("ts_ns")))
+            .agg(n=pl.len())
+            .collect(engine="streaming")
+        )
         present = starts["cat"].unique().drop_nulls()
-        cats = {kind: tuple(present.filter(present.str.contains(cat_regex(*of_kind))).sort())
-                for kind, of_kind in KIND_CATS.items()}
+        cats = {
+            kind: tuple(present.filter(present.str.contains(cat_regex(*of_kind))).sort())
+            for kind, of_kind in KIND_CATS.items()
+        }
         context_cats = [c for k in CONTEXT_KINDS for c in cats[k]]
         histogram = starts.filter(pl.col("cat").is_in(context_cats)).group_by("bin").agg(pl.col("n").sum())
-        gpu = (pl.scan_parquet(gpu_ops)
-               .select(missing=pl.col("correlation").null_count(),
-                       differ=(pl.col("external_id") != pl.col("correlation")).mean())
-               .collect(engine="streaming").row(0, named=True))
-        return cls(events, flat_dir / "flows.parquet", gpu_ops, cats,
-                   launches_share_gpu_correlation=gpu["missing"] == 0,
-                   trust_external_id=gpu["differ"] is not None and gpu["differ"] >= 0.5,
-                   reach=reach, cells=TimeCells.of(histogram, bins, CELL_SLICES))
+        gpu = (
+            pl.scan_parquet(gpu_ops)
+            .select(
+                missing=pl.col("correlation").null_count(),
+                differ=(pl.col("external_id") != pl.col("correlation")).mean(),
+            )
+            .collect(engine="streaming")
+            .row(0, named=True)
+        )
+        return cls(
+            events,
+            flat_dir / "flows.parquet",
+            gpu_ops,
+            cats,
+            launches_share_gpu_correlation=gpu["missing"] == 0,
+            trust_external_id=gpu["differ"] is not None and gpu["differ"] >= 0.5,
+            reach=reach,
+            cells=TimeCells.of(histogram, bins, CELL_SLICES),
+        )
 
     def is_slice(self, *kinds: int) -> pl.Expr:
         """Events that are CPU slices of these kinds (complete events with a thread and a start)."""
         cats = [c for k in kinds for c in self.cats[k]]
-        where = (_one_of("cat", cats) & (pl.col("ph") == "X") & pl.col("pid").is_not_null()
-                 & pl.col("tid").is_not_null() & pl.col("ts_ns").is_not_null())
+        where = (
+            _one_of("cat", cats)
+            & (pl.col("ph") == "X")
+            & pl.col("pid").is_not_null()
+            & pl.col("tid").is_not_null()
+            & pl.col("ts_ns").is_not_null()
+        )
         if MODULE in kinds and self.cats[MODULE]:  # of python functions, only nn.Module calls
             where &= ~_one_of("cat", self.cats[MODULE]) | pl.col("name").str.starts_with(MODULE_PREFIX)
         return where
@@ -184,8 +231,13 @@ def _gpu_batches(src: LinkSources, columns: list[str]) -> Iterator[pl.DataFrame]
         empty = False
         yield pl.from_arrow(batch)
     if empty:
-        yield (pl.scan_parquet(src.gpu_ops).select(columns).clear()
-               .with_columns(pl.col(c).cast(pl.Categorical) for c in read_as_dictionary).collect())
+        yield (
+            pl.scan_parquet(src.gpu_ops)
+            .select(columns)
+            .clear()
+            .with_columns(pl.col(c).cast(pl.Categorical) for c in read_as_dictionary)
+            .collect()
+        )
 
 
 def link_batch(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
@@ -204,12 +256,14 @@ class _Read:
     cells: list[tuple[pl.DataFrame, pl.DataFrame]]  # (points, slices)
 
     @classmethod
-    def of(cls, src: LinkSources, running: RunningSlices, gpu: pl.DataFrame) -> "_Read":
+    def of(cls, src: LinkSources, running: RunningSlices, gpu: pl.DataFrame) -> _Read:
         linked = _launches_of(src, gpu)
-        points = (linked.filter(pl.col("launch_event_idx").is_not_null())
-                  .select(point_id="event_idx", pid="launch_pid", tid="launch_tid", t="launch_ts_ns"))
-        cells = points.with_columns(cell=src.cells.cell(points["t"])).partition_by("cell", include_key=False,
-                                                                                   as_dict=True)
+        points = linked.filter(pl.col("launch_event_idx").is_not_null()).select(
+            point_id="event_idx", pid="launch_pid", tid="launch_tid", t="launch_ts_ns"
+        )
+        cells = points.with_columns(cell=src.cells.cell(points["t"])).partition_by(
+            "cell", include_key=False, as_dict=True
+        )
         in_order = [cells[k] for k in sorted(cells)] or [points]
         return cls(linked, [(p, _slices_running(src, running, p)) for p in in_order])
 
@@ -222,11 +276,20 @@ def _launches_of(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
     launches = _launch_candidates(src, corrs, flows.filter(pl.col("ph") == "s"))
     launch = launch_links(launches.lazy(), gpu.lazy(), flows.lazy())
     about_launch = launches.lazy().select(
-        launch_event_idx="event_idx", launch_name="name", launch_pid="pid", launch_tid="tid",
-        launch_ts_ns="ts_ns", launch_dur_ns="dur_ns", launch_external_id="external_id")
-    return (gpu.lazy().select("event_idx", "correlation")
-            .join(launch, on="event_idx", how="left", maintain_order="left")
-            .join(about_launch, on="launch_event_idx", how="left", maintain_order="left")).collect()
+        launch_event_idx="event_idx",
+        launch_name="name",
+        launch_pid="pid",
+        launch_tid="tid",
+        launch_ts_ns="ts_ns",
+        launch_dur_ns="dur_ns",
+        launch_external_id="external_id",
+    )
+    return (
+        gpu.lazy()
+        .select("event_idx", "correlation")
+        .join(launch, on="event_idx", how="left", maintain_order="left")
+        .join(about_launch, on="launch_event_idx", how="left", maintain_order="left")
+    ).collect()
 
 
 def _context_of(src: LinkSources, batch: _Read) -> pl.DataFrame:
@@ -234,11 +297,15 @@ def _context_of(src: LinkSources, batch: _Read) -> pl.DataFrame:
     their launches (rules 3 and 4)."""
     context = pl.concat([_context_in_cell(points, slices) for points, slices in batch.cells])
     out = batch.linked.join(context, on="event_idx", how="left", maintain_order="left")
-    return (_external_id_fallback(src, out)
-            .with_columns(pl.col("launch_name").cast(pl.String),
-                          step=pl.col("step_name").str.extract(STEP_NAME, 1).cast(pl.Int64),
-                          module=pl.col("module").str.strip_prefix(MODULE_PREFIX))
-            .select("event_idx", "correlation", *LINK_COLUMNS))
+    return (
+        _external_id_fallback(src, out)
+        .with_columns(
+            pl.col("launch_name").cast(pl.String),
+            step=pl.col("step_name").str.extract(STEP_NAME, 1).cast(pl.Int64),
+            module=pl.col("module").str.strip_prefix(MODULE_PREFIX),
+        )
+        .select("event_idx", "correlation", *LINK_COLUMNS)
+    )
 
 
 def _flows(src: LinkSources, gpu: pl.DataFrame, corrs: pl.Series) -> pl.DataFrame:
@@ -254,8 +321,11 @@ def _flows(src: LinkSources, gpu: pl.DataFrame, corrs: pl.Series) -> pl.DataFram
     at = gpu.select(_THREAD_TIME).drop_nulls().unique()
     link_flow = pl.col("cat").is_in(LINK_FLOW_CATS) & pl.col("id").is_not_null()
     is_end, is_start = pl.col("ph") == "f", pl.col("ph") == "s"
-    found = _read(src.flows, link_flow & ((is_end & _in_range("ts_ns", at["ts_ns"])) | (is_start & _in_range("id", corrs))),
-                  _FLOW_COLS)
+    found = _read(
+        src.flows,
+        link_flow & ((is_end & _in_range("ts_ns", at["ts_ns"])) | (is_start & _in_range("id", corrs))),
+        _FLOW_COLS,
+    )
     ends = found.filter(is_end).join(at, on=_THREAD_TIME, how="semi")
     starts = found.filter(is_start & pl.col("id").is_in(corrs.implode()))
     pairs = ends.select("cat", "id").unique()
@@ -273,8 +343,11 @@ def _launch_candidates(src: LinkSources, corrs: pl.Series, flow_starts: pl.DataF
     One read finds both: the calls of a batch's correlation ids and those at its flow starts lie in
     the same stretch of the file, whose row groups are then decoded once."""
     at = flow_starts.select(_THREAD_TIME).unique()
-    calls = _read(src.events, src.is_slice(LAUNCH) & (_among("correlation", corrs) | _among("ts_ns", at["ts_ns"])),
-                  _LAUNCH_COLUMNS)
+    calls = _read(
+        src.events,
+        src.is_slice(LAUNCH) & (_among("correlation", corrs) | _among("ts_ns", at["ts_ns"])),
+        _LAUNCH_COLUMNS,
+    )
     by_correlation = calls.filter(pl.col("correlation").is_in(corrs.implode()))
     if at.is_empty():
         return by_correlation
@@ -298,30 +371,41 @@ def _gpu_correlations_among(src: LinkSources, corrs: pl.Series, known: pl.Series
 def launch_links(launch_slices: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyFrame) -> pl.LazyFrame:
     """event_idx of each GPU op -> launch_event_idx, launch_link ('flow' | 'correlation')."""
     launches = launch_slices.select(
-        pl.col("event_idx").alias("launch_event_idx"), "pid", "tid", "ts_ns",
-        pl.col("correlation").alias("launch_corr"))
+        pl.col("event_idx").alias("launch_event_idx"), "pid", "tid", "ts_ns", pl.col("correlation").alias("launch_corr")
+    )
     # one scan per endpoint: a filtered frame shared by both would be held whole (all the flows)
-    fl = lambda ph: (flows.filter((pl.col("ph") == ph) & pl.col("cat").is_in(LINK_FLOW_CATS)  # noqa: E731
-                                  & pl.col("id").is_not_null())
-                     .select("cat", "id", "pid", "tid", "ts_ns"))
-    starts = (fl("s")
-              .join(launches, on=["pid", "tid", "ts_ns"], how="inner")
-              .group_by("cat", "id").agg(pl.col("launch_event_idx").min(),
-                                         pl.col("launch_corr").sort_by("launch_event_idx").first()))
+    fl = lambda ph: flows.filter(
+        (pl.col("ph") == ph) & pl.col("cat").is_in(LINK_FLOW_CATS) & pl.col("id").is_not_null()
+    ).select("cat", "id", "pid", "tid", "ts_ns")
+    starts = (
+        fl("s")
+        .join(launches, on=["pid", "tid", "ts_ns"], how="inner")
+        .group_by("cat", "id")
+        .agg(pl.col("launch_event_idx").min(), pl.col("launch_corr").sort_by("launch_event_idx").first())
+    )
     g = gpu.select("event_idx", "pid", "tid", "ts_ns", "correlation")
-    ends = (fl("f")
-            .join(g, on=["pid", "tid", "ts_ns"], how="inner")
-            .select("cat", "id", "event_idx", "correlation"))
-    by_flow = (ends.join(starts, on=["cat", "id"], how="inner")
-               .filter(pl.col("correlation").is_null() | pl.col("launch_corr").is_null()
-                       | (pl.col("correlation") == pl.col("launch_corr")))
-               .group_by("event_idx").agg(pl.col("launch_event_idx").min())
-               .with_columns(launch_link=pl.lit("flow")))
-    first_by_corr = (launches.filter(pl.col("launch_corr").is_not_null())
-                     .group_by("launch_corr").agg(pl.col("launch_event_idx").min()))
-    by_corr = (g.join(by_flow.select("event_idx"), on="event_idx", how="anti")
-               .join(first_by_corr, left_on="correlation", right_on="launch_corr", how="inner")
-               .select("event_idx", "launch_event_idx", launch_link=pl.lit("correlation")))
+    ends = fl("f").join(g, on=["pid", "tid", "ts_ns"], how="inner").select("cat", "id", "event_idx", "correlation")
+    by_flow = (
+        ends.join(starts, on=["cat", "id"], how="inner")
+        .filter(
+            pl.col("correlation").is_null()
+            | pl.col("launch_corr").is_null()
+            | (pl.col("correlation") == pl.col("launch_corr"))
+        )
+        .group_by("event_idx")
+        .agg(pl.col("launch_event_idx").min())
+        .with_columns(launch_link=pl.lit("flow"))
+    )
+    first_by_corr = (
+        launches.filter(pl.col("launch_corr").is_not_null())
+        .group_by("launch_corr")
+        .agg(pl.col("launch_event_idx").min())
+    )
+    by_corr = (
+        g.join(by_flow.select("event_idx"), on="event_idx", how="anti")
+        .join(first_by_corr, left_on="correlation", right_on="launch_corr", how="inner")
+        .select("event_idx", "launch_event_idx", launch_link=pl.lit("correlation"))
+    )
     return pl.concat([by_flow.select("event_idx", "launch_event_idx", "launch_link"), by_corr])
 
 
@@ -335,29 +419,46 @@ def _context_in_cell(points: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame
     launch points (point_id, pid, tid, t) of a time cell, from the slices running around them."""
     annotations = slices.filter(pl.col("kind") == ANNOTATION)  # few: only their names are matched
     steps = annotations.filter(pl.col("name").cast(pl.String).str.contains(STEP_NAME))["event_idx"]
-    nest = (pl.when(pl.col("kind") == CPU_OP).then(0).when(pl.col("kind") == MODULE).then(3)
-            .when(pl.col("event_idx").is_in(steps.implode())).then(1).otherwise(2).cast(pl.Int8))
+    nest = (
+        pl.when(pl.col("kind") == CPU_OP)
+        .then(0)
+        .when(pl.col("kind") == MODULE)
+        .then(3)
+        .when(pl.col("event_idx").is_in(steps.implode()))
+        .then(1)
+        .otherwise(2)
+        .cast(pl.Int8)
+    )
     intervals = slices.select(iv_idx="event_idx", pid="pid", tid="tid", nest=nest, ts_ns="ts_ns", end_ns="end_ns")
     # every point once per nest that has slices here (modules often have none), nest after nest:
     # the answers of the k-th of them are rows k*n to (k+1)*n
     have = set(intervals["nest"].unique())
     present = [(name, code) for name, code, _ in NESTS if code in have]
-    each_nest = pl.concat([points.select("pid", "tid", "t", nest=pl.lit(code, pl.Int8)) for _, code in present]
-                          or [points.select("pid", "tid", "t", nest=pl.lit(None, pl.Int8))])
+    each_nest = pl.concat(
+        [points.select("pid", "tid", "t", nest=pl.lit(code, pl.Int8)) for _, code in present]
+        or [points.select("pid", "tid", "t", nest=pl.lit(None, pl.Int8))]
+    )
     found = nesting.around_each(each_nest, intervals, nesting.LONGER_FIRST, by=("pid", "tid", "nest"))
     outermost = each_nest["nest"].is_in([code for _, code, outer in NESTS if outer])
-    named = (found.select(iv_idx=pl.when(outermost).then("outermost").otherwise("innermost"))
-             .join(slices.select(iv_idx="event_idx", name="name"), on="iv_idx", how="left", maintain_order="left")
-             .with_columns(pl.col("name").cast(pl.String)))
+    named = (
+        found.select(iv_idx=pl.when(outermost).then("outermost").otherwise("innermost"))
+        .join(slices.select(iv_idx="event_idx", name="name"), on="iv_idx", how="left", maintain_order="left")
+        .with_columns(pl.col("name").cast(pl.String))
+    )
     n = points.height
     none = named.clear(n)  # a nest without slices: nothing around any point
-    of_nest = {name: none for name, _, _ in NESTS} | {name: named.slice(k * n, n) for k, (name, _) in enumerate(present)}
+    of_nest = {name: none for name, _, _ in NESTS} | {
+        name: named.slice(k * n, n) for k, (name, _) in enumerate(present)
+    }
     cpu_op_event_idx = of_nest["cpu_op"]["iv_idx"]
     return points.select(event_idx="point_id").with_columns(
         cpu_op_event_idx=cpu_op_event_idx,
         cpu_op_link=pl.when(cpu_op_event_idx.is_not_null()).then(pl.lit("nesting")),
-        cpu_op_name=of_nest["cpu_op"]["name"], step_name=of_nest["step"]["name"],
-        annotation=of_nest["annotation"]["name"], module=of_nest["module"]["name"])
+        cpu_op_name=of_nest["cpu_op"]["name"],
+        step_name=of_nest["step"]["name"],
+        annotation=of_nest["annotation"]["name"],
+        module=of_nest["module"]["name"],
+    )
 
 
 def _slices_running(src: LinkSources, running: RunningSlices, points: pl.DataFrame) -> pl.DataFrame:
@@ -374,9 +475,19 @@ def _context_slices(src: LinkSources, where: pl.Expr, threads: pl.DataFrame) -> 
     that `where` selects (`RunningSlices`' reads)."""
     end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)
     on_threads = pl.col("pid").is_in(threads["pid"].implode()) & pl.col("tid").is_in(threads["tid"].implode())
-    slices = _read(src.events, src.is_slice(*CONTEXT_KINDS) & where & on_threads,
-                   ["event_idx", src.kind().alias("kind"), pl.col("name").cast(pl.Categorical), "pid", "tid",
-                    "ts_ns", end.alias("end_ns")])
+    slices = _read(
+        src.events,
+        src.is_slice(*CONTEXT_KINDS) & where & on_threads,
+        [
+            "event_idx",
+            src.kind().alias("kind"),
+            pl.col("name").cast(pl.Categorical),
+            "pid",
+            "tid",
+            "ts_ns",
+            end.alias("end_ns"),
+        ],
+    )
     return slices.join(threads, on=["pid", "tid"], how="semi")
 
 
@@ -408,18 +519,28 @@ def _external_id_fallback(src: LinkSources, out: pl.DataFrame) -> pl.DataFrame:
     if not src.trust_external_id:
         return out
     wanted = out.filter(pl.col("cpu_op_event_idx").is_null())["launch_external_id"]
-    ops = _read(src.events, src.is_slice(CPU_OP) & _among("external_id", wanted),
-                ["event_idx", "external_id", pl.col("name").cast(pl.String)])
-    by_ext = ops.sort("event_idx").group_by("external_id").agg(
-        ext_op_idx=pl.col("event_idx").last(), ext_op_name=pl.col("name").last())
+    ops = _read(
+        src.events,
+        src.is_slice(CPU_OP) & _among("external_id", wanted),
+        ["event_idx", "external_id", pl.col("name").cast(pl.String)],
+    )
+    by_ext = (
+        ops.sort("event_idx")
+        .group_by("external_id")
+        .agg(ext_op_idx=pl.col("event_idx").last(), ext_op_name=pl.col("name").last())
+    )
     unlinked = pl.col("cpu_op_event_idx").is_null()
-    return (out.join(by_ext, left_on="launch_external_id", right_on="external_id", how="left", maintain_order="left")
-            .with_columns(
-                cpu_op_link=pl.when(unlinked & pl.col("ext_op_idx").is_not_null())
-                .then(pl.lit("external_id")).otherwise(pl.col("cpu_op_link")),
-                cpu_op_name=pl.when(unlinked).then(pl.col("ext_op_name")).otherwise(pl.col("cpu_op_name")),
-                cpu_op_event_idx=pl.coalesce("cpu_op_event_idx", "ext_op_idx"))
-            .drop("ext_op_idx", "ext_op_name"))
+    return (
+        out.join(by_ext, left_on="launch_external_id", right_on="external_id", how="left", maintain_order="left")
+        .with_columns(
+            cpu_op_link=pl.when(unlinked & pl.col("ext_op_idx").is_not_null())
+            .then(pl.lit("external_id"))
+            .otherwise(pl.col("cpu_op_link")),
+            cpu_op_name=pl.when(unlinked).then(pl.col("ext_op_name")).otherwise(pl.col("cpu_op_name")),
+            cpu_op_event_idx=pl.coalesce("cpu_op_event_idx", "ext_op_idx"),
+        )
+        .drop("ext_op_idx", "ext_op_name")
+    )
 
 
 def link_counts(g: pl.DataFrame) -> dict:

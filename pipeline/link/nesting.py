@@ -28,6 +28,7 @@ that put the thread first: thread number * width + value, in int64 (`_Keys`). A 
 are then the rows from its first one on (`first`), and counts within it are positions minus
 `first`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ class _Keys:
     known: pl.Series | None  # sorted distinct values, when offsets are places among them
 
     @classmethod
-    def over(cls, known: pl.Series, threads: int, room: int = _INT64_ROOM) -> "_Keys":
+    def over(cls, known: pl.Series, threads: int, room: int = _INT64_ROOM) -> _Keys:
         low, high = (known.min(), known.max()) if known.len() else (0, 0)
         if (high - low + 3) * max(threads, 1) < room:
             return cls(low - 1, high - low + 3, None)
@@ -82,8 +83,9 @@ class _Keys:
         if self.known is None:
             offset = (value.cast(pl.Int64) - self.low).clip(0, self.width - 1)
         else:
-            offset = (self.known.search_sorted(value, side="left").cast(pl.Int64)
-                      + self.known.search_sorted(value, side="right").cast(pl.Int64))
+            offset = self.known.search_sorted(value, side="left").cast(pl.Int64) + self.known.search_sorted(
+                value, side="right"
+            ).cast(pl.Int64)
         return offset if thread is None else thread.cast(pl.Int64) * self.width + offset
 
 
@@ -103,21 +105,29 @@ class _Threads:
     depth_keys: pl.Series  # level * (n + 1) + position, sorted
 
     @classmethod
-    def of(cls, intervals: pl.LazyFrame | pl.DataFrame, start_order: StartOrder,
-           by: tuple[str, ...] = tuple(THREAD)) -> "_Threads":
-        iv = (_columns(intervals, "iv_idx", *by, "ts_ns", "end_ns")
-              .filter(pl.col("ts_ns").is_not_null() & pl.col("end_ns").is_not_null())
-              .with_columns(g=pl.struct(*by).rank("dense").cast(pl.Int64) - 1,
-                            effective_end=pl.when(pl.col("end_ns") == pl.col("ts_ns")).then(pl.col("end_ns") + 1)
-                            .otherwise(pl.col("end_ns"))))
+    def of(
+        cls, intervals: pl.LazyFrame | pl.DataFrame, start_order: StartOrder, by: tuple[str, ...] = tuple(THREAD)
+    ) -> _Threads:
+        iv = (
+            _columns(intervals, "iv_idx", *by, "ts_ns", "end_ns")
+            .filter(pl.col("ts_ns").is_not_null() & pl.col("end_ns").is_not_null())
+            .with_columns(
+                g=pl.struct(*by).rank("dense").cast(pl.Int64) - 1,
+                effective_end=pl.when(pl.col("end_ns") == pl.col("ts_ns"))
+                .then(pl.col("end_ns") + 1)
+                .otherwise(pl.col("end_ns")),
+            )
+        )
         n_threads = iv["g"].max() + 1 if iv.height else 0
         times = _Keys.over(pl.concat([iv["ts_ns"], iv["effective_end"]]), n_threads)
         # (thread, start) as one key: sorting by it and the start order costs a third of sorting
         # by the thread's columns, the start and the start order
-        iv = (iv.with_columns(start_key=times.of(iv["ts_ns"], iv["g"]))
-              .sort(["start_key", *start_order.columns], descending=[False, *start_order.descending]))
-        iv = iv.with_row_index("pos").with_columns(pl.col("pos").cast(pl.Int64),
-                                                   first=iv["g"].search_sorted(iv["g"], side="left").cast(pl.Int64))
+        iv = iv.with_columns(start_key=times.of(iv["ts_ns"], iv["g"])).sort(
+            ["start_key", *start_order.columns], descending=[False, *start_order.descending]
+        )
+        iv = iv.with_row_index("pos").with_columns(
+            pl.col("pos").cast(pl.Int64), first=iv["g"].search_sorted(iv["g"], side="left").cast(pl.Int64)
+        )
         threads = iv.filter(pl.col("pos") == pl.col("first")).select(*by, "g", "first")
         start_keys = iv["start_key"]
         end_keys = times.of(iv["effective_end"], iv["g"]).sort()
@@ -128,8 +138,16 @@ class _Threads:
         at_depth = depths.of(iv["depth"], iv["g"])
         levels = _Keys.over(at_depth, 1, room=_INT64_ROOM // positions)
         depth_keys = (levels.of(at_depth) * positions + iv["pos"]).sort()
-        return cls(iv.drop("pos", "start_key", "effective_end"), threads, times, start_keys, end_keys, depths,
-                   levels, depth_keys)
+        return cls(
+            iv.drop("pos", "start_key", "effective_end"),
+            threads,
+            times,
+            start_keys,
+            end_keys,
+            depths,
+            levels,
+            depth_keys,
+        )
 
     def last_start_at(self, g: pl.Series, depth: pl.Series, before: pl.Series) -> pl.Series:
         """For each (thread g, depth d, position s): the position of the last start of thread g at
@@ -150,8 +168,12 @@ def nesting(intervals: pl.LazyFrame | pl.DataFrame, start_order: StartOrder) -> 
     return s.select("iv_idx", pl.col("depth").cast(pl.Int64), parent_idx=s["iv_idx"].gather(parent))
 
 
-def enclosing(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.DataFrame,
-              start_order: StartOrder, outermost: bool = False) -> pl.DataFrame:
+def enclosing(
+    points: pl.LazyFrame | pl.DataFrame,
+    intervals: pl.LazyFrame | pl.DataFrame,
+    start_order: StartOrder,
+    outermost: bool = False,
+) -> pl.DataFrame:
     """(point_id, iv_idx): for each point (point_id, pid, tid, t) the innermost (or outermost)
     interval (iv_idx, pid, tid, ts_ns, end_ns) that contains it; points inside none are left out."""
     found = around(points, intervals, start_order)
@@ -159,8 +181,12 @@ def enclosing(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.
     return found.filter(pl.col(which).is_not_null()).select("point_id", iv_idx=which)
 
 
-def around(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.DataFrame,
-           start_order: StartOrder, by: tuple[str, ...] = tuple(THREAD)) -> pl.DataFrame:
+def around(
+    points: pl.LazyFrame | pl.DataFrame,
+    intervals: pl.LazyFrame | pl.DataFrame,
+    start_order: StartOrder,
+    by: tuple[str, ...] = tuple(THREAD),
+) -> pl.DataFrame:
     """(point_id, *by, innermost, outermost): for each point (point_id, *by, t) the innermost and the
     outermost interval (iv_idx, *by, ts_ns, end_ns) that contain it, null where none does; points
     inside none are left out. `by` names a thread: it may add columns to (pid, tid) to nest
@@ -170,8 +196,12 @@ def around(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.Dat
     return found.filter(pl.col("innermost").is_not_null() | pl.col("outermost").is_not_null())
 
 
-def around_each(points: pl.LazyFrame | pl.DataFrame, intervals: pl.LazyFrame | pl.DataFrame,
-                start_order: StartOrder, by: tuple[str, ...] = tuple(THREAD)) -> pl.DataFrame:
+def around_each(
+    points: pl.LazyFrame | pl.DataFrame,
+    intervals: pl.LazyFrame | pl.DataFrame,
+    start_order: StartOrder,
+    by: tuple[str, ...] = tuple(THREAD),
+) -> pl.DataFrame:
     """(innermost, outermost) of each point (*by, t), in the points' order: the innermost and the
     outermost interval (iv_idx, *by, ts_ns, end_ns) that contain it, null where none does."""
     by = tuple(by)
@@ -195,5 +225,6 @@ def _open_at(t: _Threads, points: pl.DataFrame, depth: pl.Series) -> pl.Series:
     """iv_idx of the last interval at `depth` that started before each point (on its thread `g`,
     at a position before `started`), if it has not ended before the point's t; else null."""
     pos = t.last_start_at(points["g"], depth, points["started"])
-    return points.select(pl.when(t.starts["end_ns"].gather(pos) >= pl.col("t")).then(t.starts["iv_idx"].gather(pos))
-                         ).to_series()
+    return points.select(
+        pl.when(t.starts["end_ns"].gather(pos) >= pl.col("t")).then(t.starts["iv_idx"].gather(pos))
+    ).to_series()

@@ -17,11 +17,12 @@ Both only make reads cheaper: the reads' own predicates decide which rows are re
 `RunningSlices` serves those reads window after window, reading only what the window before did
 not: windows that move forward through a trace read each row group about once.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -39,7 +40,7 @@ class EventReach:
     bounded: bool  # False when some row group with events has no ts_ns statistics
 
     @classmethod
-    def of(cls, path: Path) -> "EventReach":
+    def of(cls, path: Path) -> EventReach:
         meta = pq.ParquetFile(path).metadata
         names = [meta.schema.column(i).name for i in range(meta.num_columns)]
         ts_col, dur_col = names.index("ts_ns"), names.index("dur_ns")
@@ -83,7 +84,7 @@ class TimeBins:
     width: int
 
     @classmethod
-    def over(cls, span: tuple[int, int] | None) -> "TimeBins":
+    def over(cls, span: tuple[int, int] | None) -> TimeBins:
         t0, t1 = span or (0, 0)
         return cls(t0, max(1, (t1 - t0) // HISTOGRAM_BINS + 1))
 
@@ -98,7 +99,7 @@ class TimeCells:
     cuts: pl.Series
 
     @classmethod
-    def of(cls, histogram: pl.DataFrame, bins: TimeBins, per_cell: int) -> "TimeCells":
+    def of(cls, histogram: pl.DataFrame, bins: TimeBins, per_cell: int) -> TimeCells:
         """Cells of about `per_cell` counts each (more where one bin holds more) from a histogram
         (bin, n) over `bins`."""
         histogram = histogram.sort("bin")
@@ -155,7 +156,7 @@ class RunningSlices:
         if self._threads is not None:
             threads = pl.concat([self._threads, threads]).unique(maintain_order=True)
         earliest = self._reach.earliest_start(a)
-        where = (_START <= b) & (_END >= a) & (pl.lit(True) if earliest is None else _START >= earliest)
+        where = (b >= _START) & (a <= _END) & (pl.lit(True) if earliest is None else earliest <= _START)
         self._threads, self._since, self._until = threads, a, b
         self._rows = self._read(where, threads)
 
@@ -163,6 +164,6 @@ class RunningSlices:
         """Drop the rows ended before a; read those started after the last read, up to b."""
         rows = self._rows.filter(pl.col("end_ns") >= a)
         if b > self._until:
-            rows = pl.concat([rows, self._read((_START > self._until) & (_START <= b) & (_END >= a), self._threads)])
+            rows = pl.concat([rows, self._read((self._until < _START) & (b >= _START) & (a <= _END), self._threads)])
             self._until = b
         self._rows, self._since = rows, a

@@ -1,5 +1,6 @@
 """arrays: Arrow columns built from Python values with C-level loops: integers that fit int64,
 ids that are ints or strings, raw JSON texts joined into one buffer."""
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -29,7 +30,9 @@ def raw_texts(raws: list) -> pa.Array:
     """A string column of raw JSON texts (msgspec.Raw or bytes): the texts joined into one buffer
     with their offsets, no string object made per event."""
     data = b"".join(raws)  # a chunk is far below 2 GB: int32 offsets
-    offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(pa.array(list(map(len, raws)), pa.int32()))])
+    offsets = pa.concat_arrays(
+        [pa.array([0], pa.int32()), pc.cumulative_sum(pa.array(list(map(len, raws)), pa.int32()))]
+    )
     return pa.StringArray.from_buffers(len(raws), offsets.buffers()[1], pa.py_buffer(data))
 
 
@@ -88,8 +91,10 @@ def coerced_ints(values: list, what: str, problems: Problems) -> pa.Array:
     """int64 Array of id-like values; anything but an in-range int is coerced by `as_int` (and counted)."""
     arr = int_column(values)
     if arr is None:
-        arr = pa.array([v if type(v) is int and -INT64_MAX <= v <= INT64_MAX else as_int(v, what, problems)
-                        for v in values], pa.int64())
+        arr = pa.array(
+            [v if type(v) is int and -INT64_MAX <= v <= INT64_MAX else as_int(v, what, problems) for v in values],
+            pa.int64(),
+        )
     return arr
 
 

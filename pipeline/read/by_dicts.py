@@ -1,6 +1,7 @@
 """by_dicts: the builders over orjson dicts. `events_by_column` builds a column at a time with
 C-level loops when every value is of its column's type; `events_by_event` takes any chunk, one
 event at a time, coercing and counting every odd value."""
+
 from __future__ import annotations
 
 import functools
@@ -176,29 +177,39 @@ def events_by_event(events: list, text: bytes | None, raw_args: list | None, pro
             if type(args) is dict:
                 c = args.get("correlation")
                 if c is not None:
-                    corr_c[i] = c if type(c) is int and -INT64_MAX <= c <= INT64_MAX else as_int(
-                        c, "correlation", problems)
+                    corr_c[i] = (
+                        c if type(c) is int and -INT64_MAX <= c <= INT64_MAX else as_int(c, "correlation", problems)
+                    )
                 x = args.get("External id")
                 if x is None:
                     x = args.get("external id")
                 if x is not None:
-                    ext_c[i] = x if type(x) is int and -INT64_MAX <= x <= INT64_MAX else as_int(
-                        x, "external_id", problems)
+                    ext_c[i] = (
+                        x if type(x) is int and -INT64_MAX <= x <= INT64_MAX else as_int(x, "external_id", problems)
+                    )
             else:
                 problems.coerced["args_not_object"] += 1
         if not known.issuperset(e):
             extra_c[i] = dumps_({k: v for k, v in e.items() if k not in known}).decode()
-    return events_table({
-        "ph": pa.array(ph_c, pa.string()), "cat": pa.array(cat_c, pa.string()),
-        "name": pa.array(name_c, pa.string()),
-        "pid": pa.array(pid_c, pa.int64()), "pid_str": pa.array(pid_s, pa.string()),
-        "tid": pa.array(tid_c, pa.int64()), "tid_str": pa.array(tid_s, pa.string()),
-        "ts_ns": pa.array(ts_c, pa.int64()), "dur_ns": pa.array(dur_c, pa.int64()),
-        "id": pa.array(id_c, pa.int64()), "id_str": pa.array(id_s, pa.string()),
-        "correlation": pa.array(corr_c, pa.int64()), "external_id": pa.array(ext_c, pa.int64()),
-        "args_json": args_json_of(raw_args) if raw_args is not None else pa.array(args_c, pa.string()),
-        "extra_json": pa.array(extra_c, pa.string()),
-    })
+    return events_table(
+        {
+            "ph": pa.array(ph_c, pa.string()),
+            "cat": pa.array(cat_c, pa.string()),
+            "name": pa.array(name_c, pa.string()),
+            "pid": pa.array(pid_c, pa.int64()),
+            "pid_str": pa.array(pid_s, pa.string()),
+            "tid": pa.array(tid_c, pa.int64()),
+            "tid_str": pa.array(tid_s, pa.string()),
+            "ts_ns": pa.array(ts_c, pa.int64()),
+            "dur_ns": pa.array(dur_c, pa.int64()),
+            "id": pa.array(id_c, pa.int64()),
+            "id_str": pa.array(id_s, pa.string()),
+            "correlation": pa.array(corr_c, pa.int64()),
+            "external_id": pa.array(ext_c, pa.int64()),
+            "args_json": args_json_of(raw_args) if raw_args is not None else pa.array(args_c, pa.string()),
+            "extra_json": pa.array(extra_c, pa.string()),
+        }
+    )
 
 
 def _int_or_str(v, what: str, problems: Problems) -> tuple:
@@ -213,10 +224,11 @@ def _int_or_str(v, what: str, problems: Problems) -> tuple:
 def gpu_arg_columns(args: list) -> dict:
     """The args gpu_ops reads, from a dict per GPU event: `device` and `stream` as raw values (for
     `gpu_ops_of` to coerce and count), the rest as columns (a value of another type is null)."""
-    arg = lambda key: list(map(dict.get, args, repeat(key)))  # noqa: E731
+    arg = lambda key: list(map(dict.get, args, repeat(key)))
     grid, block = arg("grid"), arg("block")
     return {
-        "device": arg("device"), "stream": arg("stream"),
+        "device": arg("device"),
+        "stream": arg("stream"),
         **{f"grid_{d}": pa.array([dim_at(g, i) for g in grid], pa.int64()) for i, d in enumerate("xyz")},
         **{f"block_{d}": pa.array([dim_at(b, i) for b in block], pa.int64()) for i, d in enumerate("xyz")},
         "registers_per_thread": plain_ints(arg("registers per thread")),
@@ -226,4 +238,3 @@ def gpu_arg_columns(args: list) -> dict:
         "occupancy_pct": pa.array(list(map(as_float, arg("est. achieved occupancy %"))), pa.float64()),
         "copy_bw_gbps": pa.array(list(map(as_float, arg("memory bandwidth (GB/s)"))), pa.float64()),
     }
-

@@ -1,6 +1,7 @@
 """by_struct: the fast builder. msgspec decodes a chunk straight into typed structs (no dict per
 event; `args` kept as its raw JSON text, never parsed and written again). It takes a chunk only
 when every event has the plain shape (known keys, each of its usual type), else returns None."""
+
 from __future__ import annotations
 
 from itertools import repeat
@@ -116,8 +117,14 @@ def tables_by_struct(text: bytes) -> ChunkTables | None:
     if arg_cols is None:
         return None
     problems = Problems()
-    gpu_table, device_ids = gpu_ops_of(gpu_rows, [fields["cat"][i] for i in gpu_rows],
-                                     [fields["pid"][i] for i in gpu_rows], arg_cols, ev_table, problems)
+    gpu_table, device_ids = gpu_ops_of(
+        gpu_rows,
+        [fields["cat"][i] for i in gpu_rows],
+        [fields["pid"][i] for i in gpu_rows],
+        arg_cols,
+        ev_table,
+        problems,
+    )
     rows = pa.array(flow_rows, pa.int64())
     bp = plain_strings(extras["bp"].take(rows)) if "bp" in extras else pa.nulls(len(rows), pa.string())
     return ChunkTables(ev_table, gpu_table, flows_of(rows, bp, ev_table), problems, device_ids)
@@ -137,9 +144,12 @@ def _event_columns_by_struct(fields: dict, extras: dict, text: bytes) -> dict | 
         if split is None:
             return None
         cols[k], cols[f"{k}_str"] = split
-    cols["ts_ns"], cols["dur_ns"] = ns_column(fields["ts"], text, typed=True), ns_column(fields["dur"], None, typed=True)
+    cols["ts_ns"], cols["dur_ns"] = (
+        ns_column(fields["ts"], text, typed=True),
+        ns_column(fields["dur"], None, typed=True),
+    )
     id_args = _transpose([a or _EMPTY_ID_ARGS for a in ids], _IdArgs)
-    id_arg = lambda key: int_column(id_args[key], typed=True)  # noqa: E731
+    id_arg = lambda key: int_column(id_args[key], typed=True)
     ext, lower = id_arg("external_id"), id_arg("external_id_lower")  # the oldest layout writes "external id"
     if ext is not None and lower is not None and lower.null_count < len(lower):
         ext = pc.coalesce(ext, lower)
@@ -209,9 +219,9 @@ def _dims_by_column(values: list) -> list | None:
 
 def _extra_json_of_struct_keys(extras: dict, n: int) -> pa.Array | None:
     """extra_json from the extra keys `_Event` accepts (`extras`: key -> raw JSON texts, empty when
-    absent; keys absent from every event left out), e.g. `{"bp":"e"}`; None (the dict path decides) when an event has two of them (their
-    order in the event is unknown here) or when a value is not a plain string or null (another
-    writer could write it otherwise)."""
+    absent; keys absent from every event left out), e.g. `{"bp":"e"}`; None (the dict path decides)
+    when an event has two of them (their order in the event is unknown here) or when a value is not
+    a plain string or null (another writer could write it otherwise)."""
     out = None
     for key, raw in extras.items():
         present = pc.not_equal(raw, "")
@@ -219,7 +229,9 @@ def _extra_json_of_struct_keys(extras: dict, n: int) -> pa.Array | None:
             continue
         if not pc.all(pc.match_substring_regex(raw.filter(present), _PLAIN_JSON_VALUE)).as_py():
             return None
-        text = pc.if_else(present, pc.binary_join_element_wise('{"%s":' % key, raw, "}", ""), pa.scalar(None, pa.string()))
+        text = pc.if_else(
+            present, pc.binary_join_element_wise(f'{{"{key}":', raw, "}", ""), pa.scalar(None, pa.string())
+        )
         if out is not None and pc.any(pc.and_(pc.is_valid(out), pc.is_valid(text))).as_py():
             return None
         out = text if out is None else pc.coalesce(out, text)
@@ -238,4 +250,3 @@ def raw_args_of(text: bytes) -> list | None:
         return [_DECODE_ONE_ARGS_ONLY.decode(e).args if memoryview(e)[:1] == b"{" else None for e in elements]
     except (msgspec.MsgspecError, ValueError):
         return None
-

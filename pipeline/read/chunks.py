@@ -6,15 +6,16 @@ is merged with the next one and parsed again (`ordered_results`): the split is s
 result exact. orjson is the fast path; ijson (C backend) keeps decimals exact where a float64
 cannot, and salvages the complete events of a truncated tail.
 """
+
 from __future__ import annotations
 
 import io
 import json
 import os
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Callable, Iterator
 
 import ijson
 import orjson
@@ -131,7 +132,6 @@ def salvage_events(text: bytes) -> list:
     return out
 
 
-
 def ordered_results(
     pieces: Iterator[bytes | FileSpan | Salvaged],
     work_text: Callable[[bytes], object],
@@ -186,8 +186,11 @@ def ordered_results(
                     yield from settle(raw, _outcome(fut))
                 if carry is not None:
                     # the carry ends inside an event that goes on in the salvaged stretch
-                    piece = Salvaged(salvage_events(carry + b"," + piece.text) if piece.text
-                                     else salvage_events(carry) + piece.events)
+                    piece = Salvaged(
+                        salvage_events(carry + b"," + piece.text)
+                        if piece.text
+                        else salvage_events(carry) + piece.events
+                    )
                     carry = None
                 if piece.events:
                     yield work_events(piece.events)

@@ -1,6 +1,7 @@
 """document: the top level of a trace document: where `traceEvents` opens and closes, the
 metadata before and after it, where events separate, and how a document that never closes ends.
 """
+
 from __future__ import annotations
 
 import json
@@ -116,7 +117,7 @@ def _check_first_value(buf: bytes, pos: int):
     """Raise BadTrace when what follows the `[` that opens traceEvents (at pos) cannot start a JSON
     value: a file of other bytes that happens to begin with `[` is no trace (salvaging it would
     keep nothing and call it truncated)."""
-    rest = bytes(buf[pos:pos + 64]).lstrip(WS)
+    rest = bytes(buf[pos : pos + 64]).lstrip(WS)
     if rest and rest[0] not in _VALUE_START:
         raise BadTrace("not JSON: traceEvents does not hold JSON values")
 
@@ -146,7 +147,6 @@ def read_header(stream) -> tuple[Header, str | None]:
     except orjson.JSONDecodeError:
         raise BadTrace("not JSON" + (f" ({problem})" if problem else "")) from None
     raise BadTrace("valid JSON but not a trace: no traceEvents list")
-
 
 
 def split_tail(buf: bytes, bare_list: bool) -> tuple[bytes, dict] | None:
@@ -183,14 +183,11 @@ def split_tail(buf: bytes, bare_list: bool) -> tuple[bytes, dict] | None:
     return None
 
 
-
 _EVENTS_CLOSED = re.compile(rb'\}\s*\]\s*(?:,\s*"[^"]*"\s*:[\s\S]*|,\s*)?\Z')
 
 
 def where_it_ends(buf: bytes, bare_list: bool) -> str:
     """Why a document without a valid end is truncated, as far as its last bytes tell."""
-    if not bare_list and _EVENTS_CLOSED.search(buf[-(1 << 20):]):
+    if not bare_list and _EVENTS_CLOSED.search(buf[-(1 << 20) :]):
         return "the file ends after traceEvents but before the document closes (metadata after it lost)"
     return "the file ends before traceEvents closes"
-
-

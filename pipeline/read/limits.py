@@ -7,6 +7,7 @@ A compressed trace or archive member may inflate to at most `inflate_limit(its s
 its compressed size, and never less than 1 GiB (real traces compress 7-21x; a zip of 2 MB that
 inflates to 2 GB is a bomb). `--max-inflate RATIO` raises the ratio (0: no limit).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,10 @@ def inflate_limit(compressed_bytes: int, ratio: float | None = None) -> int | No
 
 def too_inflated(limit: int, compressed_bytes: int) -> str:
     """The reason an input that inflates past `limit` is refused."""
-    return (f"inflates past {limit / 2**30:.1f} GiB, over {limit / max(compressed_bytes, 1):.0f}x its "
-            f"{compressed_bytes:,} compressed bytes (a decompression bomb? --max-inflate raises the limit)")
+    return (
+        f"inflates past {limit / 2**30:.1f} GiB, over {limit / max(compressed_bytes, 1):.0f}x its "
+        f"{compressed_bytes:,} compressed bytes (a decompression bomb? --max-inflate raises the limit)"
+    )
 
 
 def not_regular(path: str) -> str | None:
@@ -41,7 +44,12 @@ def not_regular(path: str) -> str | None:
         return f"cannot read: {e.strerror or e}"
     if stat.S_ISREG(mode):
         return None
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
-             (stat.S_ISBLK, "a device"), (stat.S_ISDIR, "a directory"))
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISDIR, "a directory"),
+    )
     kind = next((name for test, name in kinds if test(mode)), "something else")
     return f"not a regular file ({kind})"

@@ -1,5 +1,6 @@
 """metadata: the `devices` and `trace` tables, from a trace's top-level metadata and what its events
 showed (device ids, counts, problems); secrets in the metadata redacted."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -44,26 +45,31 @@ def devices_table(metadata: dict, gpu_device_ids: set, problems: Problems) -> pa
         if not isinstance(p, dict):
             problems.dropped["deviceProperties_entry_not_object"] += 1
             continue
-        rows.append({
-            "device": as_int(p.get("id"), "device_id", problems), "source": "deviceProperties",
-            "name": p.get("name") if isinstance(p.get("name"), str) else None,
-            "total_global_mem": int_or_none(p.get("totalGlobalMem")),
-            "compute_major": int_or_none(p.get("computeMajor")),
-            "compute_minor": int_or_none(p.get("computeMinor")),
-            "num_sms": int_or_none(p.get("numSms")),
-            "warp_size": int_or_none(p.get("warpSize")),
-            "max_threads_per_block": int_or_none(p.get("maxThreadsPerBlock")),
-            "shared_mem_per_block": int_or_none(p.get("sharedMemPerBlock")),
-            "props_json": dumps(p).decode(),
-        })
+        rows.append(
+            {
+                "device": as_int(p.get("id"), "device_id", problems),
+                "source": "deviceProperties",
+                "name": p.get("name") if isinstance(p.get("name"), str) else None,
+                "total_global_mem": int_or_none(p.get("totalGlobalMem")),
+                "compute_major": int_or_none(p.get("computeMajor")),
+                "compute_minor": int_or_none(p.get("computeMinor")),
+                "num_sms": int_or_none(p.get("numSms")),
+                "warp_size": int_or_none(p.get("warpSize")),
+                "max_threads_per_block": int_or_none(p.get("maxThreadsPerBlock")),
+                "shared_mem_per_block": int_or_none(p.get("sharedMemPerBlock")),
+                "props_json": dumps(p).decode(),
+            }
+        )
     listed = {r["device"] for r in rows}
     for d in sorted(gpu_device_ids - listed):
         rows.append({"device": d, "source": "gpu_events"})
     return pa.Table.from_pylist(rows, schema=schema.table("devices").arrow_schema())
 
 
-RANK_IN_NAME = (re.compile(r"(?i)rank[-_ .]?(\d+)"),  # rank-3, rank3, rank_3
-                re.compile(r"_(\d{1,4})\."))  # trace_3.json: at most 4 digits (a host_pid name is no rank)
+RANK_IN_NAME = (
+    re.compile(r"(?i)rank[-_ .]?(\d+)"),  # rank-3, rank3, rank_3
+    re.compile(r"_(\d{1,4})\."),
+)  # trace_3.json: at most 4 digits (a host_pid name is no rank)
 
 
 def rank_of(path: str, distributed: dict) -> tuple[int | None, str | None]:
@@ -83,8 +89,10 @@ def rank_of(path: str, distributed: dict) -> tuple[int | None, str | None]:
 def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail) -> dict:
     dist = metadata.get("distributedInfo") if isinstance(metadata.get("distributedInfo"), dict) else {}
     rest = {k: v for k, v in metadata.items() if k != "deviceProperties"}
-    issues = {**{f"coerced:{k}": v for k, v in problems.coerced.items()},
-              **{f"dropped:{k}": v for k, v in problems.dropped.items()}}
+    issues = {
+        **{f"coerced:{k}": v for k, v in problems.coerced.items()},
+        **{f"dropped:{k}": v for k, v in problems.dropped.items()},
+    }
     if tail.truncated:
         issues["truncated"] = 1
     sv = metadata.get("schemaVersion")
@@ -109,4 +117,3 @@ def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail)
         "tracepipe_version": __version__,
         "flattened_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-

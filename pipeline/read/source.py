@@ -5,12 +5,13 @@ or, for an uncompressed file whose end is found first, by position (workers then
 chunk's bytes themselves). An event longer than a value may be is read through `EventSqueezer`;
 a stream that ends early yields every complete event and says it was truncated.
 """
+
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from pipeline.errors import BadTrace
 from pipeline.read import tame
@@ -79,10 +80,13 @@ class TraceSource:
         self._problem = problem
         self.metadata.update(self.header.metadata)
         # file offset of header.rest[0], when the stream is the file itself (not decompressed)
-        self._rest_offset = (self._stream.tell() - len(self.header.rest)
-                             if isinstance(self._stream, io.BufferedReader) else None)
+        self._rest_offset = (
+            self._stream.tell() - len(self.header.rest) if isinstance(self._stream, io.BufferedReader) else None
+        )
         # a compressed file may inflate to this many bytes (`pipeline.limits`)
-        self._inflate_limit = None if self._rest_offset is not None else inflate_limit(os.path.getsize(path), max_inflate)
+        self._inflate_limit = (
+            None if self._rest_offset is not None else inflate_limit(os.path.getsize(path), max_inflate)
+        )
 
     def close(self):
         self._stream.close()
@@ -137,8 +141,10 @@ class TraceSource:
                 try:
                     buf, eof, problem = self._squeezed(buf, eof, problem)
                 except ValueError:  # no JSON where an event should be: keep what came before
-                    self.tail = Tail(truncated=True, reason="traceEvents holds text that is not JSON; "
-                                                            "complete events before it were kept")
+                    self.tail = Tail(
+                        truncated=True,
+                        reason="traceEvents holds text that is not JSON; complete events before it were kept",
+                    )
                     return
                 at_end = at_end or buf[:1] == b"]"
                 continue
@@ -160,9 +166,10 @@ class TraceSource:
     def _head_before_oversize(self, buf: bytearray) -> int:
         """Where the events before an oversized one end in buf (a separating comma), 0 if none:
         the last event boundary, if the text before it parses as events."""
-        last = None  # every boundary past chunk_bytes lies after the oversized event (see `_cut`)
-        for last in BOUNDARY.finditer(buf, 0, min(len(buf), self.chunk_bytes)):
-            pass
+        # every boundary past chunk_bytes lies after the oversized event (see `_cut`)
+        last = None
+        for found in BOUNDARY.finditer(buf, 0, min(len(buf), self.chunk_bytes)):
+            last = found
         if last is None:
             return 0
         cut = last.start(1) + last.group(1).index(b",")
@@ -176,11 +183,11 @@ class TraceSource:
         """buf (starting at an event) with its first event replaced by a bounded copy
         (`EventSqueezer`), reading on through the event's end; values cut are counted."""
         squeezer = EventSqueezer()
-        rest = bytes(buf[squeezer.feed(buf):])
+        rest = bytes(buf[squeezer.feed(buf) :])
         while not squeezer.done and not eof:
             block, problem = self._next_block()
             eof = not block or problem is not None
-            rest = block[squeezer.feed(block):]
+            rest = block[squeezer.feed(block) :]
         self.values_cut += squeezer.cut
         if not squeezer.done:  # the stream ended inside the event: what was kept, to salvage
             return bytearray(squeezer.text), eof, problem
@@ -291,5 +298,3 @@ class TraceSource:
         self.tail = Tail(truncated=True, reason=problem or where_it_ends(buf, self.header.bare_list))
         events = salvage_events(buf)
         yield Salvaged(events, buf)
-
-

@@ -4,6 +4,7 @@ Compressed streams return every byte they inflated before they break off (a trun
 still yields its complete events), and their size is estimated without reading them (to pick
 the number of parsing workers).
 """
+
 from __future__ import annotations
 
 import os
@@ -15,10 +16,11 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 READ_BYTES = 4 << 20
 
+
 def open_stream(path: str):
     """Open a trace file as a binary stream, decompressing gzip or zstd by magic bytes."""
     try:
-        raw = open(path, "rb")
+        raw = open(path, "rb")  # noqa: SIM115 - returned, open, to the caller
     except OSError as e:
         raise BadTrace(f"{path}: cannot open: {e.strerror or e}") from None
     magic = raw.read(4)
@@ -152,7 +154,5 @@ def read_some(stream, n: int) -> tuple[bytes, str | None]:
         return bytes(out), None
     except EOFError:
         return bytes(out), "compressed stream ended early"
-    except Exception as e:  # noqa: BLE001 - zlib.error, OSError, zstandard.ZstdError and friends
+    except Exception as e:
         return bytes(out), f"corrupt compressed data ({one_line(e)})"
-
-

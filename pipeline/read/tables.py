@@ -1,5 +1,6 @@
 """tables: a decoded chunk's three tables (events, gpu_ops, flows), whichever builder made its
 events table: the GPU activity and flow endpoints are taken from it the same way."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,8 +44,23 @@ def events_table(cols: dict) -> pa.Table:
     return pa.table({"event_idx": pa.array(range(n), pa.int64()), **cols})
 
 
-EVENT_COLUMNS = ("ph", "cat", "name", "pid", "pid_str", "tid", "tid_str", "ts_ns", "dur_ns", "id", "id_str",
-                  "correlation", "external_id", "args_json", "extra_json")
+EVENT_COLUMNS = (
+    "ph",
+    "cat",
+    "name",
+    "pid",
+    "pid_str",
+    "tid",
+    "tid_str",
+    "ts_ns",
+    "dur_ns",
+    "id",
+    "id_str",
+    "correlation",
+    "external_id",
+    "args_json",
+    "extra_json",
+)
 
 
 def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table, problems: Problems):
@@ -57,26 +73,31 @@ def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table,
     device = coerced_ints(devices, "device", problems)
     idx = pa.array(rows, pa.int64())
     take = ev.take(idx)
-    table = pa.table({
-        "event_idx": idx,
-        "kind": pa.array([GPU_KINDS[c] for c in cats], pa.string()),
-        **{k: take.column(k) for k in ("cat", "name")},
-        "device": device,
-        "stream": coerced_ints(arg_cols["stream"], "stream", problems),
-        **{k: take.column(k) for k in ("pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")},
-        **{k: v for k, v in arg_cols.items() if k not in ("device", "stream")},
-    })
+    table = pa.table(
+        {
+            "event_idx": idx,
+            "kind": pa.array([GPU_KINDS[c] for c in cats], pa.string()),
+            **{k: take.column(k) for k in ("cat", "name")},
+            "device": device,
+            "stream": coerced_ints(arg_cols["stream"], "stream", problems),
+            **{k: take.column(k) for k in ("pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")},
+            **{k: v for k, v in arg_cols.items() if k not in ("device", "stream")},
+        }
+    )
     return schema.conform(table, "gpu_ops", ("flatten",)), set(pc.unique(device.drop_null()).to_pylist())
 
 
 def flows_of(rows: pa.Array, bp: pa.Array, ev: pa.Table) -> pa.Table:
     """The flows rows of a chunk (`rows` into the events table; `bp`: their binding points)."""
     take = ev.take(rows)
-    table = pa.table({
-        "event_idx": rows,
-        **{k: take.column(k) for k in ("id", "id_str", "cat", "ph", "name", "ts_ns", "pid", "pid_str", "tid",
-                                       "tid_str")},
-        "bp": bp,
-    })
+    table = pa.table(
+        {
+            "event_idx": rows,
+            **{
+                k: take.column(k)
+                for k in ("id", "id_str", "cat", "ph", "name", "ts_ns", "pid", "pid_str", "tid", "tid_str")
+            },
+            "bp": bp,
+        }
+    )
     return schema.conform(table, "flows", ("flatten",))
-

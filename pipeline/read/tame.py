@@ -5,6 +5,7 @@ library here recurses on nesting (msgspec and Python's json raise RecursionError
 levels, orjson refuses 1,024 and writes no more than 255). Such a value is kept, as the JSON
 string of its own text, and counted; the event and its chunk are kept as they are otherwise.
 """
+
 from __future__ import annotations
 
 import re
@@ -39,7 +40,7 @@ def tame_deep(text: bytes, max_depth: int = MAX_DEPTH) -> tuple[bytes, int]:
                 start = m.start()
             continue
         if depth == max_depth + 1 and start >= 0:
-            out += (text[last:start], orjson.dumps(text[start:m.end()].decode("utf-8", "replace")))
+            out += (text[last:start], orjson.dumps(text[start : m.end()].decode("utf-8", "replace")))
             last, start = m.end(), -1
             replaced += 1
         depth -= 1
@@ -154,8 +155,8 @@ class EventSqueezer:
             return end
         self.out += data[start:end]
         if len(self.out) - self.string_at > self._limit() + (closing >= 0):
-            content = self.out[self.string_at + 1:-1] if closing >= 0 else self.out[self.string_at + 1:]
-            del self.out[self.string_at + 1 + _safe_cut(content, self.keep):]
+            content = self.out[self.string_at + 1 : -1] if closing >= 0 else self.out[self.string_at + 1 :]
+            del self.out[self.string_at + 1 + _safe_cut(content, self.keep) :]
             self.cut += 1
             if closing >= 0:
                 self.out += b'"'
@@ -221,7 +222,7 @@ class EventSqueezer:
     def _cut_container(self, start: int, still_open: bool):
         """Replace the container that starts at `start` in `out` by a JSON string of its first
         `keep` bytes of text; if it is still open, skip the rest of it."""
-        text = bytes(self.out[start:start + self.keep])
+        text = bytes(self.out[start : start + self.keep])
         del self.out[start:]
         self.out += orjson.dumps(text.decode("utf-8", "replace"))
         self.cut += 1

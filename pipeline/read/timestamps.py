@@ -1,5 +1,6 @@
 """timestamps: exact nanoseconds for float µs timestamps too long for a float64 (epoch µs with
 three or more decimals), read from the chunk's own text rather than from the parsed float."""
+
 from __future__ import annotations
 
 import re
@@ -139,14 +140,17 @@ def ns_of_decimal_texts(s: pa.Array) -> pa.Array | None:
     dot = pc.find_substring(s, ".")
     decimals = pc.if_else(pc.less(dot, 0), 0, pc.subtract(pc.subtract(pc.utf8_length(s), dot), 1))
     scale_up = pc.less_equal(decimals, 3)
-    ns = pc.if_else(scale_up, pc.multiply(magnitude, _TENS.take(pc.subtract(3, pc.min_element_wise(decimals, 3)))),
-                    magnitude)
+    ns = pc.if_else(
+        scale_up, pc.multiply(magnitude, _TENS.take(pc.subtract(3, pc.min_element_wise(decimals, 3)))), magnitude
+    )
     if not pc.all(scale_up).as_py():  # digits below a ns: divide, rounding half to even
         below = _TENS.take(pc.subtract(pc.max_element_wise(decimals, 3), 3))
         whole_ns = pc.divide(magnitude, below)  # integer division of non-negatives
         rest = pc.subtract(magnitude, pc.multiply(whole_ns, below))
         twice = pc.multiply(rest, 2)
-        up = pc.or_(pc.greater(twice, below), pc.and_(pc.equal(twice, below), pc.equal(pc.bit_wise_and(whole_ns, 1), 1)))
+        up = pc.or_(
+            pc.greater(twice, below), pc.and_(pc.equal(twice, below), pc.equal(pc.bit_wise_and(whole_ns, 1), 1))
+        )
         ns = pc.if_else(scale_up, ns, pc.add(whole_ns, pc.cast(up, pa.int64())))
     return pc.if_else(pc.less(digits, 0), pc.negate(ns), ns)
 
@@ -158,10 +162,11 @@ def _ns_of_long_decimal_texts(s: pa.Array) -> pa.Array | None:
         return None
     parts = pc.extract_regex(s, r"^(?P<sign>-?)(?P<whole>[0-9]+)(?:\.(?P<digits>[0-9]+))?$")
     whole, digits = pc.struct_field(parts, "whole"), pc.struct_field(parts, "digits")  # no fraction: ""
-    ns = pc.add(pc.multiply(pc.cast(whole, pa.int64()), 1000),
-                pc.cast(pc.utf8_slice_codeunits(pc.utf8_rpad(digits, 3, "0"), 0, 3), pa.int64()))
+    ns = pc.add(
+        pc.multiply(pc.cast(whole, pa.int64()), 1000),
+        pc.cast(pc.utf8_slice_codeunits(pc.utf8_rpad(digits, 3, "0"), 0, 3), pa.int64()),
+    )
     below = pc.utf8_rtrim(pc.utf8_slice_codeunits(digits, 3), "0")  # digits below a ns
     up = pc.or_(pc.greater(below, "5"), pc.and_(pc.equal(below, "5"), pc.equal(pc.bit_wise_and(ns, 1), 1)))
     ns = pc.add(ns, pc.cast(up, pa.int64()))
     return pc.if_else(pc.equal(pc.struct_field(parts, "sign"), "-"), pc.negate(ns), ns)
-

@@ -1,5 +1,6 @@
 """values: one JSON value as a table wants it: a µs time as int64 ns, an integer id, a string;
 each coercion or drop counted by reason in `Problems`, and values written back exactly (`dumps`)."""
+
 from __future__ import annotations
 
 import json
@@ -69,7 +70,7 @@ class Problems:
     coerced: Counter = field(default_factory=Counter)
     dropped: Counter = field(default_factory=Counter)
 
-    def merge(self, other: "Problems"):
+    def merge(self, other: Problems):
         self.coerced.update(other.coerced)
         self.dropped.update(other.dropped)
 
@@ -161,4 +162,3 @@ def dim_at(v, i):
     if type(v) is list and len(v) > i and type(v[i]) is int:
         return v[i]
     return None
-

@@ -5,8 +5,10 @@ trace reach them through round-robin slot files in shared memory; their tables c
 IPC files there, which the parent maps without copying. Workers start only for traces large
 enough to pay for them (`default_workers`).
 """
+
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import multiprocessing as _mp
@@ -68,10 +70,9 @@ def stop_forkserver():
     it would otherwise live on through linking, which needs no workers. A later pool starts it
     again. (The resource tracker, ~10 MB, stays: it still tracks the pool's semaphores.)"""
     from multiprocessing import forkserver
-    try:
+
+    with contextlib.suppress(AttributeError, OSError):  # a private API: stopping is only a saving
         forkserver._forkserver._stop()
-    except (AttributeError, OSError):  # a private API: stopping is only a saving
-        pass
 
 
 def default_workers(path: str) -> int:
@@ -154,4 +155,3 @@ def unspill(ct: ChunkTables | SpilledChunk) -> ChunkTables:
 def run_chunk(piece, spill_dir: str):
     ok, value = run_local(build_from_text, text_of(piece))
     return ok, (_spill(value, spill_dir) if ok else value)
-

@@ -5,6 +5,7 @@ sections under their titles as text tables or Markdown, or one section as CSV; e
 from the section registry (`pipeline.analyses.registry`). A diff is a JSON document of side-by-side
 rows or a table of them. Options are checked before any work is done (`check_options`).
 """
+
 from __future__ import annotations
 
 import polars as pl
@@ -56,8 +57,9 @@ def analysis_json(sections: dict[str, pl.DataFrame], top: int | None = None) -> 
     return out
 
 
-def render_sections(sections: dict[str, pl.DataFrame], fmt: str, name_limit: int | None = None,
-                    top: int | None = None) -> str:
+def render_sections(
+    sections: dict[str, pl.DataFrame], fmt: str, name_limit: int | None = None, top: int | None = None
+) -> str:
     """Every non-empty section under its title (table / md)."""
     out = []
     for name, df in sections.items():
@@ -79,8 +81,14 @@ def _text_section(name: str, df: pl.DataFrame, fmt: str, name_limit: int | None,
     return (f"## {title}\n\n" if fmt == "md" else f"{title}\n") + render(df, fmt, name_limit)
 
 
-def format_analysis(flat, sections: dict[str, pl.DataFrame], fmt: str = "table", name_limit: int | None = 60,
-                    top: int | None = None, only: list[str] | None = None) -> str:
+def format_analysis(
+    flat,
+    sections: dict[str, pl.DataFrame],
+    fmt: str = "table",
+    name_limit: int | None = 60,
+    top: int | None = None,
+    only: list[str] | None = None,
+) -> str:
     """`analyze` output. json: the whole document (every kernel unless top is given); csv: one
     section (`only`, default kernels), every column; table/md: the chosen sections (default all),
     top rows each (default 20), names cut to name_limit."""
@@ -98,8 +106,20 @@ def format_analysis(flat, sections: dict[str, pl.DataFrame], fmt: str = "table",
 
 
 # ------------------------------------------------------------------ diff
-DIFF_TEXT_COLUMNS = ["key", "kind", "a_count", "a_dur_us", "b_count", "b_dur_us", "delta_us", "ratio",
-                     "a_achieved_flops_pct", "b_achieved_flops_pct", "a_top", "b_top"]
+DIFF_TEXT_COLUMNS = [
+    "key",
+    "kind",
+    "a_count",
+    "a_dur_us",
+    "b_count",
+    "b_dur_us",
+    "delta_us",
+    "ratio",
+    "a_achieved_flops_pct",
+    "b_achieved_flops_pct",
+    "a_top",
+    "b_top",
+]
 
 
 def diff_json(d: pl.DataFrame, label_a: str = "a", label_b: str = "b") -> dict:
@@ -116,18 +136,30 @@ def diff_json(d: pl.DataFrame, label_a: str = "a", label_b: str = "b") -> dict:
     return {"labels": {"a": label_a, "b": label_b}, "rows": rows}
 
 
-def diff_text(d: pl.DataFrame, fmt: str, label_a: str, label_b: str, name_limit: int | None = None,
-              top: int | None = None) -> str:
+def diff_text(
+    d: pl.DataFrame, fmt: str, label_a: str, label_b: str, name_limit: int | None = None, top: int | None = None
+) -> str:
     """The diff's main columns as a table / md, a_* and b_* named after the labels."""
     top_name = lambda s: pl.col(f"{s}_top_kernels").list.first().struct.field("name")
     t = d.with_columns(a_top=top_name("a"), b_top=top_name("b")).select(DIFF_TEXT_COLUMNS)
-    t = t.rename({c: c.replace("a_", f"{label_a}:", 1) if c.startswith("a_") else
-                  c.replace("b_", f"{label_b}:", 1) for c in t.columns if c.startswith(("a_", "b_"))})
+    t = t.rename(
+        {
+            c: c.replace("a_", f"{label_a}:", 1) if c.startswith("a_") else c.replace("b_", f"{label_b}:", 1)
+            for c in t.columns
+            if c.startswith(("a_", "b_"))
+        }
+    )
     return render(t.head(top) if top else t, fmt, name_limit)
 
 
-def format_diff(d: pl.DataFrame, fmt: str = "table", label_a: str = "a", label_b: str = "b",
-                name_limit: int | None = 60, top: int | None = None) -> str:
+def format_diff(
+    d: pl.DataFrame,
+    fmt: str = "table",
+    label_a: str = "a",
+    label_b: str = "b",
+    name_limit: int | None = 60,
+    top: int | None = None,
+) -> str:
     """`diff` output: json {"labels", "rows": [...]}, or a table / md / csv of the rows."""
     check_options(fmt)
     if fmt == "json":

@@ -7,6 +7,7 @@ the non-interactive Agg backend. Every figure is written as PNG and SVG.
                     area ~ time), the device's memory and compute roofs (peak_bw_gbps, peak_tflops)
     breakdown       time by kernel category per device (stacked bar) and the top ops by time
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -53,8 +54,9 @@ def roofline(flat, kernels: pl.DataFrame, out_dir: Path, stem: str) -> list[Path
     peaks = {r["device"]: r for r in _peaks(f).iter_rows(named=True)}
     fig, axes = plt.subplots(1, len(devices), figsize=(6.5 * len(devices), 5), squeeze=False, layout="constrained")
     for ax, dev in zip(axes[0], devices, strict=False):
-        pts = kernels.filter((pl.col("device") == dev) & (pl.col("arithmetic_intensity") > 0)
-                             & (pl.col("achieved_tflops") > 0))
+        pts = kernels.filter(
+            (pl.col("device") == dev) & (pl.col("arithmetic_intensity") > 0) & (pl.col("achieved_tflops") > 0)
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("arithmetic intensity (FLOP/byte)")
@@ -70,8 +72,13 @@ def roofline(flat, kernels: pl.DataFrame, out_dir: Path, stem: str) -> list[Path
             ridge = ridge_point(p["peak_tflops"], p["peak_bw_gbps"])
             lo = min([ridge / 100] + pts["arithmetic_intensity"].to_list())
             hi = max([ridge * 100] + pts["arithmetic_intensity"].to_list())
-            ax.plot([lo, ridge], [lo * p["peak_bw_gbps"] / 1e3, p["peak_tflops"]], "r-", lw=1,
-                    label=f"{p['peak_bw_gbps']:,.0f} GB/s")
+            ax.plot(
+                [lo, ridge],
+                [lo * p["peak_bw_gbps"] / 1e3, p["peak_tflops"]],
+                "r-",
+                lw=1,
+                label=f"{p['peak_bw_gbps']:,.0f} GB/s",
+            )
             ax.plot([ridge, hi], [p["peak_tflops"]] * 2, "r--", lw=1, label=f"{p['peak_tflops']:,.0f} TFLOP/s")
             ax.legend(fontsize=7)
         if not pts.height:

@@ -4,6 +4,7 @@ The writers that `analyze`, `diff` (see `documents`) and, later, `query` share: 
 once here (`cell`: floats to 2 decimals or 3 significant digits, long names cut), and NaN / inf
 become empty cells or JSON nulls (`finite`).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,9 @@ def render(df: pl.DataFrame, fmt: str, name_limit: int | None = None) -> str:
         return _markdown(head, body)
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(head)]
     numeric = [df.schema[c].is_numeric() for c in head]
-    fmt_row = lambda r: "  ".join(c.rjust(w) if n else c.ljust(w)
-                                  for c, w, n in zip(r, widths, numeric, strict=False)).rstrip()
+    fmt_row = lambda r: "  ".join(
+        c.rjust(w) if n else c.ljust(w) for c, w, n in zip(r, widths, numeric, strict=False)
+    ).rstrip()
     return "\n".join([fmt_row(head), fmt_row(["-" * w for w in widths]), *map(fmt_row, body)]) + "\n"
 
 

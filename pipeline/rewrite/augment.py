@@ -6,6 +6,7 @@ chunk by chunk in file order with a running event index, and every event and top
 written back (see `pipeline.jsonout`). Field names `kernel_flop` / `kernel_num_gb` are those of
 torch's profile_analysis `--augment_trace`.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -16,8 +17,8 @@ import polars as pl
 
 from pipeline import store
 from pipeline.errors import DatasetError, UsageError
-from pipeline.kineto import GPU_KINDS
 from pipeline.flatten import flatten
+from pipeline.kineto import GPU_KINDS
 from pipeline.read.metadata import sampled_content_id
 from pipeline.rewrite.jsonout import TraceWriter, metadata_after, open_trace, read_events
 
@@ -49,9 +50,12 @@ def kernel_costs(flat_dir) -> list[tuple[int, dict]]:
     missing = [c for c in COST_COLUMNS if c not in g.collect_schema().names()]
     if missing:
         raise DatasetError(f"{flat_dir}: gpu_ops has no cost columns ({', '.join(missing)}); flatten with linking")
-    rows = (g.filter((pl.col("kind") == "kernel") & (pl.col("flops").is_not_null() | pl.col("bytes").is_not_null()))
-            .select("event_idx", *[e.alias(k) for k, e in COST_ARGS.items()])
-            .sort("event_idx").collect())
+    rows = (
+        g.filter((pl.col("kind") == "kernel") & (pl.col("flops").is_not_null() | pl.col("bytes").is_not_null()))
+        .select("event_idx", *[e.alias(k) for k, e in COST_ARGS.items()])
+        .sort("event_idx")
+        .collect()
+    )
     return [(r.pop("event_idx"), {k: v for k, v in r.items() if v is not None}) for r in rows.iter_rows(named=True)]
 
 

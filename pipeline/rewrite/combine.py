@@ -23,14 +23,15 @@ Metadata is written after traceEvents: inputs may place theirs after their event
 With align="start" each input is read twice: once for its first timestamp, then shifted so all
 inputs start when the earliest one does (metadata events keep their ts).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from pipeline.kineto import trace_stem
 from pipeline.errors import UsageError
+from pipeline.kineto import trace_stem
 from pipeline.read.values import FLOAT_EXACT_US, Problems, us_to_ns
 from pipeline.rewrite.jsonout import TraceWriter, open_trace, read_events
 
@@ -204,14 +205,24 @@ def _device_entries(inp: Input, props) -> list:
 
 def combined_metadata(inputs: list[Input], metas: list[dict]) -> dict:
     """The top-level keys of the combined trace (see the module docstring)."""
-    common = {k: v for k, v in metas[0].items()
-              if k not in SHARED_ONLY_PER_INPUT and all(k in m and m[k] == v for m in metas[1:])}
+    common = {
+        k: v
+        for k, v in metas[0].items()
+        if k not in SHARED_ONLY_PER_INPUT and all(k in m and m[k] == v for m in metas[1:])
+    }
     devices: list = []
     for inp, m in zip(inputs, metas):
         devices += [p for p in _device_entries(inp, m.get("deviceProperties")) if p not in devices]
-    sources = [{**{k: v for k, v in m.items() if k != "deviceProperties"}, "label": inp.label,
-                "path": inp.path, "index": inp.renumber.k, "ts_shift_us": _us(-inp.shift_ns)}
-               for inp, m in zip(inputs, metas)]
+    sources = [
+        {
+            **{k: v for k, v in m.items() if k != "deviceProperties"},
+            "label": inp.label,
+            "path": inp.path,
+            "index": inp.renumber.k,
+            "ts_shift_us": _us(-inp.shift_ns),
+        }
+        for inp, m in zip(inputs, metas)
+    ]
     return {**common, **({"deviceProperties": devices} if devices else {}), "combinedFrom": sources}
 
 

@@ -9,21 +9,22 @@ Numbers keep their value: a chunk whose float timestamps cannot hold their decim
 float64 is parsed exactly (Decimal), and `flatten.dumps` writes Decimals back as their text.
 A bare-list input (`[...]`) is written as `{"traceEvents": [...]}`.
 """
+
 from __future__ import annotations
 
 import gzip
 import sys
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Iterator
 
 from pipeline import store
 from pipeline.errors import BadTrace, UsageError
-from pipeline.read.values import FLOAT_EXACT_US, dumps
-from pipeline.read.source import TraceSource
 from pipeline.read.chunks import ordered_results, parse_chunk_exact, parse_chunk_tamed
-from pipeline.redact import redact
+from pipeline.read.source import TraceSource
 from pipeline.read.tame import tame_deep
+from pipeline.read.values import FLOAT_EXACT_US, dumps
+from pipeline.redact import redact
 
 GZIP_LEVEL = 6
 # events are parsed to Python objects here (~25x their text): smaller chunks than flatten's bound memory
@@ -62,8 +63,9 @@ def read_events(src: TraceSource) -> Iterator[list]:
     A truncated or corrupt trace yields its complete events and is marked in `src.tail`.
     """
     corrupt: list = []
-    yield from ordered_results(src.pieces(), parse_events, lambda events: events, max_inflight=0,
-                               on_corrupt=corrupt.append)  # parsed here: hold one chunk at a time
+    yield from ordered_results(
+        src.pieces(), parse_events, lambda events: events, max_inflight=0, on_corrupt=corrupt.append
+    )  # parsed here: hold one chunk at a time
     if corrupt and not src.tail.truncated:
         src.tail.truncated, src.tail.reason = True, corrupt[0]
 
@@ -96,7 +98,7 @@ class TraceWriter:
         self._stack = ExitStack()
         self._out = None
 
-    def __enter__(self) -> "TraceWriter":
+    def __enter__(self) -> TraceWriter:
         with ExitStack() as guard:
             guard.push(self._stack)  # undone (temp file removed) if opening fails
             tmp = self._stack.enter_context(store.atomic_file(self.path))

@@ -12,6 +12,7 @@ then taken relative to the lowest rank (of each group of ranks that share collec
 A rank that is never in a blocking collective with another cannot be aligned: its offset is null
 (and taken as 0 for waits). Ranks that share a clock come out at about 0.
 """
+
 from __future__ import annotations
 
 import polars as pl
@@ -32,8 +33,11 @@ def _ends(colls: pl.DataFrame) -> pl.DataFrame:
     stride = (pl.len().over("run", "pg") // SAMPLE + 1).cast(pl.Int32)
     shared = shared.filter(pl.int_range(pl.len()).over("run", "pg", order_by="seq") % stride == 0)
     end = pl.col("ts_ns") + pl.col("dur_ns")
-    return (blocking.join(shared, on=KEYS, how="semi")
-            .select(*KEYS, "rank", end=(end - end.min().over("run")).cast(pl.Float64)).collect(engine="streaming"))
+    return (
+        blocking.join(shared, on=KEYS, how="semi")
+        .select(*KEYS, "rank", end=(end - end.min().over("run")).cast(pl.Float64))
+        .collect(engine="streaming")
+    )
 
 
 def _components(ends: pl.DataFrame) -> pl.DataFrame:
@@ -63,9 +67,15 @@ def clock_offsets(colls: pl.DataFrame, align: bool = True) -> pl.DataFrame:
     for _ in range(ROUNDS):  # streamed: each round groups every call of the run
         e = ends.lazy().join(offsets.lazy(), on=["run", "rank"])
         true_end = e.group_by(KEYS).agg(true_end=(pl.col("end") - pl.col("offset")).median())
-        offsets = (e.join(true_end, on=KEYS).group_by("run", "rank")
-                   .agg(offset=(pl.col("end") - pl.col("true_end")).median()).collect(engine="streaming"))
+        offsets = (
+            e.join(true_end, on=KEYS)
+            .group_by("run", "rank")
+            .agg(offset=(pl.col("end") - pl.col("true_end")).median())
+            .collect(engine="streaming")
+        )
     anchored = offsets.join(_components(ends), on=["run", "rank"])
     zero = anchored.filter(pl.col("rank") == pl.col("anchor")).select("run", "anchor", base=pl.col("offset"))
-    anchored = anchored.join(zero, on=["run", "anchor"]).select("run", "rank", offset_ns=pl.col("offset") - pl.col("base"))
+    anchored = anchored.join(zero, on=["run", "anchor"]).select(
+        "run", "rank", offset_ns=pl.col("offset") - pl.col("base")
+    )
     return ranks.join(anchored, on=["run", "rank"], how="left")

@@ -10,6 +10,7 @@ unknown size agrees with any). A rank whose call differs from what most ranks di
 desynchronised there: reported (rank, pg, seq, what it did, what the others did) and the
 collective left out of every measure rather than paired wrongly.
 """
+
 from __future__ import annotations
 
 import polars as pl
@@ -18,12 +19,23 @@ import polars as pl
 def pg_key() -> pl.Expr:
     """The cross-rank name of a collective's process group (see the module docstring), over rows of
     (run, rank, pg_name, pg_ranks)."""
-    ranks = (pl.col("pg_ranks").cast(pl.String).str.extract_all(r"-?\d+").list.eval(pl.element().cast(pl.Int64))
-             .list.sort().list.eval(pl.element().cast(pl.String)).list.join(","))
+    ranks = (
+        pl.col("pg_ranks")
+        .cast(pl.String)
+        .str.extract_all(r"-?\d+")
+        .list.eval(pl.element().cast(pl.Int64))
+        .list.sort()
+        .list.eval(pl.element().cast(pl.String))
+        .list.join(",")
+    )
     members = pl.when(ranks.is_null() | (ranks == "")).then(pl.lit("all")).otherwise(ranks)
     order = pl.col("pg_name").cast(pl.String).cast(pl.Int64, strict=False)
-    index = (pl.struct(order.fill_null(-1).alias("o"), pl.col("pg_name").cast(pl.String).fill_null("").alias("n"))
-             .rank("dense").over("run", "rank", members) - 1)
+    index = (
+        pl.struct(order.fill_null(-1).alias("o"), pl.col("pg_name").cast(pl.String).fill_null("").alias("n"))
+        .rank("dense")
+        .over("run", "rank", members)
+        - 1
+    )
     return pl.concat_str(members, pl.lit("#"), index.cast(pl.String))
 
 
@@ -48,17 +60,32 @@ def desyncs(colls: pl.DataFrame) -> pl.DataFrame:
     """(run, rank, pg, seq, kind, bytes, expected_kind, expected_bytes) of every call that differs
     from the rest of its collective (only the collectives whose calls disagree are looked at)."""
     known_kind = pl.col("kind").filter(pl.col("kind").is_not_null() & (pl.col("kind").cast(pl.String) != "unknown"))
-    split = (colls.lazy().group_by(KEYS).agg(kinds=known_kind.n_unique(), sizes=pl.col("bytes").drop_nulls().n_unique())
-             .filter((pl.col("kinds") > 1) | (pl.col("sizes") > 1)).select(KEYS)
-             .collect(engine="streaming"))  # the streaming engine groups 2.6 M calls in a tenth of the memory
+    split = (
+        colls.lazy()
+        .group_by(KEYS)
+        .agg(kinds=known_kind.n_unique(), sizes=pl.col("bytes").drop_nulls().n_unique())
+        .filter((pl.col("kinds") > 1) | (pl.col("sizes") > 1))
+        .select(KEYS)
+        .collect(engine="streaming")
+    )  # the streaming engine groups 2.6 M calls in a tenth of the memory
     suspects = colls.join(split, on=KEYS, how="semi")
     expected = suspects.group_by(KEYS).agg(expected_kind=_mode("kind"), expected_bytes=_mode("bytes"))
     rows = suspects.join(expected, on=KEYS, how="left")
-    wrong_kind = (pl.col("kind") != "unknown") & pl.col("expected_kind").is_not_null() & (pl.col("kind") != pl.col("expected_kind"))
-    wrong_bytes = pl.col("bytes").is_not_null() & pl.col("expected_bytes").is_not_null() & (pl.col("bytes") != pl.col("expected_bytes"))
-    return (rows.filter(wrong_kind | wrong_bytes)
-            .select("run", "rank", "pg", "seq", "kind", "bytes", "expected_kind", "expected_bytes")
-            .sort("run", "pg", "seq", "rank"))
+    wrong_kind = (
+        (pl.col("kind") != "unknown")
+        & pl.col("expected_kind").is_not_null()
+        & (pl.col("kind") != pl.col("expected_kind"))
+    )
+    wrong_bytes = (
+        pl.col("bytes").is_not_null()
+        & pl.col("expected_bytes").is_not_null()
+        & (pl.col("bytes") != pl.col("expected_bytes"))
+    )
+    return (
+        rows.filter(wrong_kind | wrong_bytes)
+        .select("run", "rank", "pg", "seq", "kind", "bytes", "expected_kind", "expected_bytes")
+        .sort("run", "pg", "seq", "rank")
+    )
 
 
 def consistent(colls: pl.DataFrame, bad: pl.DataFrame) -> pl.DataFrame:

@@ -12,6 +12,7 @@ Per rank: the wait it caused others (the sum, over collectives where it started 
 Per rank and step: the step's time, compute, communication and exposed communication (its
 `steps` rows) and the time it waited in the collectives of that step.
 """
+
 from __future__ import annotations
 
 import polars as pl
@@ -50,25 +51,41 @@ def _mode(col: str) -> pl.Expr:
 def per_collective(calls: pl.DataFrame) -> pl.DataFrame:
     """One row per matched collective (see the module docstring); waits as a list beside ranks."""
     latest = pl.col("a_ts").max()
-    by_rank = lambda col: pl.col(col).sort_by("rank")  # noqa: E731
+    by_rank = lambda col: pl.col(col).sort_by("rank")
     order = pl.col("rank").sort_by(["a_ts", "rank"], descending=[True, False])
     out = calls.group_by(KEYS).agg(
-        kind=pl.coalesce(_mode("kind"), pl.lit("unknown")), bytes=_mode("bytes"), dtype=_mode("dtype"),
-        step=pl.col("step").drop_nulls().mode().sort().first(), pg_size=pl.col("pg_size").max(),
-        ranks=by_rank("rank"), waits_ns=latest - by_rank("a_ts"), rank_steps=by_rank("step"),
-        present=pl.len().cast(pl.Int64), first_ns=pl.col("a_ts").min(), last_rank=order.first(),
-        start_skew_ns=latest - pl.col("a_ts").min(), latency_ns=pl.col("dur_ns").min())
+        kind=pl.coalesce(_mode("kind"), pl.lit("unknown")),
+        bytes=_mode("bytes"),
+        dtype=_mode("dtype"),
+        step=pl.col("step").drop_nulls().mode().sort().first(),
+        pg_size=pl.col("pg_size").max(),
+        ranks=by_rank("rank"),
+        waits_ns=latest - by_rank("a_ts"),
+        rank_steps=by_rank("step"),
+        present=pl.len().cast(pl.Int64),
+        first_ns=pl.col("a_ts").min(),
+        last_rank=order.first(),
+        start_skew_ns=latest - pl.col("a_ts").min(),
+        latency_ns=pl.col("dur_ns").min(),
+    )
     n = pl.coalesce("pg_size", "present")
-    algbw = pl.when((pl.col("latency_ns") > 0) & pl.col("bytes").is_not_null()).then(pl.col("bytes") / pl.col("latency_ns"))
-    return (out.with_columns(n_ranks=n, algbw_gbps=algbw)
-            .with_columns(busbw_gbps=pl.col("algbw_gbps") * _bus_factor(pl.col("kind"), pl.col("n_ranks")))
-            .sort("run", "first_ns", "pg", "seq"))
+    algbw = pl.when((pl.col("latency_ns") > 0) & pl.col("bytes").is_not_null()).then(
+        pl.col("bytes") / pl.col("latency_ns")
+    )
+    return (
+        out.with_columns(n_ranks=n, algbw_gbps=algbw)
+        .with_columns(busbw_gbps=pl.col("algbw_gbps") * _bus_factor(pl.col("kind"), pl.col("n_ranks")))
+        .sort("run", "first_ns", "pg", "seq")
+    )
 
 
 def rank_waits(collectives: pl.DataFrame) -> pl.DataFrame:
     """(run, pg, seq, rank, step, wait_ns) of every call of every matched collective, `step` on that rank."""
-    return collectives.select(*KEYS, "ranks", "rank_steps", "waits_ns").explode("ranks", "rank_steps", "waits_ns").rename(
-        {"ranks": "rank", "rank_steps": "step", "waits_ns": "wait_ns"})
+    return (
+        collectives.select(*KEYS, "ranks", "rank_steps", "waits_ns")
+        .explode("ranks", "rank_steps", "waits_ns")
+        .rename({"ranks": "rank", "rank_steps": "step", "waits_ns": "wait_ns"})
+    )
 
 
 def stragglers(collectives: pl.DataFrame) -> pl.DataFrame:
@@ -76,19 +93,27 @@ def stragglers(collectives: pl.DataFrame) -> pl.DataFrame:
     last, and how many; largest first."""
     late = collectives.filter(pl.col("start_skew_ns") >= LAST_BY)
     caused = late.group_by("run", rank="last_rank").agg(
-        wait_caused_ns=pl.col("waits_ns").list.sum().sum(), times_last=pl.len().cast(pl.Int64))
+        wait_caused_ns=pl.col("waits_ns").list.sum().sum(), times_last=pl.len().cast(pl.Int64)
+    )
     return caused.sort("run", "wait_caused_ns", "times_last", "rank", descending=[False, True, True, False])
 
 
 def per_step(steps: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
     """Per run, rank and step: step_us, compute, communication, exposed communication (summed over
     the rank's devices) and the time waited in the step's collectives."""
-    waited = waits.lazy().group_by("run", "rank", "step").agg(wait_ns=pl.col("wait_ns").sum()).collect(engine="streaming")
-    s = (steps.group_by("run", "rank", "step", maintain_order=True)
-         .agg(pl.col("step_ts_ns").first(), pl.col("step_end_ns").first(),
-              *(pl.col(c).sum().alias(c) for c in ("compute_ns", "comm_ns", "exposed_comm_ns")),
-              has_gpu=pl.col("device").is_not_null().any()))
+    waited = (
+        waits.lazy().group_by("run", "rank", "step").agg(wait_ns=pl.col("wait_ns").sum()).collect(engine="streaming")
+    )
+    s = steps.group_by("run", "rank", "step", maintain_order=True).agg(
+        pl.col("step_ts_ns").first(),
+        pl.col("step_end_ns").first(),
+        *(pl.col(c).sum().alias(c) for c in ("compute_ns", "comm_ns", "exposed_comm_ns")),
+        has_gpu=pl.col("device").is_not_null().any(),
+    )
     s = s.with_columns(pl.when(pl.col("has_gpu")).then(pl.col(c)).alias(c) for c in ("compute_ns", "exposed_comm_ns"))
-    return (s.join(waited, on=["run", "rank", "step"], how="left")
-            .with_columns(step_ns=pl.col("step_end_ns") - pl.col("step_ts_ns"), wait_ns=pl.col("wait_ns").fill_null(0.0))
-            .drop("has_gpu").sort("run", "rank", "step_ts_ns"))
+    return (
+        s.join(waited, on=["run", "rank", "step"], how="left")
+        .with_columns(step_ns=pl.col("step_end_ns") - pl.col("step_ts_ns"), wait_ns=pl.col("wait_ns").fill_null(0.0))
+        .drop("has_gpu")
+        .sort("run", "rank", "step_ts_ns")
+    )

@@ -1,5 +1,6 @@
 """plots: figures of `tracepipe ranks --plot DIR`, per run: a rank x step heat map of the time
 each rank waited in collectives, and the bus bandwidth collectives reached by message size."""
+
 from __future__ import annotations
 
 import re
@@ -25,12 +26,22 @@ def wait_heatmap(rep, run: str, out_dir: Path) -> list[Path]:
     else:
         steps = s.sort("step_ts_ns").get_column("step").cast(pl.String).unique(maintain_order=True).to_list()
         ranks = sorted(s["rank"].unique().to_list())
-        grid = (s.with_columns(pl.col("step").cast(pl.String)).pivot("step", index="rank", values="wait_ns",
-                                                                      aggregate_function="sum")
-                .sort("rank").select(steps).fill_null(0.0).to_numpy() / 1e3)
+        grid = (
+            s.with_columns(pl.col("step").cast(pl.String))
+            .pivot("step", index="rank", values="wait_ns", aggregate_function="sum")
+            .sort("rank")
+            .select(steps)
+            .fill_null(0.0)
+            .to_numpy()
+            / 1e3
+        )
         im = ax.imshow(grid, aspect="auto", cmap="magma_r", interpolation="nearest")
-        ax.set_xticks(range(len(steps)), [x.replace("ProfilerStep#", "#") for x in steps], fontsize=7,
-                      rotation=90 if len(steps) > 12 else 0)
+        ax.set_xticks(
+            range(len(steps)),
+            [x.replace("ProfilerStep#", "#") for x in steps],
+            fontsize=7,
+            rotation=90 if len(steps) > 12 else 0,
+        )
         ax.set_yticks(range(len(ranks)), [str(r) for r in ranks], fontsize=7)
         ax.set_xlabel("profiler step")
         ax.set_ylabel("rank")

@@ -4,14 +4,15 @@
 Only the `trace`, `collectives` and `steps` tables are read, and of them only the columns used:
 a run of 256 ranks with 10,000 collectives each is 2.6 M small rows, whatever the traces' sizes.
 """
+
 from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import orjson
 import polars as pl
@@ -20,8 +21,19 @@ from pipeline.dataset.tables import tables
 from pipeline.runs import clock, match, measures
 from pipeline.runs.group import Runs, group_runs, is_trace_folder
 
-CALL_COLUMNS = ["trace_id", "kind", "pg_name", "pg_ranks", "pg_size", "seq", "bytes", "dtype", "ts_ns", "dur_ns",
-                "step"]
+CALL_COLUMNS = [
+    "trace_id",
+    "kind",
+    "pg_name",
+    "pg_ranks",
+    "pg_size",
+    "seq",
+    "bytes",
+    "dtype",
+    "ts_ns",
+    "dur_ns",
+    "step",
+]
 STEP_COLUMNS = ["trace_id", "step", "step_ts_ns", "step_end_ns", "device", "compute_ns", "comm_ns", "exposed_comm_ns"]
 QUANTILES = (0.5, 0.99)
 
@@ -47,8 +59,13 @@ def analyze_runs(path: str | Path, run_by: str | None = None, align: bool = True
     ids = groups.traces.select("run", "rank", "trace_id")
     repeated = [pl.col(c).cast(pl.Categorical) for c in ("kind", "pg_name", "pg_ranks", "dtype", "step")]
     small = [pl.col(c).cast(pl.Int32) for c in ("seq", "pg_size")]
-    calls = (t["collectives"].select(CALL_COLUMNS).with_columns(*repeated, *small)
-             .join(ids.lazy(), on="trace_id").drop("trace_id"))
+    calls = (
+        t["collectives"]
+        .select(CALL_COLUMNS)
+        .with_columns(*repeated, *small)
+        .join(ids.lazy(), on="trace_id")
+        .drop("trace_id")
+    )
     calls = match.with_pg(calls).collect()
     bad = match.desyncs(calls)
     good = match.consistent(calls, bad)
@@ -57,34 +74,60 @@ def analyze_runs(path: str | Path, run_by: str | None = None, align: bool = True
     colls = measures.per_collective(a)
     waits = measures.rank_waits(colls)
     strag = measures.stragglers(colls)
-    steps = t["steps"].select(STEP_COLUMNS).with_columns(pl.col("step").cast(pl.Categorical)).join(
-        ids.lazy(), on="trace_id").collect()
+    steps = (
+        t["steps"]
+        .select(STEP_COLUMNS)
+        .with_columns(pl.col("step").cast(pl.Categorical))
+        .join(ids.lazy(), on="trace_id")
+        .collect()
+    )
     per_step = measures.per_step(steps, waits)
-    return RunReport(groups.runs, _ranks(groups, calls, offsets, waits, strag), colls, waits, _by_kind(colls), strag,
-                     per_step, bad)
+    return RunReport(
+        groups.runs, _ranks(groups, calls, offsets, waits, strag), colls, waits, _by_kind(colls), strag, per_step, bad
+    )
 
 
-def _ranks(groups: Runs, calls: pl.DataFrame, offsets: pl.DataFrame, waits: pl.DataFrame,
-           strag: pl.DataFrame) -> pl.DataFrame:
+def _ranks(
+    groups: Runs, calls: pl.DataFrame, offsets: pl.DataFrame, waits: pl.DataFrame, strag: pl.DataFrame
+) -> pl.DataFrame:
     n = calls.group_by("run", "rank").agg(collectives=pl.len().cast(pl.Int64))
     w = waits.group_by("run", "rank").agg(wait_ns=pl.col("wait_ns").sum())
-    return (groups.traces.select("run", "rank", trace="stem", rank_from="rank_from")
-            .join(offsets, on=["run", "rank"], how="left").join(n, on=["run", "rank"], how="left")
-            .join(w, on=["run", "rank"], how="left").join(strag, on=["run", "rank"], how="left")
-            .with_columns(pl.col("collectives", "times_last").fill_null(0),
-                          pl.col("wait_ns", "wait_caused_ns").fill_null(0.0))
-            .sort("run", "rank"))
+    return (
+        groups.traces.select("run", "rank", trace="stem", rank_from="rank_from")
+        .join(offsets, on=["run", "rank"], how="left")
+        .join(n, on=["run", "rank"], how="left")
+        .join(w, on=["run", "rank"], how="left")
+        .join(strag, on=["run", "rank"], how="left")
+        .with_columns(
+            pl.col("collectives", "times_last").fill_null(0), pl.col("wait_ns", "wait_caused_ns").fill_null(0.0)
+        )
+        .sort("run", "rank")
+    )
 
 
 def _by_kind(colls: pl.DataFrame) -> pl.DataFrame:
     """Per run, kind and message size: count and the quantiles of latency, bandwidths and skew."""
-    q = lambda col: [pl.col(col).quantile(x, "nearest").alias(f"{col.removesuffix('_ns').removesuffix('_gbps')}"  # noqa: E731
-                                                              f"_p{round(100 * x)}{'_ns' if col.endswith('_ns') else '_gbps'}")
-                     for x in QUANTILES]
-    return (colls.group_by("run", "kind", "bytes").agg(
-        count=pl.len().cast(pl.Int64), n_ranks=pl.col("n_ranks").max(), *q("latency_ns"), *q("algbw_gbps"),
-        *q("busbw_gbps"), *q("start_skew_ns"))
-        .sort("run", "kind", "bytes", nulls_last=True))
+    q = lambda col: [
+        pl.col(col)
+        .quantile(x, "nearest")
+        .alias(
+            f"{col.removesuffix('_ns').removesuffix('_gbps')}"
+            f"_p{round(100 * x)}{'_ns' if col.endswith('_ns') else '_gbps'}"
+        )
+        for x in QUANTILES
+    ]
+    return (
+        colls.group_by("run", "kind", "bytes")
+        .agg(
+            *q("latency_ns"),
+            *q("algbw_gbps"),
+            *q("busbw_gbps"),
+            *q("start_skew_ns"),
+            count=pl.len().cast(pl.Int64),
+            n_ranks=pl.col("n_ranks").max(),
+        )
+        .sort("run", "kind", "bytes", nulls_last=True)
+    )
 
 
 @contextmanager
@@ -120,7 +163,7 @@ def runs_json(rep: RunReport) -> dict:
 def json_chunks(rep: RunReport) -> Iterator[bytes]:
     """`runs_json`, written a collective at a time: a run of 256 ranks x 10,000 collectives is a
     document of ~200 MB that is never whole in memory."""
-    dump = lambda v: orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS)  # noqa: E731
+    dump = lambda v: orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS)
     yield b'{"runs": ['
     for i, (head, colls) in enumerate(_runs(rep)):
         yield (b", " if i else b"") + dump(head)[:-1] + b', "collectives": ['
@@ -135,16 +178,23 @@ def _runs(rep: RunReport) -> Iterator[tuple[dict, Iterator[dict]]]:
         run = r["run"]
         ranks = rep.ranks.filter(pl.col("run") == run)
         head = {
-            "run": run, "world_size": r["world_size"], "ranks": list(r["ranks"] or []),
+            "run": run,
+            "world_size": r["world_size"],
+            "ranks": list(r["ranks"] or []),
             "missing_ranks": list(r["missing_ranks"] or []),
-            "traces_without_rank": list(r["no_rank"] or []), "duplicate_rank_traces": list(r["duplicate"] or []),
+            "traces_without_rank": list(r["no_rank"] or []),
+            "duplicate_rank_traces": list(r["duplicate"] or []),
             "clock_offset_us": {str(k): _us(v) for k, v in ranks.select("rank", "offset_ns").iter_rows()},
-            "stragglers": [{"rank": s["rank"], "wait_caused_us": _us(s["wait_caused_ns"]), "times_last": s["times_last"]}
-                           for s in rep.stragglers.filter(pl.col("run") == run).iter_rows(named=True)],
+            "stragglers": [
+                {"rank": s["rank"], "wait_caused_us": _us(s["wait_caused_ns"]), "times_last": s["times_last"]}
+                for s in rep.stragglers.filter(pl.col("run") == run).iter_rows(named=True)
+            ],
             "ranks_detail": [_row(x, ("run",)) for x in ranks.iter_rows(named=True)],
             "by_kind": [_row(x, ("run",)) for x in rep.by_kind.filter(pl.col("run") == run).iter_rows(named=True)],
-            "steps": [_row(x, ("run", "step_ts_ns", "step_end_ns"))
-                      for x in rep.steps.filter(pl.col("run") == run).iter_rows(named=True)],
+            "steps": [
+                _row(x, ("run", "step_ts_ns", "step_end_ns"))
+                for x in rep.steps.filter(pl.col("run") == run).iter_rows(named=True)
+            ],
             "desyncs": [_row(x, ("run",)) for x in rep.desyncs.filter(pl.col("run") == run).iter_rows(named=True)],
         }
         colls = rep.collectives.filter(pl.col("run") == run)
@@ -152,11 +202,22 @@ def _runs(rep: RunReport) -> Iterator[tuple[dict, Iterator[dict]]]:
 
 
 def _collective(c: dict) -> dict:
-    return {"pg": c["pg"], "seq": c["seq"], "name": c["kind"], "step": c["step"], "bytes": c["bytes"],
-            "dtype": c["dtype"], "n_ranks": c["n_ranks"], "ranks_present": c["present"], "last_rank": c["last_rank"],
-            "start_skew_us": _us(c["start_skew_ns"]), "latency_us": _us(c["latency_ns"]),
-            "algbw_gbps": _num(c["algbw_gbps"]), "busbw_gbps": _num(c["busbw_gbps"]),
-            "wait_us": {str(k): _us(w) for k, w in zip(c["ranks"], c["waits_ns"])}}
+    return {
+        "pg": c["pg"],
+        "seq": c["seq"],
+        "name": c["kind"],
+        "step": c["step"],
+        "bytes": c["bytes"],
+        "dtype": c["dtype"],
+        "n_ranks": c["n_ranks"],
+        "ranks_present": c["present"],
+        "last_rank": c["last_rank"],
+        "start_skew_us": _us(c["start_skew_ns"]),
+        "latency_us": _us(c["latency_ns"]),
+        "algbw_gbps": _num(c["algbw_gbps"]),
+        "busbw_gbps": _num(c["busbw_gbps"]),
+        "wait_us": {str(k): _us(w) for k, w in zip(c["ranks"], c["waits_ns"])},
+    }
 
 
 def _row(x: dict, drop: tuple[str, ...]) -> dict:
@@ -179,7 +240,7 @@ def only_run(rep: RunReport, run: str) -> RunReport:
     names = rep.runs["run"].to_list()
     if run not in names:
         raise UsageError(f"no run {run!r}; runs: {', '.join(map(str, names)) or 'none'}")
-    keep = lambda df: df.filter(pl.col("run") == run)  # noqa: E731
+    keep = lambda df: df.filter(pl.col("run") == run)
     return RunReport(*(keep(getattr(rep, f)) for f in RunReport.__dataclass_fields__))
 
 

@@ -1,5 +1,6 @@
 """sections: `tracepipe ranks` as tables (text, Markdown, CSV): one section per question, each a
 frame of the `RunReport` with its times in µs."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -8,17 +9,49 @@ from pipeline.render.tables import render
 
 SECTIONS = (  # (name, title, the report's frame, columns shown)
     ("runs", "Runs: ranks present and missing", "runs", ["run", "world_size", "traces", "ranks", "missing_ranks"]),
-    ("ranks", "Ranks: clock offset, collectives, time waited, wait caused", "ranks",
-     ["run", "rank", "trace", "rank_from", "offset_us", "collectives", "wait_us", "wait_caused_us", "times_last"]),
-    ("stragglers", "Stragglers: the wait each rank caused others (largest first)", "stragglers",
-     ["run", "rank", "wait_caused_us", "times_last"]),
-    ("collectives", "Collectives by kind and size", "by_kind",
-     ["run", "kind", "bytes", "count", "n_ranks", "latency_p50_us", "latency_p99_us", "algbw_p50_gbps",
-      "busbw_p50_gbps", "busbw_p99_gbps", "start_skew_p50_us", "start_skew_p99_us"]),
-    ("steps", "Per rank and step", "steps",
-     ["run", "rank", "step", "step_us", "compute_us", "comm_us", "exposed_comm_us", "wait_us"]),
-    ("desyncs", "Desynchronised calls (left out of every measure)", "desyncs",
-     ["run", "rank", "pg", "seq", "kind", "bytes", "expected_kind", "expected_bytes"]),
+    (
+        "ranks",
+        "Ranks: clock offset, collectives, time waited, wait caused",
+        "ranks",
+        ["run", "rank", "trace", "rank_from", "offset_us", "collectives", "wait_us", "wait_caused_us", "times_last"],
+    ),
+    (
+        "stragglers",
+        "Stragglers: the wait each rank caused others (largest first)",
+        "stragglers",
+        ["run", "rank", "wait_caused_us", "times_last"],
+    ),
+    (
+        "collectives",
+        "Collectives by kind and size",
+        "by_kind",
+        [
+            "run",
+            "kind",
+            "bytes",
+            "count",
+            "n_ranks",
+            "latency_p50_us",
+            "latency_p99_us",
+            "algbw_p50_gbps",
+            "busbw_p50_gbps",
+            "busbw_p99_gbps",
+            "start_skew_p50_us",
+            "start_skew_p99_us",
+        ],
+    ),
+    (
+        "steps",
+        "Per rank and step",
+        "steps",
+        ["run", "rank", "step", "step_us", "compute_us", "comm_us", "exposed_comm_us", "wait_us"],
+    ),
+    (
+        "desyncs",
+        "Desynchronised calls (left out of every measure)",
+        "desyncs",
+        ["run", "rank", "pg", "seq", "kind", "bytes", "expected_kind", "expected_bytes"],
+    ),
 )
 
 

@@ -1,5 +1,6 @@
 """tables: the per-trace tables whole runs are made of (`collectives`, `steps`), written beside a
 flattened trace's others once it is linked; what could not be classified counted in its problems."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,5 +37,8 @@ def write_empty_run_tables(flat_dir: Path):
     from pipeline import schema
 
     for name in RUN_TABLES:
-        store.write_table(pa.Table.from_pylist([], schema=schema.table(name).arrow_schema(schema.ALL_STAGES)),
-                          Path(flat_dir) / f"{name}.parquet", name)
+        store.write_table(
+            pa.Table.from_pylist([], schema=schema.table(name).arrow_schema(schema.ALL_STAGES)),
+            Path(flat_dir) / f"{name}.parquet",
+            name,
+        )

@@ -5,6 +5,7 @@ event's `OpInputs`; `formulas_markdown()` renders the table for the README. `reg
 table and the conventions all formulas share; each op family is one module that registers its rows
 on import. They are imported below in a fixed order: the order of `FORMULAS` and of the README table.
 """
+
 from __future__ import annotations
 
 from .dtypes import normalize_dtype
@@ -14,6 +15,7 @@ from .registry import FORMULAS, Cost, Formula, formula, formulas_markdown, op_co
 
 # isort: off
 from . import gemm, conv, attention, norms, embedding, elementwise, copies, reductions, collectives
+
 # isort: on
 from .collectives import collective_bandwidth, collective_kind
 
@@ -23,9 +25,30 @@ FAMILIES = (gemm, conv, attention, norms, embedding, elementwise, copies, reduct
 MODELLED_OPS: tuple[str, ...] = tuple(sorted(FORMULAS))
 # Every event arg a formula reads: the four input args, and the ones record_param_comms carries
 # (without them a record_param_comms event has no cost).
-ARGS_READ: tuple[str, ...] = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs",
-                              "Collective name", "dtype", "In msg nelems", "Out msg nelems", "Group size")
+ARGS_READ: tuple[str, ...] = (
+    "Input Dims",
+    "Input type",
+    "Input Strides",
+    "Concrete Inputs",
+    "Collective name",
+    "dtype",
+    "In msg nelems",
+    "Out msg nelems",
+    "Group size",
+)
 
-__all__ = ["Cost", "OpInputs", "Formula", "FORMULAS", "MODELLED_OPS", "ARGS_READ", "op_cost", "formula",
-           "formulas_markdown", "collective_bandwidth", "collective_kind", "normalize_dtype",
-           "parse_literal"]
+__all__ = [
+    "Cost",
+    "OpInputs",
+    "Formula",
+    "FORMULAS",
+    "MODELLED_OPS",
+    "ARGS_READ",
+    "op_cost",
+    "formula",
+    "formulas_markdown",
+    "collective_bandwidth",
+    "collective_kind",
+    "normalize_dtype",
+    "parse_literal",
+]

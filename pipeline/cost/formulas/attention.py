@@ -8,6 +8,7 @@ Grouped-query attention (Hq a multiple of Hkv) counts Hq heads. One difference f
 [B, S, H, D] tensors, which this table reads as such (torch's counter reads them as [B, H, S, D] and
 misreports dense calls).
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -19,20 +20,25 @@ from .registry import Formula, Work, aten, register
 
 class AttentionLayout(NamedTuple):
     """Where an attention op keeps q, k, v (k = q + 1, v = q + 2) and its other arguments."""
+
     q: int
-    grad_out: int | None          # backward ops
-    bshd: bool                    # tensors are [B, S, H, D] (flash/efficient kernels) not [B, H, S, D]
-    varlen: tuple[int, int] | None = None   # nested inputs: indices of cu_seqlens_q and max_q
+    grad_out: int | None  # backward ops
+    bshd: bool  # tensors are [B, S, H, D] (flash/efficient kernels) not [B, H, S, D]
+    varlen: tuple[int, int] | None = None  # nested inputs: indices of cu_seqlens_q and max_q
 
 
 _ATTENTION_LAYOUTS = {
-    aten("scaled_dot_product_attention _scaled_dot_product_flash_attention "
-         "_scaled_dot_product_efficient_attention _scaled_dot_product_cudnn_attention "
-         "_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_attention_math "
-         "_scaled_dot_product_fused_attention_overrideable"): AttentionLayout(0, None, False),
-    aten("_scaled_dot_product_flash_attention_backward _scaled_dot_product_efficient_attention_backward "
-         "_scaled_dot_product_cudnn_attention_backward _scaled_dot_product_flash_attention_for_cpu_backward "
-         "_scaled_dot_product_fused_attention_overrideable_backward"): AttentionLayout(1, 0, False),
+    aten(
+        "scaled_dot_product_attention _scaled_dot_product_flash_attention "
+        "_scaled_dot_product_efficient_attention _scaled_dot_product_cudnn_attention "
+        "_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_attention_math "
+        "_scaled_dot_product_fused_attention_overrideable"
+    ): AttentionLayout(0, None, False),
+    aten(
+        "_scaled_dot_product_flash_attention_backward _scaled_dot_product_efficient_attention_backward "
+        "_scaled_dot_product_cudnn_attention_backward _scaled_dot_product_flash_attention_for_cpu_backward "
+        "_scaled_dot_product_fused_attention_overrideable_backward"
+    ): AttentionLayout(1, 0, False),
     aten("_flash_attention_forward"): AttentionLayout(0, None, True, (3, 5)),
     aten("_efficient_attention_forward"): AttentionLayout(0, None, True, (4, 6)),
     aten("_flash_attention_backward _efficient_attention_backward"): AttentionLayout(1, 0, True, (6, 8)),
@@ -81,8 +87,11 @@ def _attention(layout: AttentionLayout, inp: OpInputs) -> Work:
 def _docs(layout: AttentionLayout) -> tuple[str, str]:
     """The table's FLOPs and bytes text for one layout."""
     backward = layout.grad_out is not None
-    flops = ("2·B·Hq·Sq·Sk·(3·D + 2·Dv) (recompute QKᵀ, dP, dV, dQ, dK)" if backward
-             else "2·B·Hq·Sq·Sk·(D + Dv) (QKᵀ and PV)")
+    flops = (
+        "2·B·Hq·Sq·Sk·(3·D + 2·Dv) (recompute QKᵀ, dP, dV, dQ, dK)"
+        if backward
+        else "2·B·Hq·Sq·Sk·(D + Dv) (QKᵀ and PV)"
+    )
     flops += "; GQA counts Hq heads; causal not halved" + ("; tensors [B,S,H,D]" if layout.bshd else "")
     return flops, "all tensor inputs + " + ("dQ + dK + dV" if backward else "out[B,Hq,Sq,Dv]")
 

@@ -5,6 +5,7 @@ message size as nccl-tests reports it ("size"): the full buffer of allreduce/bro
 gathered output of allgather, the scattered input of reducescatter, the send buffer of alltoall.
 `collective_bandwidth` turns a size and a time into nccl-tests' algbw and busbw.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,7 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "sendrecv": lambda n: 1.0,
 }
 KINDS = (*BUS_FACTOR, "barrier", "gather", "scatter")  # every collective kind; the last ones move no message
-_KIND_ALIASES = {"alltoallv": "alltoall", "send": "sendrecv", "recv": "sendrecv",
-                 "recvanysource": "sendrecv"}
+_KIND_ALIASES = {"alltoallv": "alltoall", "send": "sendrecv", "recv": "sendrecv", "recvanysource": "sendrecv"}
 
 
 def normalize_kind(raw: Any) -> str | None:
@@ -61,8 +61,7 @@ def collective_kind(name: str, args: Mapping[str, Any] | None = None) -> str | N
     return _normalize_kind(name)
 
 
-def collective_bandwidth(kind: str, message_bytes: float, seconds: float,
-                         world_size: int) -> tuple[float, float]:
+def collective_bandwidth(kind: str, message_bytes: float, seconds: float, world_size: int) -> tuple[float, float]:
     """(algbw, busbw) in GB/s (1e9 bytes/s) as nccl-tests reports them.
 
     algbw = message bytes / time; busbw = algbw × factor: allreduce 2(n-1)/n, allgather,
@@ -109,9 +108,8 @@ def _collective(kind: str | None, group_size_from: GroupSizeFrom, inp: OpInputs)
     kind = kind or collective_kind("record_param_comms", attrs)
     need(kind is not None)
     dtype = normalize_dtype(attrs.get("dtype")) or inp.compute_dtype()
-    counts = [v for v in (attrs.get(key) for key in ("In msg nelems", "Out msg nelems"))
-              if type(v) is int and v >= 0]
-    if counts:   # record_param_comms: element counts of both buffers
+    counts = [v for v in (attrs.get(key) for key in ("In msg nelems", "Out msg nelems")) if type(v) is int and v >= 0]
+    if counts:  # record_param_comms: element counts of both buffers
         return Work(0, (), read_bytes=max(counts) * DTYPE_SIZE.get(dtype or "", math.nan), dtype=dtype)
     sizes = [(inp.numel(i) or 0) * inp.elem_size(i) for i in range(inp.n) if inp.shapes(i)]
     need(sizes)
@@ -125,21 +123,45 @@ _COLLECTIVES: tuple[tuple[tuple[str, ...], str | None, GroupSizeFrom], ...] = (
     # (ops, kind (None: from the "Collective name" arg), where an allgather's group size is)
     (("record_param_comms",), None, _GROUP_FROM_ATTRS),
     (("c10d::allreduce_", "c10d::allreduce_coalesced_"), "allreduce", None),
-    (("c10d::allgather_", "c10d::_allgather_base_", "c10d::allgather_coalesced_",
-      "c10d::allgather_into_tensor_coalesced_"), "allgather", None),
-    (("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::reduce_scatter_tensor_coalesced_"),
-     "reducescatter", None),
+    (
+        (
+            "c10d::allgather_",
+            "c10d::_allgather_base_",
+            "c10d::allgather_coalesced_",
+            "c10d::allgather_into_tensor_coalesced_",
+        ),
+        "allgather",
+        None,
+    ),
+    (
+        ("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::reduce_scatter_tensor_coalesced_"),
+        "reducescatter",
+        None,
+    ),
     (("c10d::broadcast_",), "broadcast", None),
     (("c10d::reduce_",), "reduce", None),
     (("c10d::alltoall_", "c10d::alltoall_base_"), "alltoall", None),
     (("c10d::send", "c10d::recv_", "c10d::recv_any_source_"), "sendrecv", None),
-    (("_c10d_functional::all_reduce", "_c10d_functional::all_reduce_",
-      "_c10d_functional::all_reduce_coalesced", "_c10d_functional::all_reduce_coalesced_"),
-     "allreduce", None),
-    (("_c10d_functional::all_gather_into_tensor", "_c10d_functional::all_gather_into_tensor_coalesced"),
-     "allgather", 1),
-    (("_c10d_functional::reduce_scatter_tensor", "_c10d_functional::reduce_scatter_tensor_coalesced"),
-     "reducescatter", None),
+    (
+        (
+            "_c10d_functional::all_reduce",
+            "_c10d_functional::all_reduce_",
+            "_c10d_functional::all_reduce_coalesced",
+            "_c10d_functional::all_reduce_coalesced_",
+        ),
+        "allreduce",
+        None,
+    ),
+    (
+        ("_c10d_functional::all_gather_into_tensor", "_c10d_functional::all_gather_into_tensor_coalesced"),
+        "allgather",
+        1,
+    ),
+    (
+        ("_c10d_functional::reduce_scatter_tensor", "_c10d_functional::reduce_scatter_tensor_coalesced"),
+        "reducescatter",
+        None,
+    ),
     (("_c10d_functional::all_to_all_single",), "alltoall", None),
     (("_c10d_functional::broadcast", "_c10d_functional::broadcast_"), "broadcast", None),
 ) + tuple(
@@ -147,16 +169,22 @@ _COLLECTIVES: tuple[tuple[tuple[str, ...], str | None, GroupSizeFrom], ...] = (
     (tuple(f"{backend}:{op}" for backend in ("nccl", "gloo") for op in ops), kind, _GROUP_FROM_ATTRS)
     for ops, kind in (
         (("all_reduce", "all_reduce_coalesced", "allreduce_coalesced"), "allreduce"),
-        (("all_gather", "_all_gather_base", "all_gather_into_tensor_coalesced", "allgather_coalesced"),
-         "allgather"),
+        (("all_gather", "_all_gather_base", "all_gather_into_tensor_coalesced", "allgather_coalesced"), "allgather"),
         (("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced"), "reducescatter"),
         (("broadcast",), "broadcast"),
         (("reduce",), "reduce"),
         (("all_to_all", "alltoall_base", "alltoall"), "alltoall"),
         (("send", "recv"), "sendrecv"),
-    ))
+    )
+)
 for _names, _kind, _group in _COLLECTIVES:
-    register(Formula(_names, "collective", "0",
-                     "message size = nccl-tests size: max tensor argument × dtype size ("
-                     "record_param_comms: max(In, Out msg nelems)); an allgather shard × group size",
-                     partial(_collective, _kind, _group)))
+    register(
+        Formula(
+            _names,
+            "collective",
+            "0",
+            "message size = nccl-tests size: max tensor argument × dtype size ("
+            "record_param_comms: max(In, Out msg nelems)); an allgather shard × group size",
+            partial(_collective, _kind, _group),
+        )
+    )

@@ -3,6 +3,7 @@
 In-place overwrites (``copy_``, ``fill_``, ``zero_``) do not read their destination, so its bytes
 count once, as written.
 """
+
 from __future__ import annotations
 
 from math import prod
@@ -11,8 +12,12 @@ from .inputs import OpInputs, need
 from .registry import Work, aten, formula
 
 
-@formula(*aten("copy_ fill_ zero_"), family="copy", flops="0",
-         bytes="source (if any) read + destination written (the destination is not read)")
+@formula(
+    *aten("copy_ fill_ zero_"),
+    family="copy",
+    flops="0",
+    bytes="source (if any) read + destination written (the destination is not read)",
+)
 def _overwrite(inp: OpInputs) -> Work:
     dst = inp.tensor(0)
     return Work(0, [dst], out_dtype=inp.dtype(0), read_bytes=inp.input_bytes(skip=(0,)))

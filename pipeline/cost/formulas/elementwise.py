@@ -4,6 +4,7 @@ These count approximate work (torch's counter counts none): k FLOPs per output e
 per-op k: 1 for one arithmetic or transcendental function, more for composite ones (silu, gelu,
 the activation backwards). The output is the broadcast of the tensor inputs.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -26,27 +27,47 @@ def elementwise_work(k: int, out_dtype: str | None, inp: OpInputs) -> Work:
 
 _ELEMENTWISE = (
     # (FLOPs per output element, ops with an in-place `_` form, ops without, output dtype)
-    (1, "add sub mul div true_divide floor_divide rsub neg abs sign sgn reciprocal sqrt rsqrt exp exp2 "
+    (
+        1,
+        "add sub mul div true_divide floor_divide rsub neg abs sign sgn reciprocal sqrt rsqrt exp exp2 "
         "expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh sigmoid tanh erf erfc erfinv "
         "relu relu6 leaky_relu hardtanh threshold clamp clamp_min clamp_max floor ceil round trunc frac "
         "pow square fmod remainder atan2 hypot masked_fill nan_to_num bitwise_not bitwise_and "
         "bitwise_or bitwise_xor xlogy",
-     "maximum minimum where fmax fmin threshold_backward hardtanh_backward", None),
-    (2, "silu elu selu celu hardswish hardsigmoid softplus",
-     "native_dropout native_dropout_backward leaky_relu_backward", None),
-    (3, "addcmul addcdiv lerp mish",
-     "sigmoid_backward tanh_backward elu_backward hardswish_backward hardsigmoid_backward "
-     "softplus_backward", None),
+        "maximum minimum where fmax fmin threshold_backward hardtanh_backward",
+        None,
+    ),
+    (
+        2,
+        "silu elu selu celu hardswish hardsigmoid softplus",
+        "native_dropout native_dropout_backward leaky_relu_backward",
+        None,
+    ),
+    (
+        3,
+        "addcmul addcdiv lerp mish",
+        "sigmoid_backward tanh_backward elu_backward hardswish_backward hardsigmoid_backward softplus_backward",
+        None,
+    ),
     (5, "gelu", "silu_backward mish_backward", None),
     (8, "", "gelu_backward", None),
-    (1, "", "eq ne lt le gt ge logical_not logical_and logical_or logical_xor isnan isinf isfinite "
-            "isneginf isposinf", "bool"),
+    (
+        1,
+        "",
+        "eq ne lt le gt ge logical_not logical_and logical_or logical_xor isnan isinf isfinite isneginf isposinf",
+        "bool",
+    ),
 )
 for _k, _inplace, _plain, _out in _ELEMENTWISE:
-    register(Formula(aten(_inplace, inplace=True) + aten(_plain), "elementwise",
-                     f"{_k}·numel(out), out = broadcast of tensor inputs",
-                     "tensor inputs + out" + (f" ({_out})" if _out else ""),
-                     partial(elementwise_work, _k, _out)))
+    register(
+        Formula(
+            aten(_inplace, inplace=True) + aten(_plain),
+            "elementwise",
+            f"{_k}·numel(out), out = broadcast of tensor inputs",
+            "tensor inputs + out" + (f" ({_out})" if _out else ""),
+            partial(elementwise_work, _k, _out),
+        )
+    )
 
 
 def _foreach(k: int, inp: OpInputs) -> Work:
@@ -58,11 +79,16 @@ def _foreach(k: int, inp: OpInputs) -> Work:
 
 _FOREACH = (
     # (FLOPs per element, ops: each registered as aten::_foreach_<op> and its in-place form)
-    (1, "add sub mul div neg abs sqrt rsqrt exp log reciprocal sigmoid maximum minimum "
-        "clamp_min clamp_max sign"),
+    (1, "add sub mul div neg abs sqrt rsqrt exp log reciprocal sigmoid maximum minimum clamp_min clamp_max sign"),
     (3, "addcmul addcdiv lerp"),
 )
 for _k, _ops in _FOREACH:
-    register(Formula(aten(" ".join(f"_foreach_{n}" for n in _ops.split()), inplace=True),
-                     "elementwise", f"{_k}·total numel of the first TensorList",
-                     "all tensors + the first list's shapes written", partial(_foreach, _k)))
+    register(
+        Formula(
+            aten(" ".join(f"_foreach_{n}" for n in _ops.split()), inplace=True),
+            "elementwise",
+            f"{_k}·total numel of the first TensorList",
+            "all tensors + the first list's shapes written",
+            partial(_foreach, _k),
+        )
+    )

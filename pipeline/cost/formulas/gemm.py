@@ -4,6 +4,7 @@ FLOPs are exactly those of ``torch.utils.flop_counter`` (tests/test_formulas_ora
 2·M·N·K per matrix product, bias adds not counted. One difference: ``aten::dot``, ``aten::mv`` (and
 matmul with a 1-D right operand, which runs as mv/dot) count 2·M·K, where torch has no formula (0).
 """
+
 from __future__ import annotations
 
 from math import prod
@@ -36,8 +37,7 @@ def _mm(inp: OpInputs) -> Work:
     return matmul_work(inp.tensor(0, 2), inp.tensor(1, 2))
 
 
-@formula("aten::addmm", family="gemm", flops="2·M·N·K (bias add not counted)",
-         bytes="bias + A + B + out[M,N]")
+@formula("aten::addmm", family="gemm", flops="2·M·N·K (bias add not counted)", bytes="bias + A + B + out[M,N]")
 def _addmm(inp: OpInputs) -> Work:
     work = matmul_work(inp.tensor(1, 2), inp.tensor(2, 2))
     need(broadcast(inp.tensor(0), work.outputs[0]) == work.outputs[0])
@@ -49,8 +49,7 @@ def _bmm(inp: OpInputs) -> Work:
     return _batched_matmul(inp, 0)
 
 
-@formula("aten::baddbmm", family="gemm", flops="2·B·M·N·K (bias add not counted)",
-         bytes="bias + A + B + out[B,M,N]")
+@formula("aten::baddbmm", family="gemm", flops="2·B·M·N·K (bias add not counted)", bytes="bias + A + B + out[B,M,N]")
 def _baddbmm(inp: OpInputs) -> Work:
     return _batched_matmul(inp, 1)
 
@@ -62,15 +61,17 @@ def _addbmm(inp: OpInputs) -> Work:
     return Work(work.flops, [(m, n)])
 
 
-@formula("aten::matmul", family="gemm",
-         flops="2·batch·M·N·K, batch dims broadcast; a 1-D operand counts M=1 or N=1",
-         bytes="A + B + out")
+@formula(
+    "aten::matmul",
+    family="gemm",
+    flops="2·batch·M·N·K, batch dims broadcast; a 1-D operand counts M=1 or N=1",
+    bytes="A + B + out",
+)
 def _matmul(inp: OpInputs) -> Work:
     return matmul_work(inp.tensor(0), inp.tensor(1))
 
 
-@formula("aten::mv", "aten::dot", "aten::vdot", family="gemm", flops="2·M·K (dot: 2·K)",
-         bytes="A + x + out")
+@formula("aten::mv", "aten::dot", "aten::vdot", family="gemm", flops="2·M·K (dot: 2·K)", bytes="A + x + out")
 def _mv(inp: OpInputs) -> Work:
     return matmul_work(inp.tensor(0, (1, 2)), inp.tensor(1, 1))
 
@@ -80,16 +81,24 @@ def _addmv(inp: OpInputs) -> Work:
     return matmul_work(inp.tensor(1, 2), inp.tensor(2, 1))
 
 
-@formula("aten::linear", family="gemm", flops="2·prod(input[:-1])·N·K (weight [N,K])",
-         bytes="input + weight + bias + out[...,N]")
+@formula(
+    "aten::linear",
+    family="gemm",
+    flops="2·prod(input[:-1])·N·K (weight [N,K])",
+    bytes="input + weight + bias + out[...,N]",
+)
 def _linear(inp: OpInputs) -> Work:
     x, w = inp.tensor(0), inp.tensor(1, 2)
     need(len(x) >= 1 and x[-1] == w[1])
     return Work(2 * prod(x[:-1]) * w[0] * w[1], [x[:-1] + (w[0],)])
 
 
-@formula("aten::_scaled_mm", family="gemm", flops="2·M·N·K (fp8 inputs)",
-         bytes="A + B + scales + bias + out[M,N] (out_dtype)")
+@formula(
+    "aten::_scaled_mm",
+    family="gemm",
+    flops="2·M·N·K (fp8 inputs)",
+    bytes="A + B + scales + bias + out[M,N] (out_dtype)",
+)
 def _scaled_mm(inp: OpInputs) -> Work:
     work = matmul_work(inp.tensor(0, 2), inp.tensor(1, 2))
     return work._replace(out_dtype=inp.dtype_arg(6) or inp.dtype(0))

@@ -8,6 +8,7 @@ missing (old traces have only dims and types); a list whose length differs from 
 ignored. Formulas read inputs through the strict accessors (`OpInputs.tensor`, `int_arg`...), which
 raise `Insufficient` when a value is missing or impossible: the op then gets no cost.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,21 @@ Shape = tuple[int, ...]
 T = TypeVar("T")
 
 # "Input type" values of inputs that are not tensors (compared lower case).
-_NON_TENSOR_TYPES = frozenset({"", "scalar", "scalarlist", "tensorlist", "genericlist", "none",
-                               "string", "device", "layout", "memoryformat", "scalartype"})
+_NON_TENSOR_TYPES = frozenset(
+    {
+        "",
+        "scalar",
+        "scalarlist",
+        "tensorlist",
+        "genericlist",
+        "none",
+        "string",
+        "device",
+        "layout",
+        "memoryformat",
+        "scalartype",
+    }
+)
 _LIST_TYPES = frozenset({"tensorlist", "genericlist"})
 
 
@@ -58,6 +72,7 @@ def broadcast(*shapes: Shape) -> Shape:
 
 # ------------------------------------------------------------------------------ Input Dims entries
 
+
 class _Nested(tuple[Any, ...]):
     """The dims of a TensorList input: a tuple of shapes (or of further _Nested)."""
 
@@ -85,8 +100,7 @@ def _stored_numel(shape: Shape, strides: Any) -> int:
     """Elements a read touches: numel, except that a stride-0 (expanded) dim is read once."""
     if 0 in shape:
         return 0
-    if (isinstance(strides, (list, tuple)) and len(strides) == len(shape)
-            and all(type(s) is int for s in strides)):
+    if isinstance(strides, (list, tuple)) and len(strides) == len(shape) and all(type(s) is int for s in strides):
         return prod(d for d, s in zip(shape, strides, strict=True) if s != 0)
     return prod(shape)
 
@@ -97,13 +111,15 @@ def _as_list(v: Any) -> list[Any] | None:
 
 # ------------------------------------------------------------------------------------- OpInputs
 
+
 @dataclass(frozen=True)
 class OpInputs:
     """The inputs of one op call, as Kineto recorded them (index i = the op's i-th argument)."""
-    dims: tuple[Dims, ...] = ()   # per input: a shape tuple, a _Nested (TensorList) or None
-    types: tuple[str, ...] = ()   # per input: the "Input type" string; () when not recorded
-    strides: tuple[Any, ...] = ()     # per input, nested like dims; () when not recorded
-    concretes: tuple[Any, ...] = ()   # per input: the "Concrete Inputs" text; () when not recorded
+
+    dims: tuple[Dims, ...] = ()  # per input: a shape tuple, a _Nested (TensorList) or None
+    types: tuple[str, ...] = ()  # per input: the "Input type" string; () when not recorded
+    strides: tuple[Any, ...] = ()  # per input, nested like dims; () when not recorded
+    concretes: tuple[Any, ...] = ()  # per input: the "Concrete Inputs" text; () when not recorded
     dtype_fallback: str | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict)  # the event's other args (collectives)
 
@@ -118,9 +134,14 @@ class OpInputs:
             return tuple(v) if v is not None and len(v) == n else ()
 
         types = tuple(t if isinstance(t, str) else "" for t in aligned("Input type"))
-        return cls(dims=tuple(_parse_dims(d) for d in raw_dims), types=types,
-                   strides=aligned("Input Strides"), concretes=aligned("Concrete Inputs"),
-                   dtype_fallback=normalize_dtype(dtype_fallback), attrs=args)
+        return cls(
+            dims=tuple(_parse_dims(d) for d in raw_dims),
+            types=types,
+            strides=aligned("Input Strides"),
+            concretes=aligned("Concrete Inputs"),
+            dtype_fallback=normalize_dtype(dtype_fallback),
+            attrs=args,
+        )
 
     @property
     def n(self) -> int:

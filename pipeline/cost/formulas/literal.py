@@ -4,6 +4,7 @@ Kineto prints non-tensor arguments as text (``"[1, 1]"``, ``"False"``, ``"0."``,
 are untrusted input, so this is a tiny literal parser (ints, floats, bools, None, bare words, nested
 lists), bounded in length and depth: never ``eval``.
 """
+
 from __future__ import annotations
 
 import re

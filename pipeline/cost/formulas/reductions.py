@@ -4,6 +4,7 @@ These count approximate work (torch's counter counts none): k FLOPs per input el
 dims come from the op's dim argument; without one (or in the overload that has none) the reduction
 is full, to a scalar.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -38,14 +39,23 @@ _REDUCTIONS = (
     (2, "norm linalg_vector_norm", 2, None),
 )
 for _k, _ops, _dim, _out in _REDUCTIONS:
-    register(Formula(aten(_ops), "reduction", f"{_k}·numel(input)",
-                     "input + out (dims from the dim argument; when unknown, a full reduction)"
-                     + (f" ({_out})" if _out else ""), partial(_reduction, _k, _dim, _out)))
+    register(
+        Formula(
+            aten(_ops),
+            "reduction",
+            f"{_k}·numel(input)",
+            "input + out (dims from the dim argument; when unknown, a full reduction)" + (f" ({_out})" if _out else ""),
+            partial(_reduction, _k, _dim, _out),
+        )
+    )
 
 
-@formula(*aten("max min"), family="reduction",
-         flops="numel(input) (with a tensor `other`: elementwise, numel(out))",
-         bytes="input + out (values only)")
+@formula(
+    *aten("max min"),
+    family="reduction",
+    flops="numel(input) (with a tensor `other`: elementwise, numel(out))",
+    bytes="input + out (values only)",
+)
 def _max_min(inp: OpInputs) -> Work:
     """A reduction, or elementwise max/min of two tensors (the `other` overload)."""
     if inp.shape(1) is not None:

@@ -23,6 +23,7 @@ family module states its own conventions; these hold for all:
 * A formula that lacks what it needs (or sees shapes that cannot come from a real call) gives
   None; `op_cost` never raises.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,6 +38,7 @@ from .inputs import OpInputs, Shape
 
 class Cost(NamedTuple):
     """What one op costs: FLOPs, bytes moved (minimum traffic), compute dtype, family."""
+
     flops: float
     bytes: float
     dtype: str
@@ -45,12 +47,13 @@ class Cost(NamedTuple):
 
 class Work(NamedTuple):
     """What a formula function returns; `Formula` turns it into a `Cost`."""
+
     flops: float
-    outputs: Sequence[Shape] = ()     # output shapes (their numel × out dtype size is written)
-    out_dtype: str | None = None      # default: the compute dtype
-    read_bytes: float | None = None   # default: OpInputs.input_bytes()
-    dtype: str | None = None          # compute dtype override (default: OpInputs.compute_dtype())
-    family: str | None = None         # family override (default: the Formula's)
+    outputs: Sequence[Shape] = ()  # output shapes (their numel × out dtype size is written)
+    out_dtype: str | None = None  # default: the compute dtype
+    read_bytes: float | None = None  # default: OpInputs.input_bytes()
+    dtype: str | None = None  # compute dtype override (default: OpInputs.compute_dtype())
+    family: str | None = None  # family override (default: the Formula's)
 
 
 FormulaFn = Callable[[OpInputs], Work | None]
@@ -61,6 +64,7 @@ _ERRORS = (ArithmeticError, LookupError, TypeError, ValueError, RecursionError)
 @dataclass(frozen=True)
 class Formula:
     """One row of the table: op names, family, documented formulas, and the function."""
+
     names: tuple[str, ...]
     family: str
     flops: str
@@ -99,12 +103,13 @@ def register(f: Formula) -> Formula:
     return f
 
 
-def formula(*names: str, family: str, flops: str,
-            bytes: str = "inputs + output") -> Callable[[FormulaFn], FormulaFn]:
+def formula(*names: str, family: str, flops: str, bytes: str = "inputs + output") -> Callable[[FormulaFn], FormulaFn]:
     """Decorator: register `fn(inp) -> Work | None` under `names`."""
+
     def deco(fn: FormulaFn) -> FormulaFn:
         register(Formula(tuple(names), family, flops, bytes, fn))
         return fn
+
     return deco
 
 
@@ -154,5 +159,6 @@ def _cell(text: str) -> str:
 def _op_list(names: list[str]) -> str:
     """`aten::add(_)` stands for aten::add and aten::add_."""
     present = set(names)
-    return ", ".join(f"`{n}(_)`" if n + "_" in present else f"`{n}`" for n in names
-                     if not (n.endswith("_") and n[:-1] in present))
+    return ", ".join(
+        f"`{n}(_)`" if n + "_" in present else f"`{n}`" for n in names if not (n.endswith("_") and n[:-1] in present)
+    )
