@@ -212,6 +212,14 @@ def bench_runs(work: Path, world: int = 256, collectives: int = 10_000, jobs: in
     )
 
 
+def bench_sections(flat_dir: Path, work: Path, measure) -> str:
+    """Each analysis section alone on a flattened trace (bench/bench_sections.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_sections import bench_sections as run
+
+    return run(flat_dir, work, measure)
+
+
 def markdown(rows: list[dict]) -> str:
     cols = [
         ("file", "{}"),
@@ -251,11 +259,15 @@ def main():
     ap.add_argument("--batch-only", action="store_true", help="only measure batch throughput")
     ap.add_argument("--runs-only", action="store_true", help="only measure whole runs (batch + ranks of 256 ranks)")
     ap.add_argument("--world", type=int, default=256, help="ranks of the synthetic run")
+    ap.add_argument("--sections-only", type=Path, help="only time each analysis section on this flattened trace")
     a = ap.parse_args()
     if a.sectioned and not a.template:
         ap.error("--sectioned lays out the copies of a real trace: give --template")
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
+    if a.sections_only:
+        print(bench_sections(a.sections_only, work, measure))
+        return
     if a.batch_only:
         print(bench_batch(work))
         return
@@ -270,6 +282,8 @@ def main():
             (write_replicated(a.template, path, mb, a.sectioned) if a.template else write_demo(path, mb))
         rows.append(bench_file(path, work))
         print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr)
+        if i == 0:
+            sections = bench_sections(next((work / "flat").iterdir()), work, measure)
         if a.gz and i == 0:
             gz = path.with_suffix(".json.gz")
             if not gz.exists():
@@ -288,6 +302,7 @@ def main():
         gz = [r for r in rows if r["file"].endswith(".gz")]
         if gz:
             print(f"gzip: {gz[0]['flatten_s'] / rows[0]['flatten_s']:.2f}x the uncompressed time")
+    print(sections)
     print(bench_batch(work))
     print(bench_runs(work, a.world))
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -22,6 +23,29 @@ from pipeline.errors import DatasetError, output_error
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=1, write_statistics=True)
 ROW_GROUP_ROWS = 1 << 20
 BUFFER_ROWS = 1 << 16  # rows gathered before a write: fewer, larger row groups encode faster
+
+
+def frame_from_arrow(data: pa.Table | pa.RecordBatch) -> pl.DataFrame:
+    """`pl.from_arrow` of an Arrow table or record batch: a DataFrame (polars types its result
+    DataFrame | Series, having no types of pyarrow's to overload on)."""
+    frame = pl.from_arrow(data)
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def scalar_int(value: object) -> int:
+    """An integer scalar from polars (`Series.min()`, `.max()`, `.item()`), which types it as any
+    Python value: int64 ns times, depths, counts, never null here."""
+    if not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def series_from_arrow(data: pa.Array | pa.ChunkedArray) -> pl.Series:
+    """`pl.from_arrow` of an Arrow array: a Series (see `frame_from_arrow`)."""
+    series = pl.from_arrow(data)
+    assert isinstance(series, pl.Series)
+    return series
 
 
 def _dictionary_columns(name: str, stages) -> list[str]:
@@ -71,7 +95,13 @@ class TableWriter:
 
 
 T = TypeVar("T")
-_END = object()
+
+
+class _End(enum.Enum):
+    END = enum.auto()  # what `next` gives for no more items (an enum member: mypy narrows on it)
+
+
+_END = _End.END
 
 
 def one_ahead(items: Iterator[T]) -> Iterator[T]:
@@ -131,8 +161,8 @@ def _extended(
     repeated = [c for c in _dictionary_columns(name, schema.ALL_STAGES) if c in columns]
     # threads hold more memory than they save time
     for batch in read_batches(source, batch_rows, columns, read_dictionary=repeated, use_threads=False):
-        extra = extend(pl.from_arrow(_plain(batch.select(inputs))))
-        if not extra[key].equals(pl.from_arrow(batch.column(key))):
+        extra = extend(frame_from_arrow(_plain(batch.select(inputs))))
+        if not extra[key].equals(series_from_arrow(batch.column(key))):
             raise ValueError(f"{source}: rows do not line up with the {key} of the columns to add")
         replaced = [c for c in extra.columns if c in batch.schema.names and c != key]
         tbl = batch.drop_columns(replaced)
@@ -142,7 +172,7 @@ def _extended(
 
 
 def read_batches(
-    path: Path, rows: int, columns: list[str], read_dictionary: list[str] = (), use_threads: bool = True
+    path: Path, rows: int, columns: list[str], read_dictionary: Sequence[str] = (), use_threads: bool = True
 ) -> Iterator[pa.Table]:
     """The `columns` of a Parquet file (those it has), `rows` rows at a time (the last fewer; none
     when the file has no rows); `read_dictionary` columns as dictionaries (the reader ends its
@@ -175,7 +205,7 @@ def sort_by_key(path: Path, name: str, key: str = "event_idx"):
     another writer would need the rewrite, which holds the table in memory."""
     ordered, last = True, None
     for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS, columns=[key]):
-        keys = pl.from_arrow(batch.column(0))
+        keys = series_from_arrow(batch.column(0))
         if not keys.is_empty():
             ordered = ordered and keys.is_sorted() and (last is None or keys[0] >= last)
             last = keys[-1]
@@ -248,7 +278,7 @@ class SpillReader:
     def __init__(self, path: Path):
         self._source = pa.OSFile(str(path), "rb")
         reader = pa.ipc.open_stream(self._source)
-        self._held: pl.DataFrame = pl.from_arrow(reader.schema.empty_table())
+        self._held = frame_from_arrow(reader.schema.empty_table())
         self._batches = iter(reader)
 
     def take(self, n: int) -> pl.DataFrame:
@@ -259,7 +289,7 @@ class SpillReader:
                 batch = next(self._batches, None)
                 if batch is None:
                     break
-                self._held = pl.from_arrow(batch)
+                self._held = frame_from_arrow(batch)
             part = self._held.head(n - have)
             self._held = self._held.slice(part.height)
             parts.append(part)
@@ -337,7 +367,7 @@ def atomic_file(final: Path):
 
 
 @contextmanager
-def output_of(target: Path, made: Path | None = None):
+def output_of(target: str | Path, made: Path | None = None):
     """Within: an OSError (a full disk, a permission) is an OutputError naming `target`, and the
     directory `made` is removed again if this block created it and left it empty."""
     made = None if made is None or Path(made).exists() else Path(made)

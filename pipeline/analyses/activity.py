@@ -72,12 +72,12 @@ COLLECTIVE = pl.col("category") == "communication"
 RUN_SETS: dict[str, tuple[list[str], pl.Expr]] = {  # unions of activity: (key columns, which rows)
     "device": (["device"], pl.lit(True)),
     "stream": (["device", "stream"], pl.lit(True)),
+    "kernel": (["device"], KERNEL),  # kernels only (busy's kernel_busy_pct; communication)
     # for `communication`, on the devices with collective kernels only
-    "kernel": (["device"], KERNEL),
     "comm": (["device"], KERNEL & COLLECTIVE),
     "compute": (["device"], KERNEL & ~COLLECTIVE),
 }
-COLLECTIVE_SETS = ("kernel", "comm", "compute")
+COLLECTIVE_SETS = ("comm", "compute")
 LAUNCH_QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -301,5 +301,5 @@ def gpu_sweep(f: Flat) -> Activity:
     keys = with_category(keys, memo=memo)
     tally = ActivityTally(keys.filter(KERNEL & COLLECTIVE)["device"].unique())
     for window in time_windows(path, pl.lit(True), max(1, sweep.PER_WINDOW // 2)):  # beside the CPU sweep's
-        tally.add_gpu(activity_rows(read(path, within(window), columns), memo))
+        tally.add_gpu(activity_rows(read(path, within(window) & f.time_filter(), columns), memo))
     return tally.result()

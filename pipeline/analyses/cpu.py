@@ -96,13 +96,14 @@ class Launches:
     def __init__(self, f: Flat):
         self.gpu, self.events = f.gpu_ops_file, f.path / "events.parquet"
         self.prefix = ThreadPrefix(["pid", "tid"], self.VALUES)
+        self.in_window = f.time_filter()  # GPU ops outside the analysis window are not counted
 
     def enter(self, window):
         """The launches in the window: (pid, tid) of the launch call, its start, the GPU op's duration."""
         launched = pl.col("launch_event_idx").is_not_null() & pl.col("ts_ns").is_not_null()
         g = read(
             self.gpu,
-            launched & within(window, "launch_ts_ns"),
+            launched & within(window, "launch_ts_ns") & self.in_window,
             ["launch_event_idx", "launch_ts_ns", pl.col("dur_ns").fill_null(0)],
         )
         threads = read_among(
@@ -232,8 +233,10 @@ class CpuTally:
         )
         first, last, n = self.span
         if ops.height:
-            first = min(v for v in (first, ops["ts_ns"].min()) if v is not None)
-            last = max(v for v in (last, ops["end_ns"].max()) if v is not None)
+            start, end = ops["ts_ns"].min(), ops["end_ns"].max()
+            assert isinstance(start, int | None) and isinstance(end, int | None)  # int64 ns, null if all are
+            first = min(v for v in (first, start) if v is not None)
+            last = max(v for v in (last, end) if v is not None)
         self.span = (first, last, n + ops.height)
         if self.activity is not None:
             self.activity.add_intervals(_cpu_activity(ops.filter(~IS_STEP), self.memo))
@@ -326,7 +329,7 @@ def cpu_sweep(f: Flat, group_by: str | None, stack_n: int, frames: bool, activit
     read window by window in time: parents and self times among ops (and among frames), the GPU
     time they launched, their keys for an op grouping."""
     events = f.path / "events.parquet"
-    where = is_slice(FRAME_CAT if frames else OP_CAT)
+    where = is_slice(FRAME_CAT if frames else OP_CAT) & f.time_filter()
     nests = (Nest("op", IS_OP if frames else None), *((Nest("frame"),) if frames else ()))
     launches = Launches(f) if f.has_gpu else None
 

@@ -8,6 +8,7 @@ directory).
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import weakref
@@ -23,9 +24,10 @@ from pipeline import schema, store
 from pipeline.analyses.activity import CPU_DEVICE, KERNEL, Activity, activity_rows, gpu_columns, gpu_sweep
 from pipeline.analyses.cpu import CpuOps, cpu_sweep
 from pipeline.analyses.sweep import read
+from pipeline.analyses.window import Intervals, Window, inside
 from pipeline.cost.categories import CategoryMemo
 from pipeline.cost.devices import one_model
-from pipeline.errors import BadTrace, DatasetError
+from pipeline.errors import BadTrace, DatasetError, UsageError
 from pipeline.link import links as link
 
 
@@ -33,9 +35,10 @@ class Flat:
     """A flattened trace opened for reports: what they are computed from is read once and shared
     by every report function (`activity`, `cpu`), a few small tables; nothing holds the trace."""
 
-    def __init__(self, path: str | Path, flatten_result=None):
+    def __init__(self, path: str | Path, flatten_result=None, window: Window | None = None):
         self.path = Path(path)
         self.flatten_result = flatten_result  # set when `opened` flattened a trace file for us
+        self.window = window if window is not None and not window.empty else None
         if not store.is_flat_dir(self.path):
             raise DatasetError(f"{self.path}: not a flattened trace (run `tracepipe flatten` first)")
         self._cpu: dict[tuple, CpuOps] = {}
@@ -44,8 +47,34 @@ class Flat:
         return store.scan(self.path, table)
 
     @cached_property
+    def intervals(self) -> Intervals | None:
+        """The window's time intervals (`pipeline.analyses.window`), None for the whole trace."""
+        return None if self.window is None else self.window.intervals(self.path / "events.parquet")
+
+    @cached_property
+    def has_memory(self) -> bool:
+        """Whether the trace holds the profiler's `[memory]` events (profile_memory=True)."""
+        events = pl.scan_parquet(self.path / "events.parquet").filter(pl.col("name") == "[memory]")
+        return events.select(pl.len()).collect(engine="streaming").item() > 0
+
+    def time_filter(self, column: str = "ts_ns") -> pl.Expr:
+        """The rows an analysis sees: those whose `column` (their start) lies in the window."""
+        return inside(self.intervals, column)
+
+    @cached_property
     def stem(self) -> str:
         return self.scan("trace").select("stem").collect().item() or self.path.name
+
+    @cached_property
+    def origin(self) -> dict:
+        """Where the trace was read from, for documents: {"dataset", "trace_id"} for a trace of a
+        batch dataset, {"flat_dir"} for a flattened trace, {} for a trace file."""
+        from pipeline.dataset.pick import ORIGIN
+
+        if self.flatten_result is not None:
+            return {}
+        copied = self.path / ORIGIN
+        return json.loads(copied.read_text()) if copied.is_file() else {"flat_dir": str(self.path)}
 
     @cached_property
     def source(self) -> str | None:
@@ -174,22 +203,39 @@ class Flat:
 
 
 def as_flat(flat) -> Flat:
-    return flat if isinstance(flat, Flat) else Flat(flat)
+    """A Flat for what every report function takes: a Flat, a flattened-trace directory, or what
+    `opened` opens (a trace file, the one trace of a folder or dataset), whose temporary files go
+    when the Flat does (for several reports of a trace file, open it once with `opened`)."""
+    if isinstance(flat, Flat):
+        return flat
+    if store.is_flat_dir(flat):
+        return Flat(flat)
+    ctx = opened(flat)
+    f = ctx.__enter__()
+    weakref.finalize(f, ctx.__exit__, None, None, None)
+    return f
 
 
 @contextmanager
-def opened(path: str | Path, **flatten_options) -> Iterator[Flat]:
-    """A Flat for a flattened directory (or a directory holding exactly one), or for a trace
-    file flattened into a temporary directory that is removed afterwards."""
+def opened(
+    path: str | Path, window: Window | None = None, trace: str | None = None, **flatten_options
+) -> Iterator[Flat]:
+    """A Flat for a trace file (flattened into a temporary directory removed afterwards), a
+    flattened-trace directory, or the trace `trace` names (trace_id, stem or part of its path) in
+    a folder of flattened traces or a batch dataset (see `pipeline.dataset.pick`)."""
     path = Path(path)
     if path.is_dir():
-        subs = [d for d in sorted(path.iterdir()) if store.is_flat_dir(d)]
-        yield Flat(path if store.is_flat_dir(path) or len(subs) != 1 else subs[0])
+        from pipeline.dataset.pick import one_trace
+
+        with one_trace(path, trace) as d:
+            yield Flat(d, window=window)
         return
     if not path.is_file():
         raise BadTrace(f"{path}: no such trace file or flattened directory")
+    if trace is not None:
+        raise UsageError(f"--trace picks a trace from a dataset or a folder of flattened traces, and {path} is a file")
     from pipeline.flatten import flatten
 
     with tempfile.TemporaryDirectory(prefix="tracepipe-report-") as tmp:
         r = flatten(path, tmp, **flatten_options)
-        yield Flat(r.out_dir, flatten_result=r)
+        yield Flat(r.out_dir, flatten_result=r, window=window)

@@ -18,11 +18,19 @@ from pipeline.analyses.busy import busy
 from pipeline.analyses.categories import categories
 from pipeline.analyses.communication import communication
 from pipeline.analyses.compiled import compile_view, compiled_regions
-from pipeline.analyses.cpu import check_grouping
+from pipeline.analyses.cpu import GROUPINGS, check_grouping
+from pipeline.analyses.critical_path import critical_path_frame, critical_path_views
 from pipeline.analyses.flat import Flat, as_flat
+from pipeline.analyses.idle import KERNEL_WAIT_US, idle
 from pipeline.analyses.kernels import kernel_table, transfer_table
 from pipeline.analyses.launch import launch_overhead
+from pipeline.analyses.memory import memory, memory_by_op, with_memory_columns
 from pipeline.analyses.ops import op_table
+from pipeline.analyses.queue import QUEUE_FULL, queue
+from pipeline.analyses.sequences import SEQ_LEN, sequences
+from pipeline.render.tables import records
+
+GROUP_COLUMNS = tuple(c for columns in GROUPINGS.values() for c in columns)  # an op grouping's key columns
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,9 @@ class Options:
 
     group_by: str | None = None  # ops: also group by input-shape, stack or overload
     sort: str | None = None  # ops: the column to sort by
+    kernel_wait_us: float = KERNEL_WAIT_US  # idle: a shorter gap between activities is kernel wait
+    queue_full: int = QUEUE_FULL  # queue: the depth at which the launching thread blocks
+    seq_len: int = SEQ_LEN  # sequences: kernels per sequence
 
 
 Placement = Literal["devices", "device", "top"]
@@ -49,6 +60,18 @@ class Section:
     columns: tuple[str, ...] | None = None  # what table / md show (None: all); JSON and CSV keep every column
     top_per_device: bool = False  # table / md: --top rows per device, not of the whole section
     top_in_json: bool = False  # a TOP_LEVEL list that --top cuts in JSON too (IN_DEVICE lists are, per device)
+    sweeps: bool = True  # made from the shared GPU and CPU sweeps (`Flat.sweep_both`), else reads on its own
+    json_value: Callable[[pl.DataFrame], object] | None = None  # its JSON value (default: a list of rows)
+    json_key: str | None = None  # its key in the JSON document (default: its name)
+    views: Callable[[pl.DataFrame], dict[str, pl.DataFrame]] | None = None  # its tables (default: itself)
+
+    def tables(self, df: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        """What table, md, csv and xlsx show of the section: named tables (default: its rows)."""
+        return self.views(df) if self.views else {self.name: df}
+
+    @property
+    def key(self) -> str:
+        return self.json_key or self.name
 
 
 REGISTRY: tuple[Section, ...] = (
@@ -58,7 +81,17 @@ REGISTRY: tuple[Section, ...] = (
         "Devices: busy time (union of kernels, memcpy, memset over the span)",
         "busy and idle time per device",
         json=DEVICES,
-        columns=("device", "name", "busy_pct", "span_us", "busy_us", "idle_us", "gaps", "largest_gap_us"),
+        columns=(
+            "device",
+            "name",
+            "busy_pct",
+            "kernel_busy_pct",
+            "span_us",
+            "busy_us",
+            "idle_us",
+            "gaps",
+            "largest_gap_us",
+        ),
     ),
     Section(
         "kernels",
@@ -67,20 +100,21 @@ REGISTRY: tuple[Section, ...] = (
         "time, FLOPs and roofline per kernel name",
         json=IN_DEVICE,
         top_per_device=True,
-        columns=(
+        columns=(  # by importance: a narrow terminal leaves out the last ones
             "device",
             "name",
-            "category",
+            "cpu_op",
             "count",
             "dur_us",
             "pct",
             "mean_us",
-            "flops",
-            "achieved_tflops",
-            "achieved_gbps",
             "achieved_flops_pct",
             "achieved_bw_pct",
             "roofline_bound",
+            "category",
+            "flops",
+            "achieved_tflops",
+            "achieved_gbps",
         ),
     ),
     Section(
@@ -112,10 +146,26 @@ REGISTRY: tuple[Section, ...] = (
     ),
     Section(
         "ops",
-        lambda f, o: op_table(f, group_by=o.group_by, sort=o.sort),
+        lambda f, o: with_memory_columns(op_table(f, group_by=o.group_by, sort=o.sort), f),
         "CPU ops (key_averages)",
         "CPU ops like key_averages()",
         top_in_json=True,
+        columns=(  # by importance; a grouping's column (input_shape, stack, overload) follows the name
+            "name",
+            *GROUP_COLUMNS,
+            "calls",
+            "self_device_us",
+            "self_device_pct",
+            "self_cpu_us",
+            "self_cpu_pct",
+            "cpu_total_us",
+            "device_total_us",
+            "cpu_avg_us",
+            "kernels",
+            "flops",
+            "self_cpu_memory_bytes",
+            "self_device_memory_bytes",
+        ),
     ),
     Section("launch", lambda f, o: launch_overhead(f), "Launch overhead", "launch durations and delays per device"),
     Section(
@@ -128,18 +178,81 @@ REGISTRY: tuple[Section, ...] = (
         "Communication vs compute overlap",
         "collectives and their overlap with compute",
     ),
+    Section(
+        "idle",
+        lambda f, o: idle(f, o.kernel_wait_us),
+        "Idle time per stream: host wait (CPU late), kernel wait (short gaps), other",
+        "why each stream was idle, gap by gap (HTA's breakdown)",
+        sweeps=False,
+    ),
+    Section(
+        "queue",
+        lambda f, o: queue(f, o.queue_full),
+        "Launch queue per stream",
+        "launched activities waiting to start: max, mean, time blocked",
+        sweeps=False,
+    ),
+    Section(
+        "memory",
+        lambda f, o: memory(f),
+        "Memory: peak allocated and reserved per device, the op running at the peak",
+        "the allocator's peaks from [memory] events",
+        sweeps=False,
+    ),
+    Section(
+        "allocations",
+        lambda f, o: memory_by_op(f),
+        "Memory allocated per op (self)",
+        "the ops whose own [memory] events allocate most",
+        top_in_json=True,
+        sweeps=False,
+    ),
+    Section(
+        "sequences",
+        lambda f, o: sequences(f, o.seq_len),
+        "Most frequent kernel sequences (fusion candidates)",
+        "runs of N consecutive kernels that repeat most",
+        top_per_device=True,
+        top_in_json=True,
+        sweeps=False,
+        columns=("device", "count", "dur_us", "mean_gap_us", "kernels", "launched_by"),
+    ),
+    Section(
+        "critical-path",
+        lambda f, o: critical_path_frame(f),
+        "Critical path: the chain of work that bounded the trace's end",
+        "its length and what it spent its time on (cpu, launch, kernel, memcpy, sync, waiting)",
+        sweeps=False,
+        json_key="critical_path",
+        json_value=lambda df: records(df)[0] if df.height else None,
+        views=critical_path_views,
+    ),
 )
 SECTIONS = tuple(s.name for s in REGISTRY)
 BY_NAME = {s.name: s for s in REGISTRY}
 
 
-def analyze(flat, group_by: str | None = None, sort: str | None = None) -> dict[str, pl.DataFrame]:
-    """Every report of one trace, by section name (see `SECTIONS`)."""
+def analyze(
+    flat,
+    group_by: str | None = None,
+    sort: str | None = None,
+    only: list[str] | None = None,
+    options: Options | None = None,
+) -> dict[str, pl.DataFrame]:
+    """The reports of one trace by section name (`only` these, default every one of `SECTIONS`)."""
     f = as_flat(flat)
     check_grouping(group_by)
-    f.sweep_both(group_by)  # the CPU sweep also serves the compile view, and a CPU-only trace's device tables
-    options = Options(group_by=group_by, sort=sort)
-    return {s.name: s.compute(f, options) for s in REGISTRY}
+    chosen = [s for s in REGISTRY if not only or s.name in only or (s.json == DEVICES and _nested(only))]
+    if any(s.sweeps for s in chosen):
+        f.sweep_both(group_by)  # the CPU sweep also serves the compile view, and a CPU-only trace's device tables
+    options = options or Options()
+    options = Options(**{**options.__dict__, "group_by": group_by, "sort": sort})
+    return {s.name: s.compute(f, options) for s in chosen}
+
+
+def _nested(only: list[str]) -> bool:
+    """Whether a section nested in the devices' objects is asked for (the device list comes too)."""
+    return any(BY_NAME[n].json == IN_DEVICE for n in only if n in BY_NAME)
 
 
 def section_help() -> str:

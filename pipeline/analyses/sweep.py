@@ -9,7 +9,7 @@ only what that window may still change, so the answers equal those of one pass o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,7 +181,7 @@ class RunTally:
             run_end_ns=pl.when(seen).then("w_last_end").otherwise("run_end_ns"),
         )
 
-    def result(self, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    def result(self, schema: Mapping[str, pl.DataType | type[pl.DataType]]) -> pl.DataFrame:
         """(by..., start_ns, end_ns, busy_ns, runs, largest_gap_ns) per key (`schema`: the key types,
         for a tally that saw no interval)."""
         if self.state is None:

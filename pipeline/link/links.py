@@ -229,7 +229,7 @@ def _gpu_batches(src: LinkSources, columns: list[str]) -> Iterator[pl.DataFrame]
     empty = True
     for batch in store.read_batches(src.gpu_ops, BATCH_ROWS, columns, read_dictionary=read_as_dictionary):
         empty = False
-        yield pl.from_arrow(batch)
+        yield store.frame_from_arrow(batch)
     if empty:
         yield (
             pl.scan_parquet(src.gpu_ops)
@@ -467,7 +467,9 @@ def _slices_running(src: LinkSources, running: RunningSlices, points: pl.DataFra
     threads = points.select("pid", "tid").unique()
     if points.is_empty():
         return _context_slices(src, pl.lit(False), threads)
-    return running.between(threads, points["t"].min(), points["t"].max())
+    first, last = points["t"].min(), points["t"].max()
+    assert isinstance(first, int) and isinstance(last, int)  # int64 ns: launches have a start
+    return running.between(threads, first, last)
 
 
 def _context_slices(src: LinkSources, where: pl.Expr, threads: pl.DataFrame) -> pl.DataFrame:

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from pipeline.store import scalar_int
+
 THREAD = ["pid", "tid"]
 _INT64_ROOM = 1 << 62  # composite keys stay below this (int64, with room for one more step)
 
@@ -72,7 +74,7 @@ class _Keys:
 
     @classmethod
     def over(cls, known: pl.Series, threads: int, room: int = _INT64_ROOM) -> _Keys:
-        low, high = (known.min(), known.max()) if known.len() else (0, 0)
+        low, high = (scalar_int(known.min()), scalar_int(known.max())) if known.len() else (0, 0)
         if (high - low + 3) * max(threads, 1) < room:
             return cls(low - 1, high - low + 3, None)
         distinct = known.unique().sort()
@@ -118,7 +120,7 @@ class _Threads:
                 .otherwise(pl.col("end_ns")),
             )
         )
-        n_threads = iv["g"].max() + 1 if iv.height else 0
+        n_threads = scalar_int(iv["g"].max()) + 1 if iv.height else 0
         times = _Keys.over(pl.concat([iv["ts_ns"], iv["effective_end"]]), n_threads)
         # (thread, start) as one key: sorting by it and the start order costs a third of sorting
         # by the thread's columns, the start and the start order

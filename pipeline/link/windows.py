@@ -146,9 +146,11 @@ class RunningSlices:
             self._fresh(threads, a, b)
         else:
             self._advance(a, b)
+        assert self._rows is not None  # set by _fresh
         return self._rows.filter(pl.col("ts_ns") <= b).join(threads, on=THREAD, how="semi")
 
     def _holds(self, threads: pl.DataFrame) -> bool:
+        assert self._threads is not None  # asked only while rows are held
         return threads.join(self._threads, on=THREAD, how="anti", nulls_equal=True).is_empty()
 
     def _fresh(self, threads: pl.DataFrame, a: int, b: int):
@@ -162,6 +164,7 @@ class RunningSlices:
 
     def _advance(self, a: int, b: int):
         """Drop the rows ended before a; read those started after the last read, up to b."""
+        assert self._rows is not None and self._threads is not None  # called only while rows are held
         rows = self._rows.filter(pl.col("end_ns") >= a)
         if b > self._until:
             rows = pl.concat([rows, self._read((self._until < _START) & (b >= _START) & (a <= _END), self._threads)])
