@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +27,13 @@ from pipeline.read.decode import build_chunk, build_from_text
 from pipeline.read.limits import not_regular
 from pipeline.read.metadata import devices_table, trace_row
 from pipeline.read.source import TraceSource
+from pipeline.read.tables import ChunkTables
 from pipeline.read.tame import BAD_UNICODE, TOO_LARGE, scrub
 from pipeline.read.values import Problems
 from pipeline.read.workers import (
     SHARED_MEMORY,
     ChunkSlots,
+    SpilledChunk,
     default_workers,
     run_chunk,
     start_pool,
@@ -83,7 +85,7 @@ def flatten_into(
     workers = default_workers(path) if workers is None else max(1, workers)
     src = TraceSource(path, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {}), max_inflate=max_inflate)
     problems = Problems()
-    corrupt = []
+    corrupt: list[str] = []
     device_ids: set = set()
     with ExitStack() as cleanup:  # undone in reverse, whatever happens (a full disk included)
         cleanup.callback(src.close)
@@ -103,7 +105,7 @@ def flatten_into(
         in_flight = 4 * workers
         slots = ChunkSlots(spill_dir, in_flight + 1)
         submit = (lambda piece: pool.apply_async(run_chunk, (slots.put(piece), spill_dir))) if pool else None
-        results = ordered_results(
+        results: Iterator[ChunkTables | SpilledChunk] = ordered_results(  # spilled by the workers
             src.pieces(spans=pool is not None),
             build_from_text,
             build_chunk,
@@ -120,7 +122,7 @@ def flatten_into(
             problems.merge(ct.problems)
             device_ids |= ct.device_ids
             if progress:
-                progress(src.bytes_read)
+                progress(src.file_bytes_read)
         for w in writers.values():
             w.close()
         if src.values_cut:
@@ -148,6 +150,9 @@ def write_trace_table(row: dict, tmp: Path):
     store.write_table(t, tmp / "trace.parquet", "trace")
 
 
+STAGES = ("read", "link+cost", "write")  # flatten's stages, as `flatten(stage=...)` names them
+
+
 def flatten(
     path: str | os.PathLike,
     out: str | os.PathLike,
@@ -160,12 +165,18 @@ def flatten(
     dtype: str | None = None,
     progress: Callable[[int], None] | None = None,
     max_inflate: float | None = None,
+    stage: Callable[[str], None] | None = None,
 ) -> FlattenResult:
     """Flatten one trace into OUT/<stem>/{events,gpu_ops,flows,devices,trace}.parquet.
 
     The directory appears complete or not at all. With `link` (default) GPU ops are linked to
     their launches and CPU ops and costed (see `pipeline.link` and `pipeline.cost`).
+
+    For a progress display: `progress(n)` is called as reading goes on, n the bytes of the file
+    read so far (compressed bytes for .gz and .zst: the file's size is the total); `stage(name)`
+    as each of STAGES begins.
     """
+    say_stage = stage or (lambda name: None)
     path = str(path)
     why = not_regular(path)
     if why:
@@ -175,17 +186,20 @@ def flatten(
     seconds = {}
     with store.output_of(final, made=Path(out)), store.atomic_dir(final) as tmp:
         t0 = time.perf_counter()
+        say_stage("read")
         row, problems, tail = flatten_into(path, tmp, workers, chunk_bytes, progress, max_inflate)
         seconds["flatten"] = time.perf_counter() - t0
         if link:
             from pipeline.cost.enrich import enrich
 
             t0 = time.perf_counter()
+            say_stage("link+cost")
             warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype)
             write_run_tables(tmp, row)
             seconds["link_cost"] = time.perf_counter() - t0
         else:
             write_empty_run_tables(tmp)
+        say_stage("write")  # the trace table, then the directory committed
         write_trace_table(row, tmp)
     return FlattenResult(
         final,

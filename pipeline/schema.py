@@ -6,15 +6,16 @@ A column may name the `stage` that fills it (`flatten` by default, else `link` o
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import pyarrow as pa
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 
 _HERE = Path(__file__).resolve().parent

@@ -1,7 +1,9 @@
-"""batch + query: a hive-partitioned dataset built incrementally, crash-safely, from many traces."""
+"""batch + query: a dataset of few large part files, built incrementally and crash-safely from
+many traces, read by every Parquet reader and by tracepipe's (which read only committed parts)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -12,11 +14,13 @@ import subprocess
 import sys
 import tarfile
 import time
+import types
 import zipfile
 from pathlib import Path
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -162,33 +166,50 @@ def duck(ds: Path, table: str, what: str = "count(*)"):
 
 
 def manifest(ds: Path) -> list[dict]:
-    return pl.scan_parquet(ds / "traces" / "**" / "*.parquet", hive_partitioning=True).collect().to_dicts()
+    return layout.manifest(ds).drop(layout.MANIFEST_FILE).to_dicts()
+
+
+def table_counts(ds: Path, table: str, glob: bool = False) -> dict[str, int]:
+    """Rows per trace_id of a table: as tracepipe reads it (committed parts only), or (`glob`) as a
+    plain Parquet reader reads every file of the table's folder."""
+    if glob:
+        if not any((ds / table).glob("*.parquet")):
+            return {}
+        return dict(
+            duckdb.sql(
+                f"select trace_id, count(*) from read_parquet('{ds}/{table}/**/*.parquet', hive_partitioning=true) "
+                "group by trace_id"
+            ).fetchall()
+        )
+    df = Q.tables(ds, [table])[table].group_by("trace_id").len().collect()
+    return dict(df.iter_rows())
 
 
 def assert_consistent(ds: Path, want: dict[str, int] | None = None):
-    """Every partition has a manifest row (no orphans), no staging, each trace's rows once."""
-    ids = layout.committed_ids(ds)
-    for t in TABLES:
-        parts = {p.name.split("=", 1)[1] for p in (ds / t).glob("trace_id=*")} if (ds / t).is_dir() else set()
-        assert parts <= ids, f"orphan partitions in {t}: {parts - ids}"
+    """The manifest names every part file and nothing else, each trace once; no staging; every table
+    holds each committed trace's rows once, in the part its manifest row names, for tracepipe and for
+    a plain reader of all the files alike."""
+    rows = layout.manifest(ds)
+    assert rows["trace_id"].is_unique().all()
     assert not (ds / "_staging").exists()
-    rows = {r["trace_id"]: r for r in manifest(ds)}
-    assert set(rows) == ids
-    got = (
-        dict(
-            duckdb.sql(
-                f"select trace_id, count(*) from read_parquet('{ds}/events/**/*.parquet', "
-                "hive_partitioning=true) group by trace_id"
-            ).fetchall()
-        )
-        if ids
-        else {}
-    )
-    for tid, r in rows.items():
-        if r["status"] != "quarantined":
-            assert got.get(tid) == r["n_events"], tid
+    mfiles = list((ds / "traces").glob("*.parquet")) if (ds / "traces").exists() else []
+    assert sum(pq.read_metadata(f).num_rows for f in mfiles) == rows.height  # no superseded manifest file left
+    parts = set(rows["part"].drop_nulls())
+    for t in TABLES:
+        names = {p.name for p in (ds / t).iterdir()} if (ds / t).is_dir() else set()
+        assert names == parts, f"{t}: files {names ^ parts} not (or not only) those the manifest names"
+    ok = rows.filter(pl.col("status") != "quarantined")
+    for t, n in (("events", "n_events"), ("gpu_ops", "n_gpu_ops"), ("flows", "n_flows"), ("devices", "n_devices")):
+        expect = {tid: c for tid, c in ok.select("trace_id", n).iter_rows() if c}
+        assert table_counts(ds, t) == expect, t
+        assert table_counts(ds, t, glob=True) == expect, t
+    assert table_counts(ds, "trace", glob=True) == dict.fromkeys(ok["trace_id"], 1)
+    for tid, part in ok.select("trace_id", "part").iter_rows():  # a trace's rows live in its part only
+        for t in ("events", "trace"):
+            ids = pl.read_parquet(ds / t / part, columns=["trace_id"])["trace_id"]
+            assert (ids == tid).any()
     if want is not None:
-        assert sorted(r["n_events"] for r in rows.values() if r["status"] == "ok") == sorted(want.values())
+        assert sorted(r["n_events"] for r in ok.to_dicts() if r["status"] == "ok") == sorted(want.values())
 
 
 def group_alive(pgid: int) -> bool:
@@ -255,10 +276,11 @@ def test_duckdb_polars_and_query_agree(built):
     lf = pl.scan_parquet(ds / "events" / "**" / "*.parquet", hive_partitioning=True)
     assert lf.select(pl.len()).collect().item() == want_ev
     assert lf.collect_schema()["trace_id"] == pl.String
-    # the data files carry no trace_id column: the partition path is its only source, no clash
+    # every data file carries trace_id, a string column, first; no hive folders to clash with it
     for t in TABLES:
-        f = next((ds / t).glob("trace_id=*/part-0.parquet"))
-        assert "trace_id" not in pq.read_schema(f).names
+        for f in (ds / t).iterdir():
+            assert f.is_file() and pq.read_schema(f).field("trace_id").type == "string"
+    assert duck(ds, "gpu_ops", "count(distinct trace_id)") == [(3,)]
     q = query(ds, "select count(*) as n from gpu_ops", "--format", "json")
     assert q.returncode == 0, q.stderr
     assert json.loads(q.stdout) == [{"n": want_k}]
@@ -358,24 +380,80 @@ def test_slowest_rank_example_compares_the_ranks_of_a_run(tmp_path):
 
 
 # ------------------------------------------------------------------ crashes
-def test_kill_9_mid_run_then_resume(tmp_path):
-    src, ds = tmp_path / "src", tmp_path / "ds"
-    traces = {}
-    for i in range(20):
-        d = tiny_trace(i, steps=40, kernels=10)
-        traces[write(src / f"rank{i:02d}.json", d)] = d
-    want = {str(p): len(d["traceEvents"]) for p, d in traces.items()}
-    p = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "batch", str(src), "-o", str(ds), "-j", "2"],
+DRIVER = (
+    "import sys; from pipeline.dataset.batch import run_batch; "
+    "run_batch(sys.argv[1], sys.argv[2], jobs=2, group_bytes=int(sys.argv[3]))"
+)
+KILL_TRACES, KILL_GROUP_BYTES = 24, 40_000  # about 8 tasks of 3 traces, then a compaction
+
+
+def start_driver(src: Path, ds: Path, group_bytes: int = KILL_GROUP_BYTES) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(src), str(ds), str(group_bytes)],
         cwd=PROJECT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+
+def counts_of(ds: Path) -> dict[str, dict[str, int]]:
+    return {t: table_counts(ds, t) for t in TABLES}
+
+
+def assert_committed_whole(ds: Path, ref: dict[str, dict[str, int]]):
+    """What tracepipe's readers see of a dataset (killed at any moment): each committed trace with all
+    its rows in every table, and nothing of the others."""
+    if not (ds / "traces").is_dir():
+        return
+    ok = set(layout.manifest(ds).filter(pl.col("status") == "ok")["trace_id"])
+    for t in TABLES:
+        assert table_counts(ds, t) == {tid: n for tid, n in ref[t].items() if tid in ok}, t
+
+
+@pytest.fixture(scope="module")
+def kill_src(tmp_path_factory):
+    """A source of KILL_TRACES traces, each table's rows per trace from an uninterrupted run, and how
+    long an uninterrupted run of the driver takes."""
+    root = tmp_path_factory.mktemp("kill")
+    src = root / "src"
+    for i in range(KILL_TRACES):
+        write(src / f"run{i % 3}" / f"rank{i:02d}.json.gz", tiny_trace(i, steps=6, kernels=4))
+    t0 = time.monotonic()
+    p = start_driver(src, root / "ref")
+    assert p.wait(timeout=300) == 0
+    took = time.monotonic() - t0
+    assert_consistent(root / "ref")
+    return src, counts_of(root / "ref"), took
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_kill_9_at_a_random_moment_then_resume(kill_src, tmp_path, seed):
+    """kill -9 of the whole process group (driver, workers, forkserver) at a random moment of a run
+    (reading, a commit, the compaction at the end...): readers see only whole traces, and the next
+    run leaves exactly one copy of every trace in every table."""
+    src, ref, took = kill_src
+    ds = tmp_path / "ds"
+    p = start_driver(src, ds)
+    time.sleep(random.Random(seed).uniform(0.2, took))
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert_committed_whole(ds, ref)
+    r = B.run_batch(src, ds, jobs=2, group_bytes=KILL_GROUP_BYTES)
+    assert r.exit_code == 0 and r.added + r.skipped == KILL_TRACES, r.problems
+    assert_consistent(ds)
+    for t in TABLES:
+        assert table_counts(ds, t) == ref[t] and table_counts(ds, t, glob=True) == ref[t], t
+
+
+def test_workers_exit_when_the_driver_is_killed(kill_src, tmp_path):
+    src, ref, _ = kill_src
+    ds = tmp_path / "ds"
+    p = start_driver(src, ds)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and p.poll() is None and len(layout.committed_ids(ds) if ds.exists() else ()) < 3:
+    while time.monotonic() < deadline and p.poll() is None and not list((ds / "traces").glob("*.parquet")):
         time.sleep(0.005)
-    os.kill(p.pid, signal.SIGKILL)  # kill -9 of the driver: its workers notice and exit by themselves
+    os.kill(p.pid, signal.SIGKILL)  # kill -9 of the driver alone: its workers notice and exit by themselves
     p.wait()
     deadline = time.monotonic() + 20
     while group_alive(p.pid) and time.monotonic() < deadline:
@@ -384,36 +462,156 @@ def test_kill_9_mid_run_then_resume(tmp_path):
     if left:
         os.killpg(p.pid, signal.SIGKILL)
     assert not left, "worker processes outlived the killed driver"
-    n_before = len(layout.committed_ids(ds))
-    assert n_before < 20, "the run finished before it could be killed: make the traces bigger"
+    assert_committed_whole(ds, ref)
     r = batch(src, "-o", ds, "-j", "2")
     assert r.returncode == 0, r.stderr
-    assert f"{n_before} already present" in r.stdout
-    assert_consistent(ds, want)
-    assert duck(ds, "events") == [(sum(want.values()),)]
+    assert_consistent(ds)
+    assert counts_of(ds) == ref
 
 
-@pytest.mark.parametrize("crash_after", [1, 3, 5, 6])
-def test_crash_at_each_step_of_a_commit_leaves_no_orphans(tmp_path, monkeypatch, crash_after):
-    """Die after the n-th rename of a commit (5 table partitions, then the manifest row)."""
-    traces = make_src(tmp_path / "src", n=2)
-    real, calls = os.rename, []
+class _Crash(BaseException):
+    pass
 
-    def rename(a, b):
-        calls.append(b)
-        if len(calls) == crash_after:
-            raise KeyboardInterrupt("simulated kill")
-        return real(a, b)
 
-    monkeypatch.setattr(B.os, "rename", rename)
-    with pytest.raises(KeyboardInterrupt):
-        B.run_batch(tmp_path / "src", tmp_path / "ds", jobs=1)
-    monkeypatch.setattr(B.os, "rename", real)
-    ds = tmp_path / "ds"
+def crash_on(monkeypatch, n: int, *modules) -> list:
+    """Make the n-th rename or unlink of `modules` (layout, compact: every step of a commit, a
+    compaction and a clean-up) raise, as a kill would stop the process there."""
+    calls: list = []
+
+    def step(real):
+        def call(*a, **k):
+            calls.append(a[0])
+            if len(calls) == n:
+                raise _Crash(f"killed at step {n}")
+            return real(*a, **k)
+
+        return call
+
+    for mod in modules:
+        proxy = types.SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if not k.startswith("__")})
+        proxy.rename, proxy.unlink = step(os.rename), step(os.unlink)
+        monkeypatch.setattr(mod, "os", proxy)
+    return calls
+
+
+@pytest.mark.parametrize("step", range(1, 60, 3))
+def test_a_crash_at_any_step_of_commits_and_compaction(tmp_path, monkeypatch, step):
+    """Stop a run at its n-th rename or delete (task commits: 7 parts then the manifest; the
+    compaction: merged parts, the manifest that switches to them, the clean-up): readers see whole
+    traces only, and the next run completes the dataset."""
+    from pipeline.dataset import compact as C
+
+    src, ds = tmp_path / "src", tmp_path / "ds"
+    for i in range(3):
+        write(src / f"r{i}.json", tiny_trace(i))
+    B.run_batch(src, tmp_path / "ref", jobs=1)
+    ref = counts_of(tmp_path / "ref")
+    calls = crash_on(monkeypatch, step, layout, C)
+    try:
+        B.run_batch(src, ds, jobs=1, group_bytes=1)  # a task per trace: 3 commits, then a compaction
+    except _Crash:
+        pass
+    else:
+        assert len(calls) < step  # every step ran: nothing to crash
+    monkeypatch.undo()
     (ds / "_staging" / "leftover").mkdir(parents=True, exist_ok=True)  # as if the process had died
-    r = B.run_batch(tmp_path / "src", ds, jobs=1)
-    assert r.exit_code == 0 and r.added + r.skipped == 2
-    assert_consistent(ds, {str(p): len(d["traceEvents"]) for p, d in traces.items()})
+    assert_committed_whole(ds, ref)
+    r = B.run_batch(src, ds, jobs=1)
+    assert r.exit_code == 0 and r.added + r.skipped == 3
+    assert_consistent(ds)
+    assert counts_of(ds) == ref
+
+
+@pytest.mark.parametrize("step", range(1, 60, 4))
+def test_compaction_is_atomic(tmp_path, monkeypatch, step):
+    """`compact` stopped at any step: readers see every row exactly once, before and after; the next
+    compaction finishes it."""
+    from pipeline.dataset import compact as C
+
+    src, ds = tmp_path / "src", tmp_path / "ds"
+    for i in range(6):
+        write(src / f"r{i}.json", tiny_trace(i))
+    B.run_batch(src, ds, jobs=1, group_bytes=1, compact=False)
+    assert len(list((ds / "events").iterdir())) == 6
+
+    def rows_now() -> dict[str, pl.DataFrame]:  # every table's rows (the manifest's but where they live)
+        out = {t: lf.collect().sort("trace_id", maintain_order=True) for t, lf in Q.tables(ds).items()}
+        out["traces"] = out["traces"].drop("part")
+        return out
+
+    view = rows_now()
+    crash_on(monkeypatch, step, layout, C)
+    with contextlib.suppress(_Crash):
+        C.compact(ds)
+    monkeypatch.undo()
+    for when in ("after the crash", "after compacting again"):
+        for t, got in rows_now().items():
+            assert got.equals(view[t], null_equal=True), (when, t)
+        C.compact(ds)
+    assert_consistent(ds)
+    assert all(len(list((ds / t).iterdir())) == 1 for t in TABLES)
+
+
+def test_adding_traces_touches_only_new_files(tmp_path):
+    src, ds = tmp_path / "src", tmp_path / "ds"
+    make_src(src, n=3)
+    B.run_batch(src, ds, jobs=2, compact=False)
+    before = snapshot(ds)
+    for i in range(2):
+        write(src / "new" / f"n{i}.json", tiny_trace(10 + i))
+    r = B.run_batch(src, ds, jobs=2, compact=False)
+    assert (r.added, r.skipped) == (2, 3)
+    after = snapshot(ds)
+    assert {k: after[k] for k in before} == before  # every file untouched
+    added = set(after) - set(before)
+    assert len(added) == len(TABLES) + 1 and all(Path(a).name.startswith("part-") for a in added)
+    assert_consistent(ds)
+    r = B.run_batch(src, ds, jobs=2)  # nothing new: nothing written, nothing compacted
+    assert r.added == 0 and snapshot(ds) == after
+    from pipeline.dataset.compact import compact
+
+    compact(ds)  # the two parts merged, the rest as it was
+    assert_consistent(ds)
+    assert all(len(list((ds / t).iterdir())) == 1 for t in TABLES)
+
+
+def test_a_dataset_of_the_folder_per_trace_layout_is_read_and_migrated(tmp_path):
+    """Datasets written before parts (`<table>/trace_id=<id>/part-0.parquet`) read as they are; the
+    next batch adds its traces in parts and compacts the old folders into them."""
+    from pipeline.flatten import flatten
+
+    src, ds = tmp_path / "src", tmp_path / "ds"
+    old = make_src(src, n=2)
+    for path in old:
+        item = B.inputs(str(path), tmp_path / "x", ds)
+        (it,) = list(item)
+        r = flatten(path, tmp_path / "flat", workers=1)
+        for t in TABLES:
+            d = ds / t / f"trace_id={it.trace_id}"
+            d.mkdir(parents=True)
+            tbl = pq.read_table(r.out_dir / f"{t}.parquet")
+            pq.write_table(tbl.drop_columns(["trace_id"]) if t == "trace" else tbl, d / "part-0.parquet")
+        row = {
+            "path": str(path),
+            "size": it.size,
+            "content_hash": it.content_hash,
+            "status": "ok",
+            "n_events": r.n_events,
+            "n_gpu_ops": r.n_gpu_ops,
+            "n_flows": r.n_flows,
+            "n_devices": r.n_devices,
+        }
+        (ds / "traces" / f"trace_id={it.trace_id}").mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist([row]), ds / "traces" / f"trace_id={it.trace_id}" / "part-0.parquet")
+    want_ev = sum(len(d["traceEvents"]) for d in old.values())
+    assert Q.run(ds, "select count(*) as n from events")["n"][0] == want_ev
+    assert Q.run(ds, "select count(distinct trace_id) as n from gpu_ops")["n"][0] == 2
+    write(src / "new.json", tiny_trace(7))
+    r = B.run_batch(src, ds, jobs=1)
+    assert (r.added, r.skipped) == (1, 2)
+    assert not list(ds.rglob("trace_id=*"))  # migrated into parts
+    assert_consistent(ds)
+    assert Q.run(ds, "select count(*) as n from events")["n"][0] == want_ev + len(tiny_trace(7)["traceEvents"])
 
 
 # ------------------------------------------------------------------ archives and lists

@@ -89,11 +89,12 @@ OTHER = "other"
 
 def category_expr(name: pl.Expr, op: pl.Expr, kind: pl.Expr) -> pl.Expr:
     """The category of a GPU op (see `Category`) from its kernel name, CPU op name and kind."""
-    first = [
-        pl.when(kind == c.kind if c.kind else name.str.contains(c.kernel)).then(pl.lit(c.name))
-        for c in CATEGORIES
-        if c.kind or c.kernel
-    ]
+    first = []
+    for c in CATEGORIES:
+        if c.kind:
+            first.append(pl.when(kind == c.kind).then(pl.lit(c.name)))
+        elif c.kernel:
+            first.append(pl.when(name.str.contains(c.kernel)).then(pl.lit(c.name)))
     fallback = [pl.when(op.str.contains(c.op)).then(pl.lit(c.name)) for c in CATEGORIES if c.op]
     return pl.coalesce(*first, *fallback, pl.lit(OTHER))
 
@@ -102,7 +103,7 @@ class CategoryMemo:
     """The categories of the (name, op, kind) seen so far, when a table is categorised batch by
     batch: each distinct key is then categorised once over all batches."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.named: pl.DataFrame | None = None
 
 

@@ -230,7 +230,7 @@ class OpKernels:
 
     _EMPTY = {"cpu_op_event_idx": pl.Int64, "op_kernels": pl.UInt32, "op_dur_ns": pl.Int64}
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._parts: list[pl.DataFrame] = []
 
     def add(self, links: pl.DataFrame):
@@ -251,6 +251,7 @@ class OpKernels:
         pieces = [pl.DataFrame(schema=self._EMPTY)]
         if not ops.is_empty():
             first, last = ops.min(), ops.max()
+            assert isinstance(first, int) and isinstance(last, int)  # int64 event_idx, nulls dropped
             for part in self._parts:
                 idx = part["cpu_op_event_idx"]
                 start, end = idx.search_sorted(first, side="left"), idx.search_sorted(last, side="right")
@@ -263,7 +264,7 @@ class Tally:
     """Counts summed over batches: link counts (`link.link_counts`), linked ops, and what the cost
     model covered (kernels, costed kernels, kernel time modelled, why the rest is not)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.links: Counter = Counter()
         self.n_launch_linked = self.n_cpu_op_linked = 0
         self.n_kernels = self.n_costed = self.kernel_ns = self.modelled_ns = 0
@@ -279,8 +280,8 @@ class Tally:
         costed = pl.col("flops").is_not_null()
         self.n_kernels += k.height
         self.n_costed += k.filter(costed).height
-        self.kernel_ns += k["dur_ns"].fill_null(0).sum()
-        self.modelled_ns += k.filter(costed)["dur_ns"].fill_null(0).sum()
+        self.kernel_ns += int(k["dur_ns"].fill_null(0).sum())  # int64 ns
+        self.modelled_ns += int(k.filter(costed)["dur_ns"].fill_null(0).sum())
         for reason, n in k.filter(~costed)["unmodelled_reason"].value_counts().iter_rows():
             self.unmodelled[f"unmodelled:{reason}"] += n
 
@@ -316,7 +317,8 @@ def _link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally) -> 
     (pass 2 then reads no GPU op column but to copy it). Returns the per-op kernel counts
     (`OpKernels`). This runs beside the launch lookup of the next batch (`link.link_batches`): a
     third stage in a thread of its own measured slower on two cores, and held more memory."""
-    op_kernels, evaluated, memo = OpKernels(), {}, CategoryMemo()
+    op_kernels, memo = OpKernels(), CategoryMemo()
+    evaluated: dict = {}  # shapes' costs, shared by the batches (`op_costs`)
     events = pl.scan_parquet(flat_dir / "events.parquet")
     declared = {f.name: f for f in schema.table("gpu_ops").arrow_schema(schema.ALL_STAGES)}
     op_cost_types = {"op_flops": pa.float64(), "op_bytes": pa.float64()}

@@ -1,10 +1,15 @@
 """batch: many traces -> one dataset (`layout`), incrementally and crash-safely.
 
-Each input (`inputs`) whose content is not in the dataset yet is flattened by a worker (`engines`)
-into staging and committed (`layout.commit`); bad inputs are committed as quarantined manifest rows
-with their reason (re-runs report them without reading them again); a failure that is not the
-file's fault (a full disk, a bug) commits nothing and is retried by the next run; a worker that
-dies has its inputs run again one at a time, and the one that kills its worker is quarantined.
+Inputs (`inputs`) whose content is not in the dataset yet go to long-lived workers (`engines`) in
+tasks: small traces together, GROUP_BYTES of JSON (at most GROUP_TRACES) per task, read, linked,
+costed and written as one (`group.run_group`: each trace's rows exactly those `flatten` gives it
+alone); a large trace in a task of its own, split over the idle cores. Each task writes one part
+file per table into staging and is committed as one (`layout.commit`): its parts, then its
+manifest rows. Bad inputs are committed as quarantined manifest rows with their reason (re-runs
+report them without reading them again); a failure that is not the file's fault (a full disk, a
+bug) commits nothing and is retried by the next run; when a worker dies, the inputs it may have
+held are run again in halves, one task at a time, until the one that kills its worker is alone:
+it is quarantined. At the end the run's small parts are merged (`compact`).
 """
 
 from __future__ import annotations
@@ -14,88 +19,42 @@ import contextlib
 import datetime as _dt
 import os
 import shutil
-import signal
+import tarfile
 import uuid
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from pipeline import store
 from pipeline.dataset.engines import Pool, check_engine
-from pipeline.dataset.inputs import Item, inputs
-from pipeline.dataset.layout import KEY, PART, STAGING, TABLES, commit, locked, read_manifest, recover, uncommit
-from pipeline.errors import OutputError, TracepipeError, UsageError
+from pipeline.dataset.inputs import TAR_SUFFIXES, Item, inputs
+from pipeline.dataset.layout import (
+    PART_COLUMN,
+    STAGING,
+    commit,
+    commit_id,
+    locked,
+    part_name,
+    read_manifest,
+    recover,
+    uncommit,
+)
+from pipeline.errors import UsageError
+from pipeline.kineto import is_trace_name
+from pipeline.version import __version__
 
-FAULT_KILL = "TRACEPIPE_FAULT_KILL"  # tests: a worker given an input whose name holds this value dies
+__all__ = ["FAULT_KILL", "BatchResult", "count_inputs", "default_jobs", "run_batch"]
+FAULT_KILL = "TRACEPIPE_FAULT_KILL"  # tests: a task given an input whose name holds this value kills its worker
+
+GROUP_BYTES = 24 << 20  # JSON bytes of small traces read, linked, costed and written as one task
+GROUP_TRACES = 512  # traces of one task at most
+MIN_GROUP_BYTES = 2 << 20  # ... and at least (but for the last), however near the end
+SMALL_TRACE_BYTES = 32 << 20  # a trace with more JSON than this gets a task of its own
+DIED = "the worker flattening it died (killed by a signal: out of memory?)"
 
 
 def _now():
     return _dt.datetime.now(_dt.timezone.utc)
-
-
-def _span(events: Path) -> tuple[int | None, int | None]:
-    """Earliest ts and latest ts + dur of a trace's events, streaming row groups."""
-    import pyarrow.compute as pc
-
-    lo = hi = None
-    for b in pq.ParquetFile(events).iter_batches(columns=["ts_ns", "dur_ns"], batch_size=1 << 18):
-        ts = b.column(0)
-        end = pc.add(ts, pc.fill_null(b.column(1), 0))
-        mn, mx = pc.min(ts).as_py(), pc.max(end).as_py()
-        lo = mn if lo is None or (mn is not None and mn < lo) else lo
-        hi = mx if hi is None or (mx is not None and mx > hi) else hi
-    return lo, hi
-
-
-def process_one(path: str, source: str, trace_id: str, stage: str, max_inflate: float | None = None) -> dict:
-    """Flatten one trace into STAGE/<table>/trace_id=<id>/part-0.parquet; return its manifest facts.
-
-    A file that is not a readable trace yields status `quarantined`; other exceptions propagate.
-    """
-    from pipeline.flatten import flatten
-
-    if (doomed := os.environ.get(FAULT_KILL)) and doomed in source:  # fault injection, for tests
-        os.kill(os.getpid(), signal.SIGKILL)
-    started = _now()
-    stage = Path(stage)
-    try:
-        r = flatten(path, stage / "flat", workers=1, max_inflate=max_inflate)
-    except OutputError:
-        raise  # a full disk: not the file's fault, retried by the next run
-    except TracepipeError as e:
-        msg = str(e).replace(path, source)
-        msg = msg[len(source) + 2 :] if msg.startswith(f"{source}: ") else msg
-        return {"status": "quarantined", "error": msg, "started_at": started, "finished_at": _now()}
-    for name in TABLES:
-        part = stage / name / f"{KEY}={trace_id}"
-        part.mkdir(parents=True)
-        if name == "trace":  # the dataset's trace_id lives in the path; record the input's name
-            t = pq.read_table(r.out_dir / "trace.parquet")
-            t = t.drop_columns([KEY])
-            t = t.set_column(
-                t.schema.get_field_index("source_path"), "source_path", pa.array([source] * t.num_rows, pa.string())
-            )
-            pq.write_table(t, part / PART, **store.PARQUET_OPTIONS)
-        else:
-            os.rename(r.out_dir / f"{name}.parquet", part / PART)
-    start_ns, end_ns = _span(stage / "events" / f"{KEY}={trace_id}" / PART)
-    shutil.rmtree(stage / "flat", ignore_errors=True)
-    return {
-        "status": "truncated" if r.truncated else "ok",
-        "error": r.truncation_reason if r.truncated else None,
-        "n_events": r.n_events,
-        "n_gpu_ops": r.n_gpu_ops,
-        "n_flows": r.n_flows,
-        "n_devices": r.n_devices,
-        "trace_start_ns": start_ns,
-        "trace_end_ns": end_ns,
-        "started_at": started,
-        "finished_at": _now(),
-        "warnings": "; ".join(r.warnings) or None,
-    }
 
 
 @dataclass
@@ -108,6 +67,7 @@ class BatchResult:
     duplicates: int = 0  # same content as another input of this run
     failed: int = 0  # not committed (worker died, internal error): retried next run
     problems: list = field(default_factory=list)
+    compacted: object = None  # the compaction at the end (`compact.CompactResult`), if any
 
     @property
     def exit_code(self) -> int:
@@ -118,6 +78,52 @@ def default_jobs() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+def count_inputs(src: str | os.PathLike, dataset: Path) -> int | None:
+    """How many inputs `inputs(src)` yields, where that is known without reading them (for a progress
+    display): the trace files under a directory, a zip's trace members, a list's paths, 1 for a
+    trace; None for a tar (streamed: its members are known only as they come) or what cannot be
+    listed. Decides what SRC is as `inputs` does."""
+    src = str(src)
+    try:
+        if os.path.isdir(src):
+            skip, n = dataset.resolve(), 0
+            for d, dirs, files in os.walk(src):
+                dirs[:] = [x for x in dirs if Path(d, x).resolve() != skip]
+                n += sum(map(is_trace_name, files))
+            return n
+        low = src.lower()
+        if is_trace_name(low):
+            return 1
+        if low.endswith(".zip") or (not low.endswith(TAR_SUFFIXES) and zipfile.is_zipfile(src)):
+            with zipfile.ZipFile(src) as zf:
+                return sum(not i.is_dir() and is_trace_name(i.filename) for i in zf.infolist())
+        if low.endswith(TAR_SUFFIXES) or tarfile.is_tarfile(src):
+            return None
+        lines = (line.strip() for line in Path(src).read_text().splitlines())
+        return sum(1 for line in lines if line and not line.startswith("#"))
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+@dataclass
+class _Task:
+    items: list[Item]
+    cid: str  # its commit id: part-<cid>.parquet
+    stage: Path
+    small: bool
+    workers: int = 1
+    retry: bool = False  # run again, alone, after a worker died
+
+
+def _json_bytes(item: Item) -> int:
+    from pipeline.read.stream import json_bytes_estimate
+
+    try:
+        return json_bytes_estimate(item.path) if item.path else 0
+    except OSError:
+        return 0
+
+
 def run_batch(
     src: str | os.PathLike,
     dataset: str | os.PathLike,
@@ -126,11 +132,17 @@ def run_batch(
     engine: str = "local",
     report: Callable[[str, str, str], None] | None = None,
     max_inflate: float | None = None,
+    started: Callable[[int | None], None] | None = None,
+    compact: bool = True,
+    group_bytes: int | None = None,
 ) -> BatchResult:
     """Flatten every trace of SRC into DATASET (see the module docstring), skipping known content.
 
-    `report(kind, source, message)` is called as inputs finish; kind is one of ok, truncated,
-    quarantined, failed, skipped, duplicate.
+    `report(kind, source, message)` is called as inputs finish (a task's inputs when it commits);
+    kind is one of ok, truncated, quarantined, failed, skipped, duplicate. `started(total)` is
+    called once before that, with how many inputs SRC holds (`count_inputs`; None when unknown):
+    a progress display's total. `compact`: merge the dataset's small parts at the end.
+    `group_bytes`: JSON bytes of small traces per task (default GROUP_BYTES, less towards the end).
     """
     check_engine(engine)
     jobs = default_jobs() if jobs is None else jobs
@@ -153,66 +165,132 @@ def run_batch(
         known = read_manifest(ds)  # what earlier runs committed
         run = ds / STAGING / uuid.uuid4().hex[:12]
         run.mkdir(parents=True)
-        pool, pending, seen = Pool(engine, jobs), {}, set()
-        suspects: list = []  # inputs in flight when a worker died: each is run again alone
-        alone: set = set()  # the trace ids being run alone
+        pool, seen = Pool(engine, jobs), set()
+        pending: dict[cf.Future, _Task] = {}
+        suspects: list[list[Item]] = []  # inputs of tasks lost with a dead worker: run again in halves
+        group: list[Item] = []  # small inputs waiting for their task
+        group_size = 0  # their JSON bytes
+        rejected: list[Item] = []  # refused unread: committed together
+        committed = False
 
-        def settle(item: Item, stage: Path, facts: dict):
-            """Commit a trace's outcome; a commit the disk refuses is undone and retried next run."""
+        def drop_temp(items: list[Item]):
+            for item in items:
+                if item.temp and item.path:
+                    shutil.rmtree(Path(item.path).parent, ignore_errors=True)
+
+        def settle(task: _Task, facts: list[dict]):
+            """Commit a task's outcome; a commit the disk refuses is undone and retried next run."""
+            nonlocal committed
+            rows = []
+            for item, f in zip(task.items, facts):
+                rows.append(
+                    {
+                        "trace_id": item.trace_id,
+                        PART_COLUMN: part_name(task.cid) if f["status"] != "quarantined" else None,
+                        "path": item.source,
+                        "source_path": item.source,
+                        "size": item.size,
+                        "content_hash": item.content_hash,
+                        "tracepipe_version": __version__,
+                        **f,
+                    }
+                )
             try:
-                commit(ds, stage, item, facts)
+                commit(ds, task.stage, task.cid, rows)
             except OSError as e:
-                uncommit(ds, item.trace_id)
-                res.failed += 1
-                note("failed", item, f"cannot commit: {e.strerror or e}")
-                seen.discard(item.trace_id)
+                uncommit(ds, task.cid)
+                for item in task.items:
+                    res.failed += 1
+                    note("failed", item, f"cannot commit: {e.strerror or e}")
+                    seen.discard(item.trace_id)
                 return
-            st = facts["status"]
-            res.quarantined += st == "quarantined"
-            res.added += st != "quarantined"
-            res.truncated += st == "truncated"
-            note(st, item, facts.get("error") or "")
+            finally:
+                shutil.rmtree(task.stage, ignore_errors=True)
+            committed = True
+            for item, f in zip(task.items, facts):
+                st = f["status"]
+                res.quarantined += st == "quarantined"
+                res.added += st != "quarantined"
+                res.truncated += st == "truncated"
+                note(st, item, f.get("error") or "")
 
-        def finish(fut):
-            item, stage = pending.pop(fut)
-            keep_input = False
+        def finish(fut: cf.Future):
+            task = pending.pop(fut)
+            keep_inputs = False
             try:
                 facts = fut.result()
             except cf.process.BrokenProcessPool:  # a worker died (killed, out of memory): whose input was it?
-                if item.trace_id in alone:
+                if task.retry and len(task.items) == 1:  # run alone, and died again: this input kills it
                     now = _now()
-                    settle(
-                        item,
-                        stage,
-                        {
-                            "status": "quarantined",
-                            "started_at": now,
-                            "finished_at": now,
-                            "error": "the worker flattening it died (killed by a signal: out of memory?)",
-                        },
-                    )
-                else:
-                    suspects.append((item, stage))
-                    keep_input = True
+                    settle(task, [{"status": "quarantined", "started_at": now, "finished_at": now, "error": DIED}])
+                elif task.retry:  # run alone, and died again: one of its inputs kills it
+                    half = len(task.items) // 2
+                    suspects[:0] = [task.items[:half], task.items[half:]]
+                    keep_inputs = True
+                else:  # it may have died of another task's input: run again alone
+                    suspects.append(task.items)
+                    keep_inputs = True
             except Exception as e:
-                res.failed += 1
-                note("failed", item, f"{type(e).__name__}: {e}".splitlines()[0])
-                seen.discard(item.trace_id)
+                for item in task.items:
+                    res.failed += 1
+                    note("failed", item, f"{type(e).__name__}: {e}".splitlines()[0])
+                    seen.discard(item.trace_id)
             else:
-                settle(item, stage, facts)
+                settle(task, facts)
             finally:
-                if item.temp and not keep_input:
-                    shutil.rmtree(Path(item.path).parent, ignore_errors=True)
+                shutil.rmtree(task.stage, ignore_errors=True)
+                if not keep_inputs:
+                    drop_temp(task.items)
 
-        def submit(item: Item, stage: Path):
-            shutil.rmtree(stage, ignore_errors=True)  # what a dead worker may have left
-            pending[pool.submit(process_one, item.path, item.source, item.trace_id, str(stage), max_inflate)] = (
-                item,
-                stage,
-            )
+        def submit(items: list[Item], small: bool, retry: bool = False):
+            cid = commit_id()
+            workers = 1
+            if not small and engine == "local" and not pending:  # alone: its chunks over the idle cores
+                from pipeline.read.workers import default_workers
+
+                workers = min(jobs, default_workers(items[0].path or ""))
+            task = _Task(items, cid, run / cid, small, workers, retry)
+            tasks = [(i.path, i.source, i.trace_id) for i in items]
+            from pipeline.dataset.group import run_group
+
+            pending[pool.submit(run_group, tasks, str(task.stage), max_inflate, workers, small)] = task
+
+        def wait(limit: int):
+            while len(pending) > limit:
+                for f in cf.wait(list(pending), return_when=cf.FIRST_COMPLETED).done:
+                    finish(f)
+
+        def flush_group():
+            nonlocal group, group_size
+            if group:
+                wait(2 * jobs - 1)
+                submit(group, True)
+                group, group_size = [], 0
+
+        def commit_rejected():
+            if rejected:
+                cid = commit_id()
+                now = _now()
+                task = _Task(list(rejected), cid, run / cid, True)
+                task.stage.mkdir(parents=True, exist_ok=True)
+                rejected.clear()
+                settle(
+                    task,
+                    [
+                        {"status": "quarantined", "error": i.rejected, "started_at": now, "finished_at": now}
+                        for i in task.items
+                    ],
+                )
 
         try:
-            for item in inputs(src, run / "x", ds, max_inflate):
+            pool.start()
+            items = inputs(src, run / "x", ds, max_inflate)
+            total = count_inputs(src, ds)
+            if started:
+                started(total)
+            n_seen = bytes_seen = 0
+            for item in items:
+                n_seen += 1
                 if item.failed:
                     res.failed += 1
                     note("failed", item, item.failed)
@@ -230,35 +308,43 @@ def run_batch(
                     else:
                         res.duplicates += 1
                         say("duplicate", item.source, "")
-                    if item.temp:
-                        shutil.rmtree(Path(item.path).parent, ignore_errors=True)
+                    drop_temp([item])
                     continue
                 seen.add(tid)
-                stage = run / tid
                 if item.rejected:
-                    stage.mkdir()
-                    now = _now()
-                    settle(
-                        item,
-                        stage,
-                        {"status": "quarantined", "error": item.rejected, "started_at": now, "finished_at": now},
-                    )
+                    rejected.append(item)
+                    if len(rejected) >= GROUP_TRACES:
+                        commit_rejected()
                     continue
-                while len(pending) >= 2 * jobs:
-                    for f in cf.wait(pending, return_when=cf.FIRST_COMPLETED).done:
-                        finish(f)
-                submit(item, stage)
-            while pending:
-                for f in cf.wait(list(pending), return_when=cf.FIRST_COMPLETED).done:
-                    finish(f)
-            while suspects:  # one at a time: a worker that dies now died of this input
-                item, stage = suspects.pop(0)
-                alone.add(item.trace_id)
-                submit(item, stage)
-                for f in cf.wait(list(pending)).done:
-                    finish(f)
+                size = _json_bytes(item)
+                bytes_seen += size
+                if size > SMALL_TRACE_BYTES:
+                    wait(2 * jobs - 1)
+                    submit([item], False)
+                    continue
+                group.append(item)
+                group_size += size
+                # smaller tasks towards the end, when it is known, so that the workers finish together
+                left = (total - n_seen) * bytes_seen / n_seen if total and total > n_seen else None
+                limit = GROUP_BYTES if left is None else max(MIN_GROUP_BYTES, min(GROUP_BYTES, left / jobs))
+                limit = group_bytes if group_bytes is not None else limit
+                if group_size >= limit or len(group) >= GROUP_TRACES:
+                    flush_group()
+            flush_group()
+            commit_rejected()
+            wait(0)
+            while suspects:  # one task at a time: a worker that dies now died of one of its inputs
+                lost = suspects.pop(0)
+                submit(lost, len(lost) > 1, retry=True)
+                wait(0)
         finally:
             pool.close()
+        try:
+            if compact and committed:
+                from pipeline.dataset.compact import compact_locked
+
+                res.compacted = compact_locked(ds)
+        finally:
             shutil.rmtree(run, ignore_errors=True)
             with contextlib.suppress(OSError):
                 (ds / STAGING).rmdir()

@@ -8,10 +8,26 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from pipeline.errors import UsageError
 
 ENGINES = ("local", "ray", "dask")
+# imported once by the forkserver that the local workers fork from: no worker imports them again
+PRELOAD = [
+    "pipeline.dataset.batch",
+    "pipeline.dataset.group",
+    "pipeline.flatten",
+    "pipeline.read.decode",
+    "pipeline.link.links",
+    "pipeline.cost.enrich",
+    "pipeline.runs.tables",
+    "pipeline.runs.steps",
+    "pipeline.cost.categories",
+    "pipeline.cost.devices",
+    "pipeline.read.metadata",
+]
 
 
 def _alive(pid: int) -> bool:
@@ -50,13 +66,15 @@ class _RayExecutor:
         import ray
 
         if not ray.is_initialized():
+            cpus: dict[str, Any] = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": jobs}
             ray.init(
-                **({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": jobs}),
+                **cpus,
                 include_dashboard=False,
                 log_to_driver=False,
                 logging_level=logging.ERROR,
             )
-        self.ray, self._fns = ray, {}
+        self.ray = ray
+        self._fns: dict[Callable, Any] = {}  # fn -> its Ray remote function
 
     def submit(self, fn, *args) -> cf.Future:
         remote = self._fns.setdefault(fn, self.ray.remote(fn))
@@ -101,13 +119,37 @@ def check_engine(engine: str):
             raise UsageError(f"--engine {engine} needs {engine}: pip install 'tracepipe[{engine}]'") from None
 
 
+def _nothing():
+    return None
+
+
 class Pool:
     """The chosen engine as a concurrent.futures-style executor, started on first use."""
 
     def __init__(self, engine: str, jobs: int):
-        self.engine, self.jobs, self.ex = engine, jobs, None
+        self.engine, self.jobs = engine, jobs
+        self.ex: _RayExecutor | _DaskExecutor | cf.ProcessPoolExecutor | None = None
+
+    def start(self):
+        """Start the local workers now, in the background (the forkserver imports tracepipe, then
+        forks them) while the caller goes on."""
+        if self.ex is None and self.engine == "local":
+            self._executor()
+            ex = self.ex
+            assert isinstance(ex, cf.ProcessPoolExecutor)
+            threading.Thread(target=lambda: [ex.submit(_nothing) for _ in range(self.jobs)], daemon=True).start()
 
     def submit(self, fn, *args) -> cf.Future:
+        self._executor()
+        assert self.ex is not None
+        try:
+            return self.ex.submit(fn, *args)
+        except cf.process.BrokenProcessPool:  # a worker died (e.g. out of memory): start afresh
+            self.ex.shutdown(wait=False, cancel_futures=True)
+            self.ex = None
+            return self.submit(fn, *args)
+
+    def _executor(self):
         if self.ex is None:
             if self.engine == "ray":
                 self.ex = _RayExecutor(self.jobs)
@@ -117,17 +159,16 @@ class Pool:
                 import multiprocessing as mp
 
                 ctx = mp.get_context("forkserver")  # a fresh process: workers inherit no lock fd
-                ctx.set_forkserver_preload(["pipeline.dataset.batch", "pipeline.flatten"])
+                ctx.set_forkserver_preload(PRELOAD)
                 self.ex = cf.ProcessPoolExecutor(
                     self.jobs, mp_context=ctx, initializer=_watch_driver, initargs=(os.getpid(),)
                 )
-        try:
-            return self.ex.submit(fn, *args)
-        except cf.process.BrokenProcessPool:  # a worker died (e.g. out of memory): start afresh
-            self.ex.shutdown(wait=False, cancel_futures=True)
-            self.ex = None
-            return self.submit(fn, *args)
 
     def close(self):
+        """Stop the workers; local ones exit in the background (the caller has nothing pending)."""
         if self.ex is not None:
-            self.ex.shutdown(wait=True, cancel_futures=True)
+            self.ex.shutdown(wait=self.engine != "local", cancel_futures=True)
+            if self.engine == "local":  # the forkserver holds its preloaded modules: stop it too
+                from pipeline.read.workers import stop_forkserver
+
+                stop_forkserver()

@@ -104,6 +104,7 @@ def extract_member(stream, source: str, name: str, tmp: Path, n: int, limit: int
                     raise _TooInflated()
                 out.write(b)
     except _TooInflated:
+        assert limit is not None  # raised only under a limit
         shutil.rmtree(d, ignore_errors=True)
         return Item(source=source, rejected=f"archive member {too_inflated(limit, compressed)}")
     return Item(source=source, path=str(dst), size=h.size, content_hash=h.h.hexdigest(), temp=True)

@@ -124,6 +124,22 @@ def events_by_event(events: list, text: bytes | None, raw_args: list | None, pro
     """
     exact_ts = TimestampTexts(text, events)
     n = len(events)
+    # a value per event, None where it has none
+    ph_c: list[str | None]
+    cat_c: list[str | None]
+    name_c: list[str | None]
+    pid_c: list[int | None]
+    pid_s: list[str | None]
+    tid_c: list[int | None]
+    tid_s: list[str | None]
+    ts_c: list[int | None]
+    dur_c: list[int | None]
+    id_c: list[int | None]
+    id_s: list[str | None]
+    corr_c: list[int | None]
+    ext_c: list[int | None]
+    args_c: list[str | None]
+    extra_c: list[str | None]
     ph_c, cat_c, name_c = [None] * n, [None] * n, [None] * n
     pid_c, pid_s, tid_c, tid_s = [None] * n, [None] * n, [None] * n, [None] * n
     ts_c, dur_c, id_c, id_s = [None] * n, [None] * n, [None] * n, [None] * n

@@ -81,7 +81,7 @@ _EXTRA_KEYS = ("bp", "s")  # _Event's keys beyond KNOWN_KEYS
 _EMPTY_ID_ARGS = _IdArgs()
 
 
-def _transpose(structs: list, kind: type) -> dict:
+def _transpose(structs: list, kind: type[msgspec.Struct]) -> dict:
     """{field: tuple of its values} of a list of msgspec structs of one kind: one C call per
     struct (astuple) and a C-level transpose, half the cost of a getattr per field and struct."""
     columns = zip(*map(msgspec.structs.astuple, structs)) if structs else repeat(())

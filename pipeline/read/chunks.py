@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import TypeVar
 
 import ijson
 import orjson
@@ -27,6 +28,8 @@ if ijson.backend != "yajl2_c":  # pragma: no cover - depends on the installed wh
         f"tracepipe needs ijson's C backend (yajl2_c); this ijson uses {ijson.backend!r}. "
         "Reinstall ijson from a wheel for your platform: pip install --force-reinstall ijson"
     )
+
+T = TypeVar("T")  # a chunk's result (what `submit`'s workers return too)
 
 # a carry (chunks merged after a failed parse) larger than this (in chunks and in bytes) means
 # corrupt input, not a bad cut
@@ -134,12 +137,12 @@ def salvage_events(text: bytes) -> list:
 
 def ordered_results(
     pieces: Iterator[bytes | FileSpan | Salvaged],
-    work_text: Callable[[bytes], object],
-    work_events: Callable[[list], object],
-    submit: Callable[[bytes], object] | None = None,
+    work_text: Callable[[bytes], T],
+    work_events: Callable[[list], T],
+    submit: Callable[[bytes | FileSpan], object] | None = None,
     max_inflight: int = 4,
     on_corrupt: Callable[[str], None] | None = None,
-) -> Iterator[object]:
+) -> Iterator[T]:
     """Run `work_text` over every chunk (in workers via `submit`, else here), results in order;
     up to `max_inflight` chunks are submitted ahead of the one whose result is yielded (here, none:
     holding results computed already would only hold their memory).

@@ -39,7 +39,7 @@ class Header:
     rest: bytearray  # bytes after the `[` that opens traceEvents
 
 
-def _find_events_array(buf: bytes) -> tuple[str, int, int] | None:
+def _find_events_array(buf: bytes | bytearray) -> tuple[str, int, int] | None:
     """Scan the top level of a JSON document for `"traceEvents": [`.
 
     Returns (kind, pos, key_pos): kind "list" for a bare list (pos after `[`), "object" with pos
@@ -99,7 +99,7 @@ def loads_metadata(text: bytes):
         raise orjson.JSONDecodeError("not JSON", text.decode("utf-8", "replace"), 0) from None
 
 
-def _metadata_before(buf: bytes, key_pos: int) -> dict:
+def _metadata_before(buf: bytes | bytearray, key_pos: int) -> dict:
     body = bytes(buf[buf.index(b"{") + 1 : key_pos]).rstrip(WS)
     if body.endswith(b","):
         body = body[:-1]
@@ -113,7 +113,7 @@ def _metadata_before(buf: bytes, key_pos: int) -> dict:
 _VALUE_START = frozenset(b'{["-0123456789tfn]')  # what may follow traceEvents' `[`: a value or its end
 
 
-def _check_first_value(buf: bytes, pos: int):
+def _check_first_value(buf: bytes | bytearray, pos: int):
     """Raise BadTrace when what follows the `[` that opens traceEvents (at pos) cannot start a JSON
     value: a file of other bytes that happens to begin with `[` is no trace (salvaging it would
     keep nothing and call it truncated)."""

@@ -87,7 +87,8 @@ def rank_of(path: str, distributed: dict) -> tuple[int | None, str | None]:
 
 
 def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail) -> dict:
-    dist = metadata.get("distributedInfo") if isinstance(metadata.get("distributedInfo"), dict) else {}
+    info = metadata.get("distributedInfo")
+    dist = info if isinstance(info, dict) else {}
     rest = {k: v for k, v in metadata.items() if k != "deviceProperties"}
     issues = {
         **{f"coerced:{k}": v for k, v in problems.coerced.items()},

@@ -25,7 +25,7 @@ from pipeline.read.chunks import (
 )
 from pipeline.read.document import BOUNDARY, WS, may_close, read_header, split_tail, where_it_ends
 from pipeline.read.limits import inflate_limit, too_inflated
-from pipeline.read.stream import READ_BYTES, open_stream, read_some
+from pipeline.read.stream import READ_BYTES, open_stream_and_file, read_some
 from pipeline.read.tame import EventSqueezer
 
 DEFAULT_CHUNK_BYTES = 2 << 20  # parsed, a chunk takes ~25x its size in Python objects
@@ -71,7 +71,7 @@ class TraceSource:
         self.bytes_read = 0
         self.oversize = tame.VALUE_LIMIT  # an event longer than this is read through `EventSqueezer`
         self.values_cut = 0  # values longer than tame.VALUE_LIMIT, kept cut
-        self._stream = open_stream(path)
+        self._stream, self._file = open_stream_and_file(path)  # _file: the file the stream reads
         try:
             self.header, problem = read_header(self._stream)
         except BaseException:
@@ -87,6 +87,14 @@ class TraceSource:
         self._inflate_limit = (
             None if self._rest_offset is not None else inflate_limit(os.path.getsize(path), max_inflate)
         )
+
+    @property
+    def file_bytes_read(self) -> int:
+        """How far into the file reading has come, in the file's own bytes (compressed ones for
+        .gz and .zst): progress against its size. `bytes_read` counts the JSON text instead."""
+        if self._rest_offset is None:  # compressed: the decompressor's position in the file
+            return self._file.tell()
+        return max(self._file.tell(), self.bytes_read)  # chunks cut by position (`_spans`) are not read here
 
     def close(self):
         self._stream.close()
@@ -125,6 +133,7 @@ class TraceSource:
                 if cut < 0:
                     at_end = True
                     break
+                chunk: bytes | FileSpan
                 if offset is None:
                     chunk = bytes(buf[:cut])
                 else:
@@ -205,19 +214,22 @@ class TraceSource:
         the `]` found would close a list inside the metadata, and the text before it would be
         metadata: the window grows and tries again.
         """
+        rest_offset = self._rest_offset
+        assert rest_offset is not None  # an uncompressed file (see `pieces`)
         size = os.path.getsize(self.path)
         for tail_bytes in TAIL_BYTES:
-            window_start = max(self._rest_offset, size - tail_bytes)
+            window_start = max(rest_offset, size - tail_bytes)
             split = split_tail(_pread(self.path, window_start, size), self.header.bare_list)
             if split is None:
                 return None  # no valid end (a truncated file): reading through salvages it
             if self._certain(*split, window_start):
                 return window_start + len(split[0]), split[1]
-            if window_start == self._rest_offset:
+            if window_start == rest_offset:
                 return None
         return None
 
     def _certain(self, events_text: bytes, meta: dict, window_start: int) -> bool:
+        assert self._rest_offset is not None  # an uncompressed file (see `pieces`)
         check_from = 0
         if window_start > self._rest_offset or len(events_text) > CHECK_BYTES:
             m = BOUNDARY.search(events_text, max(0, len(events_text) - CHECK_BYTES))
@@ -226,10 +238,11 @@ class TraceSource:
             check_from = m.start(1) + m.group(1).index(b",") + 1
         return _are_events(events_text[check_from:])
 
-    def _spans(self, end: int, meta: dict) -> Iterator[FileSpan]:
+    def _spans(self, end: int, meta: dict) -> Iterator[bytes | FileSpan | Salvaged]:
         """FileSpans of about chunk_bytes each up to `end`, cut at event boundaries found by reading
         a small window at each cut (`_cut_at`); then the metadata after the array."""
         pos = self._rest_offset
+        assert pos is not None  # an uncompressed file (see `pieces`)
         while end - pos > self.chunk_bytes:
             cut = self._cut_at(pos + self.chunk_bytes - 64, end)
             if cut is None:

@@ -9,6 +9,7 @@ string of its own text, and counted; the event and its chunk are kept as they ar
 from __future__ import annotations
 
 import re
+from typing import TypeVar
 
 import orjson
 
@@ -29,7 +30,8 @@ def tame_deep(text: bytes, max_depth: int = MAX_DEPTH) -> tuple[bytes, int]:
     An event is level 1, its args level 2, and so on. A value still open at the end of the text
     (a chunk cut inside an event) is left as it is.
     """
-    out, last, depth, start, replaced = [], 0, 0, -1, 0
+    out: list[bytes] = []
+    last, depth, start, replaced = 0, 0, -1, 0
     for m in _STRUCTURE.finditer(text):
         c = text[m.start()]
         if c == 0x22:  # a string
@@ -64,7 +66,7 @@ _OUTSIDE = re.compile(rb'["\[\]{}]')  # what changes the state outside a string
 _LONG_SPACE = re.compile(rb"\s{64,}")
 
 
-def _string_end(data: bytes, pos: int) -> int:
+def _string_end(data: bytes | bytearray, pos: int) -> int:
     """Where the string that `pos` is inside of ends in data (just past its closing quote), -1
     if not in data. `data[pos]` is not the byte after an unpaired backslash."""
     while True:
@@ -76,7 +78,7 @@ def _string_end(data: bytes, pos: int) -> int:
         pos = q + 1
 
 
-def _ends_escaping(data: bytes, start: int, end: int) -> bool:
+def _ends_escaping(data: bytes | bytearray, start: int, end: int) -> bool:
     """Whether data[start:end] ends with an unpaired backslash (escaping the next byte)."""
     n = end
     while n > start and data[n - 1] == 0x5C:
@@ -84,7 +86,7 @@ def _ends_escaping(data: bytes, start: int, end: int) -> bool:
     return (end - n) % 2 == 1
 
 
-def _safe_cut(content: bytes, n: int) -> int:
+def _safe_cut(content: bytes | bytearray, n: int) -> int:
     """A cut at most n bytes into string content that splits no escape and no UTF-8 character."""
     n = min(n, len(content))
     head = content[:n]
@@ -131,7 +133,7 @@ class EventSqueezer:
     def _limit(self) -> int:
         return self.keep if len(self.out) > self.event_limit else self.value_limit
 
-    def feed(self, data: bytes) -> int:
+    def feed(self, data: bytes | bytearray) -> int:
         pos, n = 0, len(data)
         while pos < n and not self.done:
             in_string = self.skip_string or self.string_at >= 0
@@ -139,7 +141,7 @@ class EventSqueezer:
         return pos
 
     # ---- inside a string: copied, or skipped when cut (or within a cut container)
-    def _in_string(self, data: bytes, pos: int) -> int:
+    def _in_string(self, data: bytes | bytearray, pos: int) -> int:
         start = pos
         if self.escaped:  # the escaped byte after a backslash that ended the last block
             self.escaped, pos = False, pos + 1
@@ -167,7 +169,7 @@ class EventSqueezer:
         return end
 
     # ---- outside strings: brackets and quotes
-    def _outside(self, data: bytes, pos: int) -> int:
+    def _outside(self, data: bytes | bytearray, pos: int) -> int:
         m = _OUTSIDE.search(data, pos)
         end = m.start() if m else len(data)
         if not self.skipping:
@@ -200,7 +202,7 @@ class EventSqueezer:
         self._check_open()
         return end + 1
 
-    def _copy_between(self, between: bytes):
+    def _copy_between(self, between: bytes | bytearray):
         """Copy what stands between brackets and strings: separators, numbers, literals."""
         if not self.open:  # before the event: only whitespace (or a separator) may stand there
             if between.strip(b" \t\r\n,"):
@@ -234,7 +236,10 @@ class EventSqueezer:
 BAD_UNICODE = "string_lone_surrogate_replaced"
 
 
-def scrub(value) -> tuple[object, int]:
+V = TypeVar("V")  # a parsed JSON value, of the same type once scrubbed
+
+
+def scrub(value: V) -> tuple[V, int]:
     """A parsed value with each lone UTF-16 surrogate in its strings (JSON allows `"\\ud800"`,
     UTF-8 has no such character) replaced by U+FFFD; and how many strings were changed."""
     changed = 0

@@ -28,7 +28,9 @@ class TimestampTexts:
     """
 
     def __init__(self, text: bytes | None, events: list):
-        self.text, self.events, self._texts, self._ordinal = text, events, None, None
+        self.text, self.events = text, events
+        self._texts: list[bytes] | None = None  # the `"ts":` values' texts, in text order
+        self._ordinal: dict[int, int] | None = None  # event i -> k: its ts is the k-th text
 
     def ns(self, i: int, value: float) -> int:
         if self.text is None:
@@ -39,6 +41,7 @@ class TimestampTexts:
             if len(with_ts) != len(self._texts):
                 raise NeedsExactParse("ts")
             self._ordinal = {j: k for k, j in enumerate(with_ts)}
+        assert self._ordinal is not None  # set with _texts
         t = self._texts[self._ordinal[i]]
         if not _PLAIN_DECIMAL.match(t) or float(t) != value:
             raise NeedsExactParse("ts")
