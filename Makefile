@@ -1,5 +1,11 @@
 # tracepipe: make targets for the whole workflow. `make help` lists them.
+# Python: the active virtual environment's, else ./.venv's (made on first use); PY=... overrides.
+ifdef VIRTUAL_ENV
 PY      ?= python3
+else
+VENV    := .venv
+PY      ?= $(VENV)/bin/python
+endif
 PIP     ?= $(PY) -m pip
 SRC     ?= traces
 OUT     ?= dataset
@@ -14,14 +20,21 @@ DEMO    := data/demo
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-install:         ## install tracepipe and its test tools (editable)
+install: $(VENV) ## install tracepipe and its test tools (editable) into the active venv, else ./.venv
 	$(PIP) install -q -e '.[dev]'
 	@command -v pyenv >/dev/null 2>&1 && pyenv rehash || true   # make the `tracepipe` script visible under pyenv
+ifdef VENV
+	@echo "tracepipe is installed in $(VENV): run '. $(VENV)/bin/activate' to use the tracepipe command"
+endif
+
+$(VENV):
+	python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
 
 demo: install    ## install, generate the bundled example trace, flatten and analyze it
 	$(PY) -m pipeline demo-trace $(DEMO)/example_trace.json.gz
 	$(PY) -m pipeline flatten $(DEMO)/example_trace.json.gz -o $(DEMO)/flat
-	$(PY) -m pipeline analyze $(DEMO)/flat/example_trace --top 8
+	$(PY) -m pipeline analyze $(DEMO)/flat/example_trace --top 8 --width $${COLUMNS:-100}
 
 test: install    ## run the test suite (real-trace tests run when ../shared/traces exists)
 	$(PY) -m pytest -q
@@ -46,11 +59,21 @@ gloo-runs:       ## re-record the real 4-process gloo runs in tests/data/runs (n
 	$(or $(TORCH_PY),$(PY)) scripts/record_gloo_run.py --out tests/data/runs/gloo4_sub --subgroup 1,2
 	$(PY) scripts/record_gloo_run.py --partial-of tests/data/runs/gloo4 --drop-rank 0 --out tests/data/runs/gloo4_partial
 
-bench: install   ## flatten speed/memory vs orjson.loads on generated 1 GB and 2 GB traces (+ .gz); TEMPLATE=real.json.gz [SECTIONED=1] scales a real trace
+bench: install   ## flatten speed/memory vs orjson.loads on generated 1 GB and 2 GB traces (+ .gz); TEMPLATE=real.json.gz [SECTIONED=1] scales a real trace; then bench-archive
 	$(PY) bench/bench.py --sizes $(SIZES) --gz $(if $(TEMPLATE),--template $(TEMPLATE) --workdir /tmp/tracepipe-bench-$(notdir $(TEMPLATE)) $(if $(SECTIONED),--sectioned))
+	$(PY) bench/bench_archive.py -j $(J)
 
-batch:           ## flatten a folder/archive of traces into a dataset: make batch SRC=... OUT=...
+bench-archive:   ## batch of 10,000 small and of 20 large traces, files per 1,000 traces, query latency, each vs its single-trace/file baseline
+	$(PY) bench/bench_archive.py -j $(J)
+
+batch:           ## flatten a folder/archive of traces into a dataset (small parts merged at the end): make batch SRC=... OUT=... [J=2]
 	$(PY) -m pipeline batch $(SRC) -o $(OUT) -j $(J)
+
+compact:         ## merge a dataset's small part files into few large ones: make compact OUT=...
+	$(PY) -m pipeline compact $(OUT)
+
+install-cluster: $(VENV) ## the cluster engines (--engine ray, --engine dask) and their tests: the `cluster` extra
+	$(PIP) install -q -e '.[dev,cluster]'
 
 query:           ## SQL over a dataset: make query OUT=... SQL="select ..."
 	$(PY) -m pipeline query $(OUT) "$(SQL)"
@@ -64,8 +87,12 @@ acceptance:      ## run the shared acceptance checks (needs ../shared)
 clean:           ## remove generated outputs
 	rm -rf $(DEMO)/flat $(DEMO)/*.json.gz .pytest_cache
 
-.PHONY: help install demo test lint test-fast fuzz oracle gloo-runs bench batch query examples acceptance clean
+.PHONY: help install install-cluster demo test lint test-fast fuzz oracle gloo-runs bench bench-archive batch compact query examples acceptance clean
 
-docs:            ## regenerate the README sections derived from schemas, formulas and device specs
+readme:          ## regenerate the README sections derived from schemas, formulas and device specs
 	$(PY) scripts/gen_readme.py
-.PHONY: docs
+
+docs: install    ## the API reference (pdoc) of the public modules, into build/api/
+	$(PY) -m pdoc --no-show-source -o build/api pipeline pipeline.dataset.tables pipeline.runs.report
+	@echo "API reference: build/api/index.html"
+.PHONY: docs readme

@@ -1,25 +1,48 @@
-"""report: the reports of one flattened trace as polars DataFrames, and their documents.
+"""report: the reports of one trace as polars DataFrames, and their documents.
 
-The public face of `pipeline.analyses` (one module per analysis, `registry` for `analyze`'s
-sections) and `pipeline.render` (tables, documents): see `__all__`. The other names below were
-importable from the single report module this replaced and still are, from where they now live.
+Every report takes a trace file, a flattened trace, or a `Flat` from `opened` (open a trace once
+for several reports: each sweep of it is made once and shared):
+
+>>> from pipeline import report
+>>> from pipeline.synthetic import write_demo
+>>> write_demo("example.json.gz", 0.3)
+>>> with report.opened("example.json.gz") as t:
+...     kernels = report.kernel_table(t)             # per device and kernel name: time, FLOPs, roofline
+...     busy = report.busy(t)                        # per device: busy and idle time
+...     path = report.critical_path(t)               # what bounded the trace's end
+>>> kernels.columns[:5]
+['device', 'name', 'category', 'count', 'dur_us']
+>>> round(sum(path["breakdown_us"].values()), 3) == round(path["length_us"], 3)
+True
+
+`analyze` computes every section of `tracepipe analyze`, `format_analysis` writes them as the
+command does. This module is the public face of `pipeline.analyses` (one module per analysis,
+`registry` for the sections) and `pipeline.render` (tables, documents): see `__all__`. Other
+names below were importable from the single report module this replaced and still are.
 """
 
+# ruff: noqa: F401  (names outside __all__ stay importable from here, as before the split)
 from pipeline.analyses.activity import CPU_DEVICE, Activity
 from pipeline.analyses.busy import busy
 from pipeline.analyses.categories import categories
 from pipeline.analyses.communication import communication
 from pipeline.analyses.compiled import compile_view, compiled_regions
 from pipeline.analyses.cpu import GROUPINGS, CpuOps
+from pipeline.analyses.critical_path import critical_path, critical_path_items
 from pipeline.analyses.diff import SIDE_COLS, diff, diff_side
 from pipeline.analyses.flat import Flat, as_flat, opened
+from pipeline.analyses.idle import idle
 from pipeline.analyses.kernels import kernel_table, transfer_table
 from pipeline.analyses.launch import launch_overhead
+from pipeline.analyses.memory import memory, memory_by_op, memory_series
 from pipeline.analyses.names import KERNEL_NAME_RULES, OP_ALIASES, normalize_kernel, normalize_op
 from pipeline.analyses.ops import op_table
-from pipeline.analyses.registry import SECTIONS, analyze
+from pipeline.analyses.queue import queue, queue_series
+from pipeline.analyses.registry import SECTIONS, Options, analyze
 from pipeline.analyses.rollup import NS_PER_US
+from pipeline.analyses.sequences import sequences
 from pipeline.analyses.stacks import STACK_METRICS, collapsed_stacks, stack_lines
+from pipeline.analyses.window import Window
 from pipeline.cost.categories import CATEGORIES, OTHER, Category, CategoryMemo, category_expr, with_category
 from pipeline.render.documents import (
     DEFAULT_TEXT_TOP,
@@ -28,18 +51,21 @@ from pipeline.render.documents import (
     TEXT_COLUMNS,
     TITLES,
     analysis_json,
+    analysis_sheets,
     check_options,
     diff_json,
     diff_text,
     format_analysis,
     format_diff,
     render_sections,
+    write_analysis_workbook,
+    write_diff_workbook,
 )
 from pipeline.render.tables import finite, render
 
 # isort: split
 # ------------------------------------------------------------------ not the API: kept importable
-from pipeline.analyses.activity import (  # noqa: F401
+from pipeline.analyses.activity import (
     COLLECTIVE,
     COLLECTIVE_SETS,
     GPU_COLUMNS,
@@ -52,7 +78,7 @@ from pipeline.analyses.activity import (  # noqa: F401
     ActivityTally,
     gpu_sweep,
 )
-from pipeline.analyses.cpu import (  # noqa: F401
+from pipeline.analyses.cpu import (
     ARGS,
     GROUP_ARGS,
     IS_OP,
@@ -64,10 +90,10 @@ from pipeline.analyses.cpu import (  # noqa: F401
     Launches,
     cpu_sweep,
 )
-from pipeline.analyses.intervals import covered_overlap, nesting  # noqa: F401
-from pipeline.analyses.names import OVERLOAD_SUFFIX  # noqa: F401
-from pipeline.analyses.rollup import cost_columns  # noqa: F401
-from pipeline.analyses.sweep import (  # noqa: F401
+from pipeline.analyses.intervals import covered_overlap, nesting
+from pipeline.analyses.names import OVERLOAD_SUFFIX
+from pipeline.analyses.rollup import cost_columns
+from pipeline.analyses.sweep import (
     Nest,
     Paths,
     RunTally,
@@ -84,64 +110,53 @@ from pipeline.analyses.sweep import (  # noqa: F401
     time_windows,
     within,
 )
-from pipeline.cost.devices import one_model  # noqa: F401
-from pipeline.errors import BadTrace, DatasetError, UsageError  # noqa: F401
-from pipeline.kineto import ACTIVITY_KINDS as GPU_KINDS  # noqa: F401
-from pipeline.kineto import ANNOTATION_CAT, COMPILED_REGION, FRAME_CAT, OP_CAT, STEP_NAME  # noqa: F401
-from pipeline.link.nesting import LONGER_FIRST  # noqa: F401
+from pipeline.cost.devices import one_model
+from pipeline.errors import BadTrace, DatasetError, UsageError
+from pipeline.kineto import ACTIVITY_KINDS as GPU_KINDS
+from pipeline.kineto import ANNOTATION_CAT, COMPILED_REGION, FRAME_CAT, OP_CAT, STEP_NAME
+from pipeline.link.nesting import LONGER_FIRST
 
 __all__ = [
-    # the reports
+    # open a trace once for several reports
+    "opened",
+    "Flat",
+    "Window",
+    # the reports, each a polars DataFrame
     "kernel_table",
     "transfer_table",
     "busy",
     "categories",
     "op_table",
-    "collapsed_stacks",
-    "stack_lines",
     "launch_overhead",
     "compile_view",
     "compiled_regions",
     "communication",
+    "idle",
+    "queue",
+    "sequences",
+    "memory",
+    "memory_by_op",
+    "memory_series",
+    "queue_series",
+    "critical_path",
+    "critical_path_items",
+    "collapsed_stacks",
+    "stack_lines",
     "diff",
-    "diff_side",
+    # every section of `tracepipe analyze`, and its documents
     "analyze",
-    # a trace opened once for several reports
-    "Flat",
-    "opened",
-    "as_flat",
-    "Activity",
-    "CpuOps",
-    # names and categories
+    "Options",
+    "SECTIONS",
+    "format_analysis",
+    "analysis_json",
+    "analysis_sheets",
+    "write_analysis_workbook",
+    "format_diff",
+    "diff_json",
+    "write_diff_workbook",
+    "render",
+    # names as reports group them
     "normalize_op",
     "normalize_kernel",
-    "OP_ALIASES",
-    "KERNEL_NAME_RULES",
     "CATEGORIES",
-    "OTHER",
-    "Category",
-    "CategoryMemo",
-    "category_expr",
-    "with_category",
-    # options and documents
-    "SECTIONS",
-    "GROUPINGS",
-    "STACK_METRICS",
-    "FORMATS",
-    "check_options",
-    "format_analysis",
-    "format_diff",
-    "analysis_json",
-    "diff_json",
-    "render",
-    "render_sections",
-    "diff_text",
-    "finite",
-    "TEXT_COLUMNS",
-    "TITLES",
-    "DEFAULT_TEXT_TOP",
-    "DIFF_TEXT_COLUMNS",
-    "SIDE_COLS",
-    "CPU_DEVICE",
-    "NS_PER_US",
 ]

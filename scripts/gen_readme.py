@@ -1,4 +1,4 @@
-"""Regenerate the README sections that derive from code and data (`make docs`).
+"""Regenerate the README sections that derive from code and data (`make readme`).
 
 Sections between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers:
 - schema: every table's declaration (schemas/*.toml)

@@ -16,7 +16,7 @@ def _gen():
 def test_readme_generated_sections_are_current():
     gen = _gen()
     text = (ROOT / "README.md").read_text()
-    assert gen.render(text, gen.sections()) == text, "README is out of date: run `make docs`"
+    assert gen.render(text, gen.sections()) == text, "README is out of date: run `make readme`"
 
 
 def test_readme_quick_start_has_the_two_setup_commands_first():

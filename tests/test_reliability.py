@@ -394,20 +394,19 @@ def test_a_full_disk_mid_commit_touches_nothing_else(tmp_path, monkeypatch):
         small_trace(src, f"rank{i}.json", n=i)
     real = batch.commit
 
-    def commit(ds, stage, item, facts):
-        if "rank1" in item.source:
-            os.rename(stage / "events" / f"trace_id={item.trace_id}", ds / "events" / f"trace_id={item.trace_id}")
+    def commit(ds, stage, cid, rows):  # a task of one trace each (group_bytes=1): rank1's commit fails midway
+        if any("rank1" in r["path"] for r in rows):
+            (ds / "events").mkdir(exist_ok=True)
+            os.rename(stage / "events.parquet", ds / "events" / layout.part_name(cid))
             raise OSError(28, "No space left on device")
-        return real(ds, stage, item, facts)
+        return real(ds, stage, cid, rows)
 
     monkeypatch.setattr(batch, "commit", commit)
-    r = batch.run_batch(src, tmp_path / "ds", jobs=1)
+    r = batch.run_batch(src, tmp_path / "ds", jobs=1, group_bytes=1, compact=False)
     assert (r.added, r.failed) == (2, 1) and "cannot commit: No space left on device" in r.problems[0]
-    leftovers = [
-        p
-        for p in (tmp_path / "ds").rglob("trace_id=*")
-        if p.name.split("=")[1] not in layout.committed_ids(tmp_path / "ds")
-    ]
+    named = {r["part"] for r in layout.read_manifest(tmp_path / "ds").values()}
+    parts = [p for p in (tmp_path / "ds").rglob("part-*.parquet") if p.parent.name != "traces"]
+    leftovers = [p for p in parts if p.name not in named]
     assert not leftovers
     monkeypatch.setattr(batch, "commit", real)
     assert batch.run_batch(src, tmp_path / "ds", jobs=1).added == 1  # retried by the next run

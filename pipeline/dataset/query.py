@@ -14,10 +14,12 @@ from pathlib import Path
 import polars as pl
 
 from pipeline import store
+from pipeline.dataset.layout import KEY
 from pipeline.dataset.tables import tables
 from pipeline.errors import UsageError
+from pipeline.render.tables import render
 
-FORMATS = ("table", "csv", "json", "parquet")
+FORMATS = ("table", "csv", "json", "md", "parquet", "xlsx")
 
 # A "run" is the directory holding its traces (one file per rank), so ranks of one job group together.
 _RUN = "REGEXP_REPLACE(t.source_path, '/[^/]*$', '')"
@@ -46,15 +48,22 @@ EXAMPLES: dict[str, tuple[str, str]] = {
         ORDER BY w.run, LENGTH(w.step), w.step""",
     ),
     "achieved_pct_by_device": (
-        "time-weighted achieved % of peak FLOP/s and of peak bandwidth, by device type",
+        "time-weighted achieved % of peak FLOP/s and of peak bandwidth, by device type, over the kernels "
+        "that have a model (modelled_*_pct: their share of kernel time; kernels without FLOPs, such as "
+        "communication, are not averaged in as 0%)",
         """
         WITH k AS (
             SELECT COALESCE(spec_name, 'unknown') AS device_type, dur_ns,
-                   CASE WHEN achieved_flops_pct <> CAST('NaN' AS DOUBLE) THEN achieved_flops_pct END AS flops_pct,
-                   CASE WHEN achieved_bw_pct <> CAST('NaN' AS DOUBLE) THEN achieved_bw_pct END AS bw_pct
+                   CASE WHEN flops > 0 AND achieved_flops_pct <> CAST('NaN' AS DOUBLE)
+                        THEN achieved_flops_pct END AS flops_pct,
+                   CASE WHEN bytes > 0 AND achieved_bw_pct <> CAST('NaN' AS DOUBLE) THEN achieved_bw_pct END AS bw_pct
             FROM gpu_ops WHERE kind = 'kernel')
         SELECT device_type, COUNT(*) AS kernels, SUM(dur_ns) / 1e3 AS kernel_us,
+               CAST(SUM(CASE WHEN flops_pct IS NOT NULL THEN dur_ns ELSE 0 END) AS DOUBLE) * 100 / SUM(dur_ns)
+                   AS modelled_flops_pct,
                SUM(flops_pct * dur_ns) / SUM(CASE WHEN flops_pct IS NOT NULL THEN dur_ns END) AS achieved_flops_pct,
+               CAST(SUM(CASE WHEN bw_pct IS NOT NULL THEN dur_ns ELSE 0 END) AS DOUBLE) * 100 / SUM(dur_ns)
+                   AS modelled_bw_pct,
                SUM(bw_pct * dur_ns) / SUM(CASE WHEN bw_pct IS NOT NULL THEN dur_ns END) AS achieved_bw_pct
         FROM k GROUP BY device_type ORDER BY kernel_us DESC""",
     ),
@@ -128,13 +137,20 @@ def check_sandboxed(sql: str):
         )
 
 
-def run(path: str | Path, sql: str, sandbox: bool = False) -> pl.DataFrame:
-    """Run one SQL query over the tables of `path`; raise UsageError on a bad query. With `sandbox`
-    the query may read only the dataset's tables (no read_csv('/any/file'), no URLs)."""
+def run(path: str | Path, sql: str, sandbox: bool = False, trace: str | None = None) -> pl.DataFrame:
+    """Run one SQL query over the tables of `path` (`trace`: only the rows of the trace it names,
+    by trace_id, stem or part of its path); raise UsageError on a bad query. With `sandbox` the
+    query may read only the dataset's tables (no read_csv('/any/file'), no URLs)."""
     if sandbox:
         check_sandboxed(sql)
     words = {w.lower() for w in re.findall(r"\w+", sql)}
-    ctx = pl.SQLContext(tables(path, words), eager=False)
+    found = tables(path, words)
+    if trace is not None:
+        from pipeline.dataset.pick import choose
+
+        tid = choose(Path(path), trace)
+        found = {n: lf.filter(pl.col(KEY) == tid) for n, lf in found.items()}
+    ctx = pl.SQLContext(found, eager=False)
     try:
         return ctx.execute(sql).collect()
     except Exception as e:
@@ -151,28 +167,29 @@ def example(name: str) -> str:
 def check_format(fmt: str, out: str | Path | None = None):
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    if fmt == "parquet" and out is None:
-        raise UsageError("--format parquet needs -o FILE")
+    if fmt in ("parquet", "xlsx") and out is None:
+        raise UsageError(f"--format {fmt} writes a file: give -o FILE")
 
 
-def write(df: pl.DataFrame, fmt: str, out: str | Path | None = None):
-    """Write a result as a table, CSV, JSON (a list of row objects) or Parquet (needs `out`); a
-    file appears complete or not at all."""
+def write(df: pl.DataFrame, fmt: str, out: str | Path | None = None, width: int | None = None):
+    """Write a result as a table (fitted to `width`), Markdown, CSV, JSON (a list of row objects)
+    or Parquet (needs `out`); a file appears complete or not at all."""
     check_format(fmt, out)
     if out is None:
-        sys.stdout.write(_text(df, fmt))
+        sys.stdout.write(_text(df, fmt, width))
         return
     with store.output_of(out), store.atomic_file(Path(out)) as tmp:
         if fmt == "parquet":
             df.write_parquet(tmp)
+        elif fmt == "xlsx":
+            from pipeline.render.workbook import write_workbook
+
+            write_workbook(tmp, {"result": df}, {"rows": df.height})
         else:
-            tmp.write_text(_text(df, fmt))
+            tmp.write_text(_text(df, fmt, width))
 
 
-def _text(df: pl.DataFrame, fmt: str) -> str:
-    if fmt == "csv":
-        return df.write_csv()
+def _text(df: pl.DataFrame, fmt: str, width: int | None = None) -> str:
     if fmt == "json":
         return df.write_json() + "\n"
-    with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=80, tbl_width_chars=200):
-        return str(df) + "\n"
+    return render(df, fmt, width=width)

@@ -9,12 +9,12 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline import schema, store
-from pipeline.dataset.layout import KEY, MANIFEST, MANIFEST_SCHEMA, committed_ids
+from pipeline.dataset.layout import KEY, MANIFEST, MANIFEST_FILE, MANIFEST_SCHEMA, live_parts, manifest, part_files
 from pipeline.errors import DatasetError
 
 
 def _polars_schema(arrow: pa.Schema) -> pl.Schema:
-    return pl.from_arrow(arrow.empty_table()).schema
+    return store.frame_from_arrow(arrow.empty_table()).schema
 
 
 def _declared(name: str) -> pl.Schema:
@@ -28,23 +28,32 @@ def is_dataset(path: Path) -> bool:
     return any((path / t).is_dir() for t in (*schema.TABLES, MANIFEST))
 
 
-def _scan_dataset(ds: Path, name: str, keep: set[str]) -> pl.LazyFrame:
-    d = ds / name
+def _scan_dataset(ds: Path, name: str, rows: pl.DataFrame) -> pl.LazyFrame:
+    """A table of a dataset: the part files its manifest rows name (`layout`), and nothing else (a
+    part of a commit that never finished is not read), trace_id a column of each."""
     want = _declared(name)
-    parts = {p.name.split("=", 1)[1] for p in d.glob(f"{KEY}=*")} if d.is_dir() else set()
-    if not parts & keep:
-        return pl.LazyFrame(schema={**want, KEY: pl.String})
-    lf = pl.scan_parquet(
-        str(d / f"{KEY}=*" / "*.parquet"),
-        hive_partitioning=True,
-        hive_schema={KEY: pl.String},
-        schema=want,
-        missing_columns="insert",
-        extra_columns="ignore",
-    )
-    if parts - keep:  # a batch run was killed mid-commit: its partitions are not part of the dataset yet
-        lf = lf.filter(pl.col(KEY).is_in(sorted(keep)))
-    return lf
+    columns: dict[str, pl.DataType | type[pl.DataType]] = {**want, KEY: pl.String}
+    if name == MANIFEST:
+        return rows.drop(MANIFEST_FILE).lazy()
+    new, old = part_files(ds, name, live_parts(rows))
+    new = [f for f in new if Path(f).is_file()]
+    scans = []
+    if new:
+        scans.append(pl.scan_parquet(new, schema=columns, missing_columns="insert", extra_columns="ignore"))
+    if old:  # the one-folder-per-trace layout: trace_id in the path only
+        scans.append(
+            pl.scan_parquet(
+                old,
+                hive_partitioning=True,
+                hive_schema={KEY: pl.String},
+                schema=want,
+                missing_columns="insert",
+                extra_columns="ignore",
+            ).select(list(columns))
+        )
+    if not scans:
+        return pl.LazyFrame(schema=columns)
+    return scans[0] if len(scans) == 1 else pl.concat(scans)
 
 
 def _scan_flat(d: Path, name: str) -> pl.LazyFrame:
@@ -62,10 +71,10 @@ def flat_dirs(path: Path) -> list[Path]:
 
 def _scan_flat_dirs(dirs: list[Path], name: str) -> pl.LazyFrame:
     want = _declared(name)
+    columns: dict[str, pl.DataType | type[pl.DataType]] = {**want, KEY: pl.String}
     scans = [
         _scan_flat(d, name).select(
-            pl.col(c).cast(t) if c in _names(d, name) else pl.lit(None, t).alias(c)
-            for c, t in {**want, KEY: pl.String}.items()
+            pl.col(c).cast(t) if c in _names(d, name) else pl.lit(None, t).alias(c) for c, t in columns.items()
         )
         for d in dirs
         if (d / f"{name}.parquet").is_file()
@@ -86,9 +95,33 @@ def tables(path: str | Path, names=None) -> dict[str, pl.LazyFrame]:
         avail = [n for n in schema.TABLES if (path / f"{n}.parquet").is_file()]
         return {n: _scan_flat(path, n) for n in avail if wanted(n)}
     if path.is_dir() and is_dataset(path):
-        keep = committed_ids(path)
-        return {n: _scan_dataset(path, n, keep) for n in (*schema.TABLES, MANIFEST) if wanted(n)}
+        rows = manifest(path)
+        return {n: _scan_dataset(path, n, rows) for n in (*schema.TABLES, MANIFEST) if wanted(n)}
     dirs = flat_dirs(path)
     if dirs:
         return {n: _scan_flat_dirs(dirs, n) for n in schema.TABLES if wanted(n)}
     raise DatasetError(f"{path}: not a batch dataset, a flattened trace or a folder of flattened traces")
+
+
+def scan(path: str | Path, table: str, trace: str | None = None) -> pl.LazyFrame:
+    """One table as a polars LazyFrame: of a flattened trace (as written), or of a batch dataset or
+    a folder of flattened traces (every trace's rows, with their `trace_id`; `trace`: only those of
+    the trace it names, by trace_id, stem or part of its path).
+
+    >>> import pipeline, polars as pl
+    >>> ops = pipeline.scan("dataset/", "gpu_ops")  # doctest: +SKIP
+    >>> ops.group_by("trace_id").agg(pl.col("dur_ns").sum()).collect()  # doctest: +SKIP
+    """
+    path = Path(path)
+    if store.is_flat_dir(path) and trace is None:
+        return store.scan(path, table)
+    if table not in (*schema.TABLES, MANIFEST):
+        raise DatasetError(f"no table {table!r}; tables are {', '.join((*schema.TABLES, MANIFEST))}")
+    found = tables(path, [table])
+    if table not in found:
+        raise DatasetError(f"{path}: has no {table} table")
+    if trace is None:
+        return found[table]
+    from pipeline.dataset.pick import choose
+
+    return found[table].filter(pl.col(KEY) == choose(path, trace))

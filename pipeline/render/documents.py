@@ -8,6 +8,8 @@ rows or a table of them. Options are checked before any work is done (`check_opt
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import polars as pl
 
 from pipeline.analyses.cpu import check_grouping
@@ -17,7 +19,7 @@ from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE, REGISTRY, SE
 from pipeline.errors import UsageError
 from pipeline.render.tables import dumps, records, render
 
-FORMATS = ("table", "csv", "json", "md")  # of analyze and diff
+FORMATS = ("table", "csv", "json", "md", "xlsx")  # of analyze and diff
 DEFAULT_TEXT_TOP = 20  # rows per section (per device) in table / md
 DEFAULT_CSV_SECTION = "kernels"
 # What table / md show of each section (None: every column) and its title: views of the registry.
@@ -32,53 +34,113 @@ def check_options(fmt: str, only: list[str] | None = None, group_by: str | None 
     unknown = [s for s in only or [] if s not in SECTIONS]
     if unknown:
         raise UsageError(f"unknown section {unknown[0]!r}; sections: {', '.join(SECTIONS)}")
-    if fmt == "csv" and only and len(only) != 1:
-        raise UsageError("--format csv writes one section: give one --section")
     check_grouping(group_by)
 
 
 # ------------------------------------------------------------------ analyze
 def analysis_json(sections: dict[str, pl.DataFrame], top: int | None = None) -> dict:
     """The JSON document of `analyze`: {"devices": [{device, name, busy_pct, ..., kernels: [...],
-    transfers: [...], streams: [...], categories: [...]}], "ops": [...], "launch": [...], ...}."""
-    (listing,) = (s.name for s in REGISTRY if s.json == DEVICES)
-    nested = [s.name for s in REGISTRY if s.json == IN_DEVICE]
-    devices = []
-    for d in records(sections[listing], ("start_ns", "end_ns")):
-        for name in nested:
-            rows = sections[name].filter(pl.col("device") == d["device"])
-            d[name] = records(rows.head(top) if top else rows, ("device", "start_ns", "end_ns"))
-        devices.append(d)
-    out: dict = {listing: devices}
+    transfers: [...], streams: [...], categories: [...]}], "ops": [...], "launch": [...], ...}: the
+    sections computed, each where the registry puts it."""
+    out: dict = {}
+    listing = next((s.name for s in REGISTRY if s.json == DEVICES), None)
+    if listing in sections:
+        nested = [s.name for s in REGISTRY if s.json == IN_DEVICE and s.name in sections]
+        devices = []
+        for d in records(sections[listing], ("start_ns", "end_ns")):
+            for name in nested:
+                rows = sections[name].filter(pl.col("device") == d["device"])
+                d[name] = records(rows.head(top) if top else rows, ("device", "start_ns", "end_ns"))
+            devices.append(d)
+        out[listing] = devices
     for s in REGISTRY:
-        if s.json == TOP_LEVEL:
+        if s.json == TOP_LEVEL and s.name in sections:
             rows = sections[s.name]
-            out[s.name] = records(rows.head(top) if top and s.top_in_json else rows)
+            rows = rows.head(top) if top and s.top_in_json else rows
+            out[s.key] = s.json_value(rows) if s.json_value else records(rows)
     return out
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How text tables are laid out: names cut to `name_limit`, tables fitted to `width` (None: no
+    limit), only `columns` (of those a table has; None: the section's own)."""
+
+    name_limit: int | None = 60
+    width: int | None = None
+    columns: tuple[str, ...] | None = None
+
+
 def render_sections(
-    sections: dict[str, pl.DataFrame], fmt: str, name_limit: int | None = None, top: int | None = None
+    sections: dict[str, pl.DataFrame],
+    fmt: str,
+    layout: Layout = Layout(),
+    top: int | None = None,
+    devices: dict[int, str] | None = None,
 ) -> str:
-    """Every non-empty section under its title (table / md)."""
+    """Every non-empty section under its title (table / md); a per-device section as one table per
+    device, under the device's id and name (`devices`, default: from the devices section)."""
+    names = device_names(sections) if devices is None else devices
     out = []
     for name, df in sections.items():
         if df.height:
-            out.append(_text_section(name, df, fmt, name_limit, top))
+            out.append(_text_section(name, df, fmt, layout, top, names))
     return "\n".join(out)
 
 
-def _text_section(name: str, df: pl.DataFrame, fmt: str, name_limit: int | None, top: int | None) -> str:
-    """One section's table under its title: its registered columns and top rows (a section not
-    registered: every column, the top rows, its name as title)."""
+def device_names(sections: dict[str, pl.DataFrame]) -> dict[int, str]:
+    """device id -> name, from the devices section when it was computed."""
+    listing = next((s.name for s in REGISTRY if s.json == DEVICES), None)
+    df = sections.get(listing) if listing else None
+    if df is None or not {"device", "name"} <= set(df.columns):
+        return {}
+    return dict(zip(df["device"].to_list(), df["name"].to_list()))
+
+
+def device_labels(f) -> dict[int, str]:
+    """device id -> the name the trace gives it (without sweeping the trace)."""
+    devs = f.scan("devices").select("device", "name").drop_nulls().collect()
+    return dict(zip(devs["device"].to_list(), devs["name"].to_list()))
+
+
+def _text_section(
+    name: str, df: pl.DataFrame, fmt: str, layout: Layout, top: int | None, devices: dict[int, str]
+) -> str:
+    """One section under its title: each of its tables (`Section.tables`) with its registered
+    columns (or the layout's) and top rows; a section not registered: every column, its name as
+    title."""
     s = BY_NAME.get(name)
-    df = df.select([c for c in ((s.columns if s else None) or df.columns) if c in df.columns])
-    if top and s and s.top_per_device:
-        df = df.group_by("device", maintain_order=True).head(top)
-    elif top:
-        df = df.head(top)
     title = s.title if s else name
-    return (f"## {title}\n\n" if fmt == "md" else f"{title}\n") + render(df, fmt, name_limit)
+    head = f"## {title}\n\n" if fmt == "md" else f"{title}\n"
+    views = s.tables(df) if s else {name: df}
+    return head + ("\n" if fmt == "md" else "").join(
+        _table(view, rows, s, fmt, layout, top, devices, len(views) > 1) for view, rows in views.items() if rows.height
+    )
+
+
+def _table(view: str, df: pl.DataFrame, s, fmt: str, layout: Layout, top, devices: dict[int, str], named: bool) -> str:
+    """One table of a section (under its name, when the section has several); a per-device
+    section as one table per device, under the device's id and name."""
+    per_device = bool(s and s.top_per_device and "device" in df.columns)
+    shown = shown_columns(df, s.columns if s and not s.views else None, layout.columns)
+    df = df.select(["device", *(c for c in shown if c != "device")] if per_device else shown)
+    table = lambda d: render(d, fmt, layout.name_limit, layout.width)
+    label = (f"### {view}\n\n" if fmt == "md" else f"{view}:\n") if named else ""
+    if not per_device:  # a section's own views (critical-path) are shown whole
+        return label + table(df.head(top) if top and not (s and s.views) else df)
+    parts = []
+    for (device,), rows in df.group_by("device", maintain_order=True):
+        sub = f"device {device}" + (f": {devices[device]}" if device in devices else "")
+        sub = f"### {sub}\n\n" if fmt == "md" else f"{sub}\n"
+        parts.append(sub + table((rows.head(top) if top else rows).drop("device")))
+    return label + ("\n" if fmt == "md" else "").join(parts)
+
+
+def shown_columns(df: pl.DataFrame, default: tuple[str, ...] | list[str] | None, chosen) -> list[str]:
+    """The columns a table shows: the `chosen` ones it has, in their order, else its `default` ones
+    (None: all)."""
+    picked = [c for c in chosen or () if c in df.columns]
+    return picked or [c for c in (default or df.columns) if c in df.columns]
 
 
 def format_analysis(
@@ -88,33 +150,65 @@ def format_analysis(
     name_limit: int | None = 60,
     top: int | None = None,
     only: list[str] | None = None,
+    width: int | None = None,
+    columns: list[str] | None = None,
 ) -> str:
     """`analyze` output. json: the whole document (every kernel unless top is given); csv: one
-    section (`only`, default kernels), every column; table/md: the chosen sections (default all),
-    top rows each (default 20), names cut to name_limit."""
+    section (`only`, default kernels), every column (or `columns`); table/md: the chosen sections
+    (default all), top rows each (default 20), names cut to name_limit, tables fitted to `width`."""
     check_options(fmt, only)
     f = as_flat(flat)
     if fmt == "json":
-        where = {"source": f.source} if f.flatten_result else {"flat_dir": str(f.path), "source": f.source}
-        return dumps({"trace": {"stem": f.stem, **where}, **analysis_json(sections, top)})
+        return dumps({"trace": {"stem": f.stem, **f.origin, "source": f.source}, **analysis_json(sections, top)})
     if fmt == "csv":
-        df = sections[(only or [DEFAULT_CSV_SECTION])[0]]
-        return render(df.head(top) if top else df, "csv")
+        name = (only or [DEFAULT_CSV_SECTION])[0]
+        df = next(iter(analysis_sheets({name: sections[name]}, top).values()))
+        return render(df, "csv", columns=columns)
     chosen = {k: v for k, v in sections.items() if not only or k in only}
     head = f"# {f.stem}\n\n" if fmt == "md" else f"{f.stem}\n\n"
-    return head + render_sections(chosen, fmt, name_limit or None, DEFAULT_TEXT_TOP if top is None else top or None)
+    layout = Layout(name_limit or None, width, tuple(columns) if columns else None)
+    top = DEFAULT_TEXT_TOP if top is None else top or None
+    return head + render_sections(chosen, fmt, layout, top, device_names(sections) or device_labels(f))
+
+
+def analysis_sheets(sections: dict[str, pl.DataFrame], top: int | None = None) -> dict[str, pl.DataFrame]:
+    """The sections as the rows the JSON document holds (nested sections: of the listed devices,
+    `top` per device), by section name: the sheets of `--format xlsx`, the files of csv -o DIR."""
+    listing = next((s.name for s in REGISTRY if s.json == DEVICES), None)
+    devices = sections[listing]["device"] if listing in sections else None
+    out: dict[str, pl.DataFrame] = {}
+    for name, df in sections.items():
+        s = BY_NAME.get(name)
+        if s is not None and s.json == IN_DEVICE and devices is not None:
+            df = df.filter(pl.col("device").is_in(devices.implode()))
+            df = df.group_by("device", maintain_order=True).head(top) if top else df
+        elif top and (s is None or s.top_in_json):
+            df = df.head(top)
+        out |= s.tables(df) if s else {name: df}
+    return out
+
+
+def write_analysis_workbook(flat, sections: dict[str, pl.DataFrame], path, top: int | None = None) -> None:
+    """`analyze --format xlsx`: an `about` sheet, then one sheet per section (see `analysis_sheets`)."""
+    from pipeline.render.workbook import write_workbook
+    from pipeline.version import __version__
+
+    f = as_flat(flat)
+    about: dict[str, object] = {"trace": f.stem, "source": f.source, "tracepipe": __version__}
+    about |= {f"section {n}": BY_NAME[n].title if n in BY_NAME else n for n in sections}
+    write_workbook(path, analysis_sheets(sections, top), about)
 
 
 # ------------------------------------------------------------------ diff
-DIFF_TEXT_COLUMNS = [
+DIFF_TEXT_COLUMNS = [  # by importance: a narrow terminal leaves out the last ones
     "key",
     "kind",
-    "a_count",
     "a_dur_us",
-    "b_count",
     "b_dur_us",
     "delta_us",
     "ratio",
+    "a_count",
+    "b_count",
     "a_achieved_flops_pct",
     "b_achieved_flops_pct",
     "a_top",
@@ -137,7 +231,13 @@ def diff_json(d: pl.DataFrame, label_a: str = "a", label_b: str = "b") -> dict:
 
 
 def diff_text(
-    d: pl.DataFrame, fmt: str, label_a: str, label_b: str, name_limit: int | None = None, top: int | None = None
+    d: pl.DataFrame,
+    fmt: str,
+    label_a: str,
+    label_b: str,
+    name_limit: int | None = None,
+    top: int | None = None,
+    width: int | None = None,
 ) -> str:
     """The diff's main columns as a table / md, a_* and b_* named after the labels."""
     top_name = lambda s: pl.col(f"{s}_top_kernels").list.first().struct.field("name")
@@ -149,7 +249,7 @@ def diff_text(
             if c.startswith(("a_", "b_"))
         }
     )
-    return render(t.head(top) if top else t, fmt, name_limit)
+    return render(t.head(top) if top else t, fmt, name_limit, width)
 
 
 def format_diff(
@@ -159,6 +259,7 @@ def format_diff(
     label_b: str = "b",
     name_limit: int | None = 60,
     top: int | None = None,
+    width: int | None = None,
 ) -> str:
     """`diff` output: json {"labels", "rows": [...]}, or a table / md / csv of the rows."""
     check_options(fmt)
@@ -166,4 +267,16 @@ def format_diff(
         return dumps(diff_json(d.head(top) if top else d, label_a, label_b))
     if fmt == "csv":
         return render(d.head(top) if top else d, "csv")
-    return diff_text(d, fmt, label_a, label_b, name_limit or None, top)
+    return diff_text(d, fmt, label_a, label_b, name_limit or None, top, width)
+
+
+def write_diff_workbook(d: pl.DataFrame, path, label_a: str = "a", label_b: str = "b", top: int | None = None) -> None:
+    """`diff --format xlsx`: an `about` sheet naming A and B, then the side-by-side rows (every
+    column; each side's top kernels as text)."""
+    from pipeline.render.workbook import write_workbook
+    from pipeline.version import __version__
+
+    rows = d.head(top) if top else d
+    tops = {c: pl.col(c).list.eval(pl.element().struct.field("name")) for c in ("a_top_kernels", "b_top_kernels")}
+    rows = rows.with_columns(v.alias(c) for c, v in tops.items() if c in rows.columns)
+    write_workbook(path, {"diff": rows}, {"a": label_a, "b": label_b, "tracepipe": __version__})

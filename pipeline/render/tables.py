@@ -1,15 +1,31 @@
-"""tables: one frame written as an aligned text table, Markdown, CSV or JSON rows.
+"""tables: one frame written as an aligned text table, Markdown, CSV or JSON rows: the one writer
+of `analyze`, `diff`, `query` and `ranks`.
 
-The writers that `analyze`, `diff` (see `documents`) and, later, `query` share: cells are formatted
-once here (`cell`: floats to 2 decimals or 3 significant digits, long names cut), and NaN / inf
-become empty cells or JSON nulls (`finite`).
+Numbers have one style per unit, chosen by the column's name (`cell`): times (`*_us`) and rates
+(`*_gbps`, `*_tflops`) with thousands separators and 2 decimals, percentages (`*_pct`) with 1,
+FLOPs and bytes in engineering units (`5.51 T`, `2.09 GB`), counts as integers with separators.
+A text table fits a width (`--width`, else the terminal's): the widest names are shortened in
+the middle, ending in a stable id (`#3f2a`, from the whole name: two names that differ only in
+their middle stay apart), then the least important columns (the last) are left out and named
+below the table. Markdown and CSV are not fitted (they are for sharing).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import re
+import shutil
+import sys
+from decimal import Decimal
 
 import polars as pl
+
+MIN_NAME = 18  # a shortened name keeps at least this many characters
+GAP = 2  # spaces between columns
+SEQUENCE = "kernels"  # a column of kernel sequences (lists of names): one name per line
+ENG = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
 def finite(df: pl.DataFrame) -> pl.DataFrame:
@@ -30,43 +46,224 @@ def dumps(doc: dict) -> str:
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
 
 
-def cell(v, name_limit: int | None) -> str:
-    """One value as table / md text (names cut to name_limit characters, with an ellipsis)."""
+# ------------------------------------------------------------------ cells
+def engineering(v: float, unit: str = "") -> str:
+    """5.51e12 -> '5.51 T' (with `unit` after the prefix: '2.09 GB')."""
+    a = abs(v)
+    for scale, prefix in ENG:
+        if a >= scale:
+            return f"{v / scale:.3g} {prefix}{unit}"
+    return f"{v:.3g} {unit}".rstrip() if a else f"0 {unit}".rstrip()
+
+
+def number(v: float | int, column: str) -> str:
+    """One number in its column's style (see the module docstring)."""
+    c = column.lower()
+    if isinstance(v, float) and not math.isfinite(v):
+        return ""
+    if c == "flops" or c.endswith("_flops") or c.startswith("flops"):
+        return engineering(float(v))
+    if c == "bytes" or c.endswith("_bytes"):
+        return engineering(float(v), "B")
+    if c.endswith("_pct"):
+        return f"{v:,.1f}"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int):
+        return f"{v:,}"
+    if c.endswith(("_us", "_ms", "_s", "_gbps", "_tflops", "_ns")):
+        return f"{v:,.2f}"
+    a = abs(v)
+    return f"{v:.3g}" if a >= 1e6 or (a and a < 0.01) else f"{v:,.2f}"
+
+
+def cell(v, column: str = "", name_limit: int | None = None) -> str:
+    """One value as table / md text (names cut in the middle to name_limit characters)."""
     if v is None:
         return ""
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return ""
-        a = abs(v)
-        return f"{v:.3g}" if a >= 1e6 or (a and a < 0.01) else f"{v:,.2f}"
+    if isinstance(v, Decimal):
+        v = float(v)
+    if isinstance(v, (int, float)):
+        return number(v, column)
+    if isinstance(v, (list, tuple)) and column == SEQUENCE:  # one kernel per line
+        return "\n→ ".join(compact(str(k), 0) for k in v)
     if isinstance(v, (list, tuple)):
-        return ",".join(cell(x, name_limit) for x in v)
+        return ",".join(cell(x, column, None) for x in v)
     if isinstance(v, dict):
         return str(v.get("name", v))
     s = str(v)
-    return s if not name_limit or len(s) <= name_limit else s[: max(1, name_limit - 1)] + "…"
+    return shorten(s, name_limit) if name_limit else s
 
 
-def render(df: pl.DataFrame, fmt: str, name_limit: int | None = None) -> str:
-    """A frame as an aligned text table, Markdown or CSV (names truncated to name_limit in table/md)."""
+def shorten(s: str, limit: int, names: bool = True) -> str:
+    """s in at most `limit` characters. A C++ name is first made compact (`compact`); what still
+    does not fit keeps its start and end around an ellipsis. A shortened name ends in ` #` and four
+    hex digits of the whole name's hash: the same name always gets the same id, and two names that
+    differ only where they were cut stay apart (under MIN_NAME characters there is no room for it).
+    `names`: False for text that is not one name (a kernel sequence): cut, never made compact."""
+    if len(s) <= limit:
+        return s
+    if limit < MIN_NAME:
+        head = max(limit - 1, 1) * 2 // 3
+        return s[:head] + "…" + s[len(s) - max(limit - 1 - head, 0) :] if limit > 1 else "…"
+    tag = " #" + hashlib.blake2b(s.encode(), digest_size=2).hexdigest()
+    room = limit - len(tag)
+    short = compact(s, room) if names else s
+    if len(short) <= room:
+        return short + tag
+    head = (room - 1 + 1) // 2 + (room - 1) // 4
+    return short[:head] + "…" + short[len(short) - (room - 1 - head) :] + tag
+
+
+_SCOPE = re.compile(r"\b(?!anonymous\b)[A-Za-z_]\w*::")  # a namespace or class qualifier
+_CPP = re.compile(r"::|<|\w\(")  # what a C++ symbol has and other names (`Memcpy DtoD (Device -> Device)`) lack
+_SPACES = re.compile(r"\s*([<>,*&])\s*")
+
+
+def compact(name: str, room: int) -> str:
+    """A C++ kernel name made shorter step by step, until it fits `room`: without the return type
+    `void` and the parameter list, then without namespace qualifiers, then without spaces around
+    template punctuation, then without `(…)`, then with its template arguments as `<…>`. Other
+    names come back as they are."""
+    steps = (
+        lambda n: _without_params(n.removeprefix("void ")),
+        lambda n: _SCOPE.sub("", n),
+        lambda n: _SPACES.sub(r"\1", n),
+        lambda n: n.removesuffix("(…)"),
+        _without_template_args,
+    )
+    if not _CPP.search(name):
+        return name
+    for step in steps:
+        if len(name) <= room:
+            break
+        name = step(name)
+    return name
+
+
+def _without_params(name: str) -> str:
+    """f<T>(int, g(x)) -> f<T>(…): a trailing parameter list (balanced, any depth) elided."""
+    if not name.endswith(")"):
+        return name
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(name[i], 0)
+        if depth == 0:
+            return name[:i] + "(…)" if i and (name[i - 1].isalnum() or name[i - 1] in "_>") else name
+    return name
+
+
+def _without_template_args(name: str) -> str:
+    """a<b<c>, d>::e<f> -> a<…>::e<…> (the outermost template argument lists elided)."""
+    out, depth = [], 0
+    for ch in name:
+        if ch == "<":
+            depth += 1
+            if depth == 1:
+                out.append("<…")
+        elif ch == ">" and depth:
+            depth -= 1
+            if depth == 0:
+                out.append(">")
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+# ------------------------------------------------------------------ writers
+def terminal_width() -> int | None:
+    """The width a text table should fit: $COLUMNS, else the terminal's; None (no limit) when
+    stdout is neither."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def render(
+    df: pl.DataFrame,
+    fmt: str,
+    name_limit: int | None = None,
+    width: int | None = None,
+    columns: list[str] | None = None,
+) -> str:
+    """A frame as an aligned text table fitted to `width`, Markdown or CSV (`columns`: only these,
+    in this order, of those it has); names longer than `name_limit` are shortened (`shorten`)."""
+    if columns:
+        df = df.select([c for c in columns if c in df.columns] or df.columns)
     if fmt == "csv":
         return _csv(df)
     head = list(df.columns)
-    body = [[cell(v, name_limit) for v in row] for row in df.iter_rows()]
-    if fmt == "md":
-        return _markdown(head, body)
-    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(head)]
+    body = [[cell(v, c) for v, c in zip(row, head)] for row in df.iter_rows()]
     numeric = [df.schema[c].is_numeric() for c in head]
-    fmt_row = lambda r: "  ".join(
-        c.rjust(w) if n else c.ljust(w) for c, w, n in zip(r, widths, numeric, strict=False)
-    ).rstrip()
-    return "\n".join([fmt_row(head), fmt_row(["-" * w for w in widths]), *map(fmt_row, body)]) + "\n"
+    limits = [0 if numeric[i] or not name_limit else name_limit for i in range(len(head))]
+    if fmt == "md":
+        return _markdown(head, [[c.replace("\n", " ") for c in r] for r in _shortened(body, head, limits)])
+    return _text(head, body, numeric, width, limits)
+
+
+def _shortened(body: list[list[str]], head: list[str], limits: list[int]) -> list[list[str]]:
+    """Each text cell (each line of it) cut to its column's limit (0: none), once, from its whole value."""
+    cut = lambda c, i: "\n".join(shorten(x, limits[i]) for x in c.split("\n")) if limits[i] else c
+    return [[cut(c, i) for i, c in enumerate(r)] for r in body]
+
+
+def _text(head: list[str], body: list[list[str]], numeric: list[bool], width: int | None, limits: list[int]) -> str:
+    """An aligned table. Fitting a width: text columns narrowed to a third of it (names cut with
+    an id), then the last columns left out, then texts narrowed to MIN_NAME."""
+    widths = [max([len(h)] + [len(x) for r in body for x in r[i].split("\n")]) for i, h in enumerate(head)]
+    texts = [i for i in range(len(head)) if not numeric[i]]
+    for i in texts:
+        widths[i] = min(widths[i], max(limits[i] or widths[i], len(head[i])))
+    keep = list(range(len(head)))
+    if width:
+        comfort = max(MIN_NAME, width // 3)
+        _narrow(widths, texts, head, keep, width, comfort)
+        while _total(widths, keep) > width and len(keep) > 2:
+            keep.pop()
+        _narrow(widths, texts, head, keep, width, MIN_NAME)
+    body = _shortened(body, head, [widths[i] if i in texts else 0 for i in range(len(head))])
+
+    def line(r: list[str]) -> str:
+        return (" " * GAP).join(r[i].rjust(widths[i]) if numeric[i] else r[i].ljust(widths[i]) for i in keep).rstrip()
+
+    def lines(r: list[str]) -> list[str]:  # a row whose cells hold several lines: one line each
+        split = [c.split("\n") for c in r]
+        depth = max(len(c) for c in split)
+        return [line([c[k] if k < len(c) else "" for c in split]) for k in range(depth)]
+
+    out = [line(head), line(["-" * w for w in widths]), *(x for r in body for x in lines(r))]
+    hidden = [head[i] for i in range(len(head)) if i not in keep]
+    return "\n".join(out + ([_hidden_note(hidden, width)] if hidden else [])) + "\n"
+
+
+def _total(widths: list[int], keep: list[int]) -> int:
+    return sum(widths[i] for i in keep) + GAP * (len(keep) - 1)
+
+
+def _narrow(widths: list[int], texts: list[int], head: list[str], keep: list[int], width: int, floor: int):
+    """Narrow the widest shown text columns, down to `floor` (or their header), until the table fits."""
+    while _total(widths, keep) > width:
+        wide = [i for i in texts if i in keep and widths[i] > max(floor, len(head[i]))]
+        if not wide:
+            return
+        i = max(wide, key=lambda j: widths[j])
+        widths[i] = max(floor, len(head[i]), widths[i] - (_total(widths, keep) - width))
+
+
+def _hidden_note(hidden: list[str], width: int | None) -> str:
+    """The line under a table naming the columns left out, itself within the width."""
+    note = f"({len(hidden)} more: {', '.join(hidden)}; see --width, --columns)"
+    return note if not width or len(note) <= width else note[: max(width - 2, 1)] + "…)"
 
 
 def _csv(df: pl.DataFrame) -> str:
-    """Every column but the nested ones (lists, structs), NaN / inf as empty cells."""
-    flat_cols = [c for c, t in df.schema.items() if isinstance(t, (pl.List, pl.Struct))]
-    return finite(df.drop(flat_cols)).write_csv()
+    """Every column, lists joined by ';' (structs left out), NaN / inf as empty cells."""
+    lists = [c for c, t in df.schema.items() if isinstance(t, pl.List) and isinstance(t.inner, pl.String | pl.Int64)]
+    df = df.with_columns(pl.col(c).cast(pl.List(pl.String)).list.join(";") for c in lists)
+    nested = [c for c, t in df.schema.items() if isinstance(t, (pl.List, pl.Struct))]
+    return finite(df.drop(nested)).write_csv()
 
 
 def _markdown(head: list[str], body: list[list[str]]) -> str:

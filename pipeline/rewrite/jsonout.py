@@ -13,6 +13,7 @@ A bare-list input (`[...]`) is written as `{"traceEvents": [...]}`.
 from __future__ import annotations
 
 import gzip
+import io
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -96,13 +97,13 @@ class TraceWriter:
         self.tail: dict = {}
         self.n_events = 0
         self._stack = ExitStack()
-        self._out = None
+        self._out: io.BufferedIOBase | None = None  # the open file (gzip or not), inside the block
 
     def __enter__(self) -> TraceWriter:
         with ExitStack() as guard:
             guard.push(self._stack)  # undone (temp file removed) if opening fails
             tmp = self._stack.enter_context(store.atomic_file(self.path))
-            out = self._stack.enter_context(open(tmp, "wb"))
+            out: io.BufferedIOBase = self._stack.enter_context(open(tmp, "wb"))
             if self.path.name.endswith(".gz"):
                 out = self._stack.enter_context(gzip.GzipFile(fileobj=out, mode="wb", compresslevel=GZIP_LEVEL))
             out.write(b"{" + _members(self._shared(self.head)) + b'"traceEvents": [\n')
@@ -117,6 +118,7 @@ class TraceWriter:
         if not events:
             return
         sep = b",\n" if self.n_events else b""
+        assert self._out is not None  # written inside the `with` block
         self._out.write(sep + b",\n".join(map(dumps, events)))
         self.n_events += len(events)
 

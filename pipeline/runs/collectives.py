@@ -346,8 +346,8 @@ def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl
     if rows.height:
         rows = _pg_of_stream(rows)
     else:
-        pg_config = distributed.get("pg_config") if isinstance(distributed.get("pg_config"), list) else []
-        rows, unowned = _gloo_works(flat_dir, pg_config)
+        pg_config = distributed.get("pg_config")
+        rows, unowned = _gloo_works(flat_dir, pg_config if isinstance(pg_config, list) else [])
         if unowned:
             problems["gloo_work_without_process_group"] = unowned
     if not rows.height:

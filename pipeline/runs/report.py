@@ -59,14 +59,14 @@ def analyze_runs(path: str | Path, run_by: str | None = None, align: bool = True
     ids = groups.traces.select("run", "rank", "trace_id")
     repeated = [pl.col(c).cast(pl.Categorical) for c in ("kind", "pg_name", "pg_ranks", "dtype", "step")]
     small = [pl.col(c).cast(pl.Int32) for c in ("seq", "pg_size")]
-    calls = (
+    scanned = (
         t["collectives"]
         .select(CALL_COLUMNS)
         .with_columns(*repeated, *small)
         .join(ids.lazy(), on="trace_id")
         .drop("trace_id")
     )
-    calls = match.with_pg(calls).collect()
+    calls = match.with_pg(scanned).collect()
     bad = match.desyncs(calls)
     good = match.consistent(calls, bad)
     offsets = clock.clock_offsets(good, align)
@@ -244,8 +244,9 @@ def only_run(rep: RunReport, run: str) -> RunReport:
     return RunReport(*(keep(getattr(rep, f)) for f in RunReport.__dataclass_fields__))
 
 
-def format_runs(rep: RunReport, fmt: str) -> str | Iterator[bytes]:
-    """`tracepipe ranks` output: the JSON document, or the sections as tables (text, md, csv)."""
+def format_runs(rep: RunReport, fmt: str, width: int | None = None) -> str | Iterator[bytes]:
+    """`tracepipe ranks` output: the JSON document, or the sections as tables (text fitted to
+    `width`, md, csv)."""
     from pipeline.errors import UsageError
 
     if fmt == "json":
@@ -254,4 +255,11 @@ def format_runs(rep: RunReport, fmt: str) -> str | Iterator[bytes]:
         raise UsageError(f"--format must be one of table, md, csv, json (got {fmt!r})")
     from pipeline.runs.sections import render_sections
 
-    return render_sections(rep, fmt)
+    return render_sections(rep, fmt, width)
+
+
+def write_runs_workbook(rep: RunReport, path) -> None:
+    """`tracepipe ranks --format xlsx`: one sheet per section (`pipeline.runs.sections`)."""
+    from pipeline.runs.sections import write_runs_workbook as write
+
+    write(rep, path)

@@ -61,7 +61,7 @@ def in_us(df: pl.DataFrame) -> pl.DataFrame:
     return df.with_columns((pl.col(c) / 1e3).alias(c[:-3] + "_us") for c in ns).drop(ns)
 
 
-def render_sections(rep, fmt: str) -> str:
+def render_sections(rep, fmt: str, width: int | None = None) -> str:
     out = []
     for name, title, frame, columns in SECTIONS:
         df = in_us(getattr(rep, frame))
@@ -71,5 +71,18 @@ def render_sections(rep, fmt: str) -> str:
         if fmt == "csv":
             out.append(f"# {name}\n" + render(df, "csv"))
             continue
-        out.append((f"## {title}\n\n" if fmt == "md" else f"{title}\n") + render(df, fmt))
+        out.append((f"## {title}\n\n" if fmt == "md" else f"{title}\n") + render(df, fmt, width=width))
     return "\n".join(out)
+
+
+def section_frames(rep) -> dict[str, pl.DataFrame]:
+    """Every section's rows (all of its columns, times in µs), by name: the sheets of xlsx."""
+    return {name: in_us(getattr(rep, frame)) for name, _, frame, _ in SECTIONS}
+
+
+def write_runs_workbook(rep, path) -> None:
+    """`ranks --format xlsx`: an `about` sheet, then one sheet per section."""
+    from pipeline.render.workbook import write_workbook
+    from pipeline.version import __version__
+
+    write_workbook(path, section_frames(rep), {"runs": rep.runs.height, "tracepipe": __version__})

@@ -77,11 +77,11 @@ def steps(flat_dir: Path, collectives: pl.DataFrame) -> pl.DataFrame:
             "compute_ns": union_ns(k.filter(~pl.col("comm")), by),
             "comm_ns": union_ns(k.filter(pl.col("comm")), by),
         }
-        rows = k.lazy().select(by).unique()
+        covered = k.lazy().select(by).unique()
         for name, lf in cover.items():
-            rows = rows.join(lf.rename({"covered_ns": name}), on=by, how="left")
-        rows = rows.with_columns(pl.col("kernel_ns", "compute_ns", "comm_ns").fill_null(0))
-        rows = rows.with_columns(exposed_comm_ns=pl.col("kernel_ns") - pl.col("compute_ns")).collect()
+            covered = covered.join(lf.rename({"covered_ns": name}), on=by, how="left")
+        covered = covered.with_columns(pl.col("kernel_ns", "compute_ns", "comm_ns").fill_null(0))
+        rows = covered.with_columns(exposed_comm_ns=pl.col("kernel_ns") - pl.col("compute_ns")).collect()
     else:
         work = with_steps(collectives.select("ts_ns", "end_ns"), intervals).filter(pl.col("step").is_not_null())
         comm = union_ns(work.with_columns(device=pl.lit(None, pl.Int64)), ["step"]).collect()

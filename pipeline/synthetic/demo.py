@@ -11,9 +11,12 @@ from pathlib import Path
 import orjson
 
 
-def _transformer_step(step: int, t0: float, corr0: int, rng: random.Random) -> tuple[list, float, int]:
+def _transformer_step(
+    step: int, t0: float, corr0: int, rng: random.Random, gpu_free: float = 0.0
+) -> tuple[list, float, int, float]:
     """One ProfilerStep of a transformer-like model: nested cpu_ops, launches, flows, kernels."""
-    ev, t, corr = [], t0, corr0
+    ev: list[dict] = []
+    t, corr = t0, corr0
     pid, tid, gpu_pid, stream = 4242, 4242, 0, 7
     step_start = t
     # (op, child op, op's Input Dims, child's Input Dims, kernel)
@@ -74,6 +77,7 @@ def _transformer_step(step: int, t0: float, corr0: int, rng: random.Random) -> t
             )
             lt = t + 2
             if inner:
+                assert inner_dims is not None  # an op with a child op has the child's Input Dims
                 ev.append(
                     {
                         "ph": "X",
@@ -106,8 +110,9 @@ def _transformer_step(step: int, t0: float, corr0: int, rng: random.Random) -> t
             ev.append(
                 {"ph": "s", "id": corr, "pid": pid, "tid": tid, "ts": round(lt, 3), "cat": "ac2g", "name": "ac2g"}
             )
-            kt = lt + rng.uniform(5, 50)
-            kd = rng.uniform(3, 120)
+            kt = max(lt + rng.uniform(5, 50), gpu_free)  # a stream runs one kernel at a time
+            kd = rng.uniform(3, 50)
+            gpu_free = round(kt, 3) + round(kd, 3)
             ev.append(
                 {
                     "ph": "X",
@@ -161,7 +166,7 @@ def _transformer_step(step: int, t0: float, corr0: int, rng: random.Random) -> t
             "args": {"External id": corr0},
         },
     )
-    return ev, t, corr
+    return ev, t, corr, gpu_free
 
 
 def kineto_text(event: dict) -> bytes:
@@ -195,9 +200,9 @@ def write_demo(path: Path, target_mb: float, seed: int = 0):
     }
     with (gzip.open if path.name.endswith(".gz") else open)(path, "wb") as f:
         f.write(json.dumps(head)[:-1].encode() + b', "traceEvents": [\n')
-        written, step, t, corr, first = 0, 0, 1_712_000_000_000.0, 1, True
+        written, step, t, corr, first, gpu_free = 0, 0, 1_712_000_000_000.0, 1, True, 0.0
         while written < target_mb * 1e6:
-            evs, t, corr = _transformer_step(step, t, corr, rng)
+            evs, t, corr, gpu_free = _transformer_step(step, t, corr, rng, gpu_free)
             blob = b",\n".join(map(kineto_text, evs))
             f.write(blob if first else b",\n" + blob)
             first = False

@@ -19,6 +19,7 @@ import json
 import re
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -414,7 +415,8 @@ def metadata_events(layout: str = "new", ns_digits: bool = False, gpu_devices=(0
 
 def top_metadata(layout: str = "new", device_props=True, prop_ids=(0,)) -> tuple[dict, dict]:
     """(keys Kineto writes before traceEvents, keys it writes after)."""
-    before, after = {}, {}
+    before: dict[str, object] = {}
+    after: dict[str, object] = {}
     if layout != "oldest":
         before["schemaVersion"] = 1
         if device_props:
@@ -590,7 +592,8 @@ def flow_events(trace: dict) -> list[tuple[int, dict]]:
 
 def complete_events(text: str) -> list:
     """The complete traceEvents elements in a (possibly cut) document, by raw_decode (as check.py)."""
-    dec, out = json.JSONDecoder(), []
+    dec = json.JSONDecoder()
+    out: list[Any] = []
     if '"traceEvents"' in text:
         pos = text.index("[", text.index('"traceEvents"')) + 1
     elif text.lstrip().startswith("["):
