@@ -1,0 +1,42 @@
+"""The typer app every command registers on, its exit codes and formats."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import typer
+
+ReportFormat = Literal["table", "csv", "json", "md", "xlsx"]
+QueryFormat = Literal["table", "csv", "json", "md", "parquet", "xlsx"]
+RunsFormat = Literal["table", "csv", "json", "md", "xlsx"]
+
+app = typer.Typer(
+    add_completion=True,
+    rich_markup_mode=None,  # help is plain text: "[memory] events" is not markup
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="tracepipe: PyTorch profiler traces -> Parquet tables, links, costs, reports.",
+)
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+def err(msg: str):
+    typer.echo(f"tracepipe: {msg}", err=True)
+
+
+def _version(value: bool):
+    if value:
+        from pipeline.version import __version__
+
+        typer.echo(f"tracepipe {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print the version and exit"
+    ),
+):
+    """tracepipe: PyTorch profiler traces -> Parquet tables, links, costs, reports."""

@@ -1,0 +1,98 @@
+"""The entry point: run a command line; every error is one line with its exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+import typing
+from pathlib import Path
+
+import typer
+
+from pipeline.cli.app import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    app,
+    err,
+)
+from pipeline.errors import TracepipeError
+
+
+def _click():
+    """The click that typer runs on: vendored as `typer._click` since typer 0.29 (which no longer
+    installs click), the click package before."""
+    try:
+        from typer import _click as click
+    except ImportError:  # typer < 0.29
+        import click
+    return click
+
+
+METAVARS = {int: "N", float: "NUM", Path: "PATH", str: "TEXT"}  # what --help shows for a value of each type
+
+
+def command():
+    """The click command of `app`, its help tidied: flags show no `<bool>`, values a name for
+    their kind (N, PATH, TEXT) unless they declare one, choices their choices."""
+    cmd = typer.main.get_command(app)
+    for c in [cmd, *getattr(cmd, "commands", {}).values()]:
+        for p in c.params:
+            if isinstance(p, typer.core.TyperArgument):
+                p.metavar = p.metavar or (p.name or "").upper()
+                continue
+            if getattr(p, "is_flag", False):
+                p.metavar = ""
+            elif p.metavar is None and not getattr(p.type_descriptor, "is_choice", False):
+                kind = getattr(p.type_descriptor, "annotation", None)
+                kind = typing.get_args(kind)[0] if typing.get_origin(kind) is list else kind
+                p.metavar = METAVARS.get(kind)
+    return cmd
+
+
+def usage_line(e) -> str:
+    """A click usage error as one line naming the command and where its help is."""
+    ctx = getattr(e, "ctx", None)
+    where = ctx.command_path if ctx is not None else "tracepipe"
+    said = " ".join(e.format_message().replace("Value error, ", "").split()) or type(e).__name__
+    return f"{where}: {said} (see '{where} --help')"
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the command line `argv` (default: sys.argv[1:]) and return its exit code; every error
+    is one line on stderr (`TRACEPIPE_DEBUG=1`: internal errors raise)."""
+    debug = os.environ.get("TRACEPIPE_DEBUG")
+    click = _click()
+    try:
+        rc = command()(args=argv, standalone_mode=False, prog_name="tracepipe")
+    except typer.Exit as e:
+        return e.exit_code
+    except TracepipeError as e:
+        err(str(e))
+        return e.exit_code
+    except KeyboardInterrupt:
+        err("interrupted")
+        return 130
+    except click.exceptions.NoArgsIsHelpError as e:  # `tracepipe` alone: its help
+        typer.echo(e.ctx.get_help() if getattr(e, "ctx", None) else "see 'tracepipe --help'", err=True)
+        return EXIT_BAD_INPUT
+    except click.exceptions.ClickException as e:  # usage: missing or unknown option, bad value, no such command
+        typer.echo(usage_line(e), err=True)
+        return EXIT_BAD_INPUT
+    except getattr(click.exceptions, "Abort", ()):  # click's Ctrl-C
+        return 130
+    except OSError as e:  # the environment, not a bug: a disk that filled, a permission
+        why = os.strerror(e.errno) if e.errno else " ".join(str(e).split())
+        err(f"{getattr(e, 'filename', None) or 'I/O error'}: {why}")
+        return EXIT_BAD_INPUT
+    except Exception as e:  # a bug
+        if debug:
+            raise
+        first = " ".join(str(e).split())[:300]
+        err(f"internal error: {type(e).__name__}: {first} (set TRACEPIPE_DEBUG=1 for details)")
+        return EXIT_INTERNAL
+    return rc if isinstance(rc, int) else EXIT_OK
+
+
+def main():
+    sys.exit(run())

@@ -1,0 +1,247 @@
+"""Reports: analyze and diff (one trace or two), ranks (the ranks of a run together)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import typer
+
+from pipeline.cli.app import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    ReportFormat,
+    RunsFormat,
+    app,
+    err,
+)
+from pipeline.cli.output import check_output, column_list, fitted_width, write_csv_folder, write_file, write_report
+
+
+@app.command()
+def ranks(
+    source: Path = typer.Argument(
+        ...,
+        help="a batch dataset, a folder of flattened traces, or a folder/archive of trace files "
+        "(batched into a temporary dataset first)",
+    ),
+    fmt: RunsFormat = typer.Option("table", "--format", "-f", help="xlsx: one sheet per section (needs -o)"),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file"),
+    width: Optional[int] = typer.Option(
+        None, "--width", "-w", help="fit tables to N columns (default: the terminal's; 0: no limit)"
+    ),
+    run_by: Optional[str] = typer.Option(
+        None,
+        "--run-by",
+        metavar="REGEX|col:NAME",
+        help="what makes a run: a regex on the trace's path (its first group names the run), or col:NAME, "
+        "a column of the trace table (default: the directory holding the traces)",
+    ),
+    align: Literal["median", "none"] = typer.Option(
+        "median", "--align", help="clock alignment: median (from the ends of blocking collectives) or none"
+    ),
+    run: Optional[str] = typer.Option(None, "--run", help="only this run"),
+    plot: Optional[Path] = typer.Option(
+        None,
+        "--plot",
+        help="write a rank x step heat map of waits and busbw by message size (PNG + SVG) into this directory",
+    ),
+    jobs: Optional[int] = typer.Option(
+        None, "-j", "--jobs", help="worker processes when a folder of traces is batched first"
+    ),
+):
+    """Whole runs: collectives matched across ranks, clocks aligned, waits, stragglers, bus bandwidth."""
+    from pipeline.errors import UsageError
+    from pipeline.runs import report as rr
+
+    if align not in ("median", "none"):
+        raise UsageError(f"--align must be median or none (got {align!r})")
+    check_output(fmt, out)
+    with rr.opened(source, jobs) as ds:
+        rep = rr.analyze_runs(ds, run_by=run_by, align=align == "median")
+        if run is not None:
+            rep = rr.only_run(rep, run)
+        if fmt == "xlsx":
+            write_file(out, lambda tmp: rr.write_runs_workbook(rep, tmp))
+        else:
+            write_report(rr.format_runs(rep, fmt, fitted_width(width)), out)
+        if plot:
+            from pipeline.runs.plots import write_run_plots
+
+            for p in write_run_plots(rep, plot):
+                err(f"wrote {p}")
+    raise typer.Exit(EXIT_OK)
+
+
+def diff_picks(a: Path, b: Path, picks: list[str]) -> tuple[Optional[str], Optional[str]]:
+    """The --trace values of A and B: in order, to each of them that is a folder or dataset."""
+    from pipeline.errors import UsageError
+
+    chosen: list[Optional[str]] = []
+    for side in (a, b):
+        chosen.append(picks.pop(0) if side.is_dir() and picks else None)
+    if picks:
+        raise UsageError("more --trace values than datasets or folders among A and B")
+    return chosen[0], chosen[1]
+
+
+def flatten_problems(*flats) -> int:
+    """Report traces that were truncated when flattened for a report; EXIT_PROBLEMS if any."""
+    code = EXIT_OK
+    for f in flats:
+        r = f.flatten_result
+        if r is not None and r.truncated:
+            err(f"{r.out_dir.name}: truncated ({r.truncation_reason}); analysed its {r.n_events} complete events")
+            code = EXIT_PROBLEMS
+    return code
+
+
+PLOTTED = ("kernels", "categories", "ops", "queue", "memory")  # the sections --plot draws
+
+
+def _sections_help() -> str:
+    from pipeline.analyses.registry import section_help
+    from pipeline.render.documents import DEFAULT_CSV_SECTION
+
+    return f"only this section (repeatable; csv: one, default {DEFAULT_CSV_SECTION}): {section_help()}"
+
+
+@app.command()
+def analyze(
+    trace: Path = typer.Argument(
+        ..., help="a trace file, a flattened trace, a folder of them or a batch dataset (see --trace)"
+    ),
+    fmt: ReportFormat = typer.Option(
+        "table", "--format", "-f", help="xlsx: one sheet per section (needs -o); csv -o DIR: one file per section"
+    ),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file (csv: or folder)"),
+    pick: Optional[str] = typer.Option(
+        None,
+        "--trace",
+        "-t",
+        metavar="ID",
+        help="in a dataset or folder: the trace (its trace_id, stem or part of its path)",
+    ),
+    width: Optional[int] = typer.Option(
+        None, "--width", "-w", help="fit tables to N columns (default: the terminal's; 0: no limit)"
+    ),
+    columns: Optional[str] = typer.Option(
+        None,
+        "--columns",
+        "-c",
+        metavar="COL,COL",
+        help="show these columns, comma-separated (table/md/csv; default: each section's own)",
+    ),
+    name_limit: int = typer.Option(
+        60, "--name-limit", help="cut kernel/op names to N characters in table/md, middle out (0: never)"
+    ),
+    top: Optional[int] = typer.Option(
+        None, "--top", help="rows per device and section (default: 20 in table/md, all in json/csv)"
+    ),
+    section: Optional[list[str]] = typer.Option(None, "--section", metavar="NAME", help=_sections_help()),
+    group_by: Optional[Literal["input-shape", "stack", "overload"]] = typer.Option(
+        None, "--group-by", help="ops section: also group by input-shape, stack or overload"
+    ),
+    sort: Optional[str] = typer.Option(
+        None,
+        "--sort",
+        metavar="COLUMN",
+        help="ops section: sort column (default self_device_us, CPU-only: self_cpu_us)",
+    ),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="write roofline and time-breakdown figures (PNG + SVG) into this directory"
+    ),
+    stacks: Optional[Path] = typer.Option(
+        None, "--stacks", help="write flame-graph collapsed stacks (export_stacks format) to this file"
+    ),
+    stacks_metric: Literal["self_cpu_time_total", "self_device_time_total"] = typer.Option(
+        "self_cpu_time_total", "--stacks-metric", help="self_cpu_time_total or self_device_time_total"
+    ),
+    kernel_wait_us: float = typer.Option(30.0, "--kernel-wait-us", help="idle: a shorter gap is kernel wait"),
+    queue_full: int = typer.Option(1024, "--queue-full", help="queue: the depth where the CPU blocks"),
+    seq_len: int = typer.Option(3, "--seq-len", help="sequences: kernels per sequence"),
+    steps: Optional[str] = typer.Option(
+        None, "--steps", metavar="A:B", help="only ProfilerSteps A to B (A:B, A:, :B or N)"
+    ),
+    start_us: Optional[float] = typer.Option(None, "--start-us", help="only from this µs after the trace starts"),
+    end_us: Optional[float] = typer.Option(None, "--end-us", help="only up to this µs after the trace starts"),
+    annotation: Optional[str] = typer.Option(None, "--annotation", help="only inside the user_annotations so named"),
+):
+    """Per-device kernel table and summaries: busy/idle, categories, CPU ops, launch overhead,
+    torch.compile, communication, idle breakdown, launch queue, kernel sequences, memory, critical path."""
+    from pipeline import report as rp
+    from pipeline.analyses.window import Window, parse_steps
+
+    rp.check_options(fmt, section, group_by)
+    csv_dir = check_output(fmt, out, section)
+    if stacks and stacks_metric not in rp.STACK_METRICS:
+        raise rp.UsageError(f"--stacks-metric must be one of {', '.join(rp.STACK_METRICS)}")
+    if steps is not None:
+        parse_steps(steps)  # a usage error before any work
+    if seq_len < 2 or queue_full < 1 or kernel_wait_us < 0:
+        raise rp.UsageError("--seq-len must be at least 2, --queue-full at least 1, --kernel-wait-us not negative")
+    options = rp.Options(kernel_wait_us=kernel_wait_us, queue_full=queue_full, seq_len=seq_len)
+    window = Window(steps=steps, start_us=start_us, end_us=end_us, annotation=annotation)
+    with rp.opened(trace, window=window, trace=pick) as f:
+        needed = None if not section else [*section, *(PLOTTED if plot else ())]
+        sections = rp.analyze(f, group_by=group_by, sort=sort, only=needed, options=options)
+        shown = {k: v for k, v in sections.items() if not section or k in section}
+        if fmt == "xlsx":
+            write_file(out, lambda tmp: rp.write_analysis_workbook(f, shown, tmp, top))
+        elif csv_dir:
+            write_csv_folder(out, rp.analysis_sheets(shown, top), column_list(columns))
+        else:
+            text = rp.format_analysis(
+                f, sections, fmt, name_limit, top, section, fitted_width(width), column_list(columns)
+            )
+            write_report(text, out)
+        if stacks:
+            write_report(rp.stack_lines(rp.collapsed_stacks(f, stacks_metric)), stacks)
+        if plot:
+            from pipeline.render.plots import write_plots
+
+            for p in write_plots(f, sections, plot, queue_full=queue_full):
+                err(f"wrote {p}")
+        code = flatten_problems(f)
+    raise typer.Exit(code)
+
+
+@app.command("diff")
+def diff_cmd(
+    a: Path = typer.Argument(..., help="first trace: a file, a flattened trace, a folder of them or a dataset"),
+    b: Optional[Path] = typer.Argument(None, help="second trace (default: A again, with a second --trace)"),
+    fmt: ReportFormat = typer.Option("table", "--format", "-f", help="xlsx needs -o"),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the comparison to this file"),
+    pick: Optional[list[str]] = typer.Option(
+        None,
+        "--trace",
+        "-t",
+        metavar="ID",
+        help="in a dataset or folder: the trace of A, then of B (trace_id, stem or part of path)",
+    ),
+    width: Optional[int] = typer.Option(
+        None, "--width", "-w", help="fit the table to N columns (default: the terminal's; 0: no limit)"
+    ),
+    name_limit: int = typer.Option(
+        60, "--name-limit", help="cut keys and kernel names to N characters in table/md (0: never)"
+    ),
+    top: Optional[int] = typer.Option(None, "--top", help="only the N rows with the most time"),
+    label_a: Optional[str] = typer.Option(None, "--label-a", help="name of A in the output (default: its file stem)"),
+    label_b: Optional[str] = typer.Option(None, "--label-b", help="name of B in the output (default: its file stem)"),
+):
+    """Compare two traces side by side, matched by CPU op (names normalised across vendors), else by kernel name."""
+    from pipeline import report as rp
+
+    rp.check_options(fmt)
+    check_output(fmt, out)
+    b = a if b is None else b
+    picks = diff_picks(a, b, list(pick or []))
+    with rp.opened(a, trace=picks[0]) as fa, rp.opened(b, trace=picks[1]) as fb:
+        d = rp.diff(fa, fb)
+        la, lb = label_a or fa.stem, label_b or fb.stem
+        if fmt == "xlsx":
+            write_file(out, lambda tmp: rp.write_diff_workbook(d, tmp, la, lb, top))
+        else:
+            write_report(rp.format_diff(d, fmt, la, lb, name_limit, top, fitted_width(width)), out)
+        code = flatten_problems(fa, fb)
+    raise typer.Exit(code)
