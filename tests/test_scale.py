@@ -215,18 +215,21 @@ def test_queries_read_only_committed_parts(big_ds, tmp_path):
     assert one["n"][0] == rows.filter(pl.col("trace_id") == tid)["n_events"][0]
 
 
-def test_compact_merges_small_parts_and_changes_no_row(tmp_path):
+@pytest.mark.parametrize("range_events", [None, 100, 10])  # all in memory; ranges of traces; a trace streamed
+def test_compact_merges_small_parts_and_changes_no_row(tmp_path, monkeypatch, range_events):
+    import pipeline.dataset.compact as C
+
+    if range_events:
+        monkeypatch.setattr(C, "RANGE_EVENTS", range_events)
     src, ds = tmp_path / "src", tmp_path / "ds"
     many(src, 40)
     r = B.run_batch(src, ds, jobs=2, group_bytes=20_000, compact=False)
     assert r.added == 40 and len(list((ds / "events").iterdir())) > 3
     view = {t: lf.collect().sort("trace_id", maintain_order=True) for t, lf in tables(ds).items()}
-    from pipeline.dataset.compact import compact
-
-    res = compact(ds)
+    res = C.compact(ds)
     assert res.merged > 3 and res.parts_after == 1
     assert all(len(list((ds / t).iterdir())) == 1 for t in (*TABLES, "traces"))
     after = {t: lf.collect().sort("trace_id", maintain_order=True) for t, lf in tables(ds).items()}
     for t in TABLES:
         assert after[t].equals(view[t], null_equal=True), t
-    assert compact(ds).summary() == "nothing to compact"
+    assert C.compact(ds).summary() == "nothing to compact"

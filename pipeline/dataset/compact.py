@@ -52,7 +52,7 @@ from pipeline.errors import DatasetError
 
 TARGET_PART_BYTES = 256 << 20  # a merged part's files together, about
 SMALL_PART_BYTES = 64 << 20  # parts smaller than this are merged
-RANGE_EVENTS = 1 << 19  # the traces merged in memory together hold about this many events
+RANGE_EVENTS = 1 << 17  # the traces merged in memory together hold about this many events (~150 MB)
 
 
 @dataclass
@@ -147,10 +147,18 @@ def compact_locked(
 
 
 def _ranges(rows: pl.DataFrame) -> list[tuple[str, str]]:
-    """Consecutive trace_id ranges of the traces, each of about RANGE_EVENTS events (one at least)."""
+    """Consecutive trace_id ranges of the traces, each of about RANGE_EVENTS events; a trace of
+    more events than that is a range of its own (merged a row group at a time)."""
     ordered = rows.select(KEY, n=pl.col("n_events").fill_null(0) + 1).sort(KEY)
-    out, first, have = [], None, 0
+    out: list[tuple[str, str]] = []
+    first, last, have = None, None, 0
     for tid, n in ordered.iter_rows():
+        if n >= RANGE_EVENTS:
+            if first is not None:
+                out.append((first, last))
+            out.append((tid, tid))
+            first, have = None, 0
+            continue
         if first is None:
             first = tid
         have += n
@@ -195,7 +203,7 @@ def _merge(ds: Path, rows: pl.DataFrame, parts: list[str], stage: Path, cid: str
     for table in TABLES:
         lf = scan_parts(ds, table, parts)
         path = stage / f"{table}.parquet"
-        if len(ranges) <= 1:  # in memory at once: polars reads, sorts and writes it fastest
+        if len(ranges) == 1 and ranges[0][0] != ranges[0][1]:  # in memory at once: polars reads, sorts, writes fastest
             merged = lf.collect().sort(KEY, maintain_order=True)
             merged.write_parquet(
                 path, compression="zstd", compression_level=1, statistics=True, row_group_size=PART_ROW_GROUP_ROWS
@@ -222,11 +230,16 @@ def _merge_ranges(lf: pl.LazyFrame, table: str, ranges: list[tuple[str, str]], p
     n = 0
     try:
         for lo, hi in ranges:
-            chunk = lf.filter(pl.col(KEY).is_between(pl.lit(lo), pl.lit(hi))).collect()
-            if chunk.height:
-                tbl = conform_part(chunk.sort(KEY, maintain_order=True).to_arrow(), table)
-                writer.write_table(tbl, row_group_size=PART_ROW_GROUP_ROWS)
-                n += tbl.num_rows
+            in_range = lf.filter(pl.col(KEY).is_between(pl.lit(lo), pl.lit(hi)))
+            if lo == hi:  # one trace, from one part, in its order: a batch at a time
+                chunks = in_range.collect_batches(chunk_size=PART_ROW_GROUP_ROWS, maintain_order=True)
+            else:
+                chunks = iter([in_range.collect().sort(KEY, maintain_order=True)])
+            for chunk in chunks:
+                if chunk.height:
+                    tbl = conform_part(chunk.to_arrow(), table)
+                    writer.write_table(tbl, row_group_size=PART_ROW_GROUP_ROWS)
+                    n += tbl.num_rows
     finally:
         writer.close()
     return n
