@@ -21,6 +21,7 @@ import contextlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,7 +152,8 @@ def _ranges(rows: pl.DataFrame) -> list[tuple[str, str]]:
     more events than that is a range of its own (merged a row group at a time)."""
     ordered = rows.select(KEY, n=pl.col("n_events").fill_null(0) + 1).sort(KEY)
     out: list[tuple[str, str]] = []
-    first, last, have = None, None, 0
+    first: str | None = None
+    last, have = "", 0
     for tid, n in ordered.iter_rows():
         if n >= RANGE_EVENTS:
             if first is not None:
@@ -231,6 +233,7 @@ def _merge_ranges(lf: pl.LazyFrame, table: str, ranges: list[tuple[str, str]], p
     try:
         for lo, hi in ranges:
             in_range = lf.filter(pl.col(KEY).is_between(pl.lit(lo), pl.lit(hi)))
+            chunks: Iterable[pl.DataFrame]
             if lo == hi:  # one trace, from one part, in its order: a batch at a time
                 chunks = in_range.collect_batches(chunk_size=PART_ROW_GROUP_ROWS, maintain_order=True)
             else:
