@@ -14,6 +14,7 @@ import pytest
 from test_batch import tiny_trace, write
 
 import pipeline.dataset.group as G
+import pipeline.dataset.members as members
 from pipeline import schema
 from pipeline import synthetic as synth
 from pipeline.dataset import batch as B
@@ -128,7 +129,7 @@ def test_traces_that_cannot_be_grouped_go_alone_with_the_same_result(tmp_path, m
 
 @pytest.mark.real
 def test_a_group_gives_each_real_trace_what_flatten_gives_it(shared_traces, tmp_path, monkeypatch):
-    monkeypatch.setattr(G, "SMALL_TEXT_BYTES", 1 << 30)  # every trace in the group, large ones too
+    monkeypatch.setattr(members, "SMALL_TEXT_BYTES", 1 << 30)  # every trace in the group, large ones too
     paths = sorted(shared_traces.glob("*/*.json.gz"))
     assert_group_equals_alone(paths, tmp_path, monkeypatch)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import datetime as _dt
 import os
 import shutil
 import tarfile
@@ -39,6 +38,7 @@ from pipeline.dataset.layout import (
     recover,
     uncommit,
 )
+from pipeline.dataset.members import utc_now
 from pipeline.errors import UsageError
 from pipeline.kineto import is_trace_name
 from pipeline.version import __version__
@@ -51,10 +51,6 @@ GROUP_TRACES = 512  # traces of one task at most
 MIN_GROUP_BYTES = 2 << 20  # ... and at least (but for the last), however near the end
 SMALL_TRACE_BYTES = 32 << 20  # a trace with more JSON than this gets a task of its own
 DIED = "the worker flattening it died (killed by a signal: out of memory?)"
-
-
-def _now():
-    return _dt.datetime.now(_dt.timezone.utc)
 
 
 @dataclass
@@ -221,7 +217,7 @@ def run_batch(
                 facts = fut.result()
             except cf.process.BrokenProcessPool:  # a worker died (killed, out of memory): whose input was it?
                 if task.retry and len(task.items) == 1:  # run alone, and died again: this input kills it
-                    now = _now()
+                    now = utc_now()
                     settle(task, [{"status": "quarantined", "started_at": now, "finished_at": now, "error": DIED}])
                 elif task.retry:  # run alone, and died again: one of its inputs kills it
                     half = len(task.items) // 2
@@ -270,7 +266,7 @@ def run_batch(
         def commit_rejected():
             if rejected:
                 cid = commit_id()
-                now = _now()
+                now = utc_now()
                 task = _Task(list(rejected), cid, run / cid, True)
                 task.stage.mkdir(parents=True, exist_ok=True)
                 rejected.clear()

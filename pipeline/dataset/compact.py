@@ -29,7 +29,6 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from pipeline import store
-from pipeline.dataset.group import PART_ROW_GROUP_ROWS, conform_part, dictionary_columns, part_schema
 from pipeline.dataset.layout import (
     KEY,
     MANIFEST,
@@ -49,6 +48,7 @@ from pipeline.dataset.layout import (
     recover,
     write_manifest,
 )
+from pipeline.dataset.parts import PART_ROW_GROUP_ROWS, conform_part, dictionary_columns, part_schema
 from pipeline.errors import DatasetError
 
 TARGET_PART_BYTES = 256 << 20  # a merged part's files together, about

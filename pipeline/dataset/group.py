@@ -25,39 +25,33 @@ flattened in a group equals it flattened alone, on real and synthetic traces.
 
 from __future__ import annotations
 
-import contextlib
-import datetime as _dt
 import gc
 import io
 import os
 import re
 import shutil
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import msgspec
 import numpy as np
-import orjson
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import schema, store
+from pipeline.dataset.layout import KEY, TABLES
+from pipeline.dataset.members import Member, quarantine_message, read_text, utc_now
+from pipeline.dataset.parts import PART_ROW_GROUP_ROWS, PartWriter
 from pipeline.errors import OutputError, TracepipeError
 
-KEY = "trace_id"
-TABLES = schema.TABLES
 FAULT_KILL = "TRACEPIPE_FAULT_KILL"  # tests: a worker given an input whose name holds this value dies
 
-SMALL_TEXT_BYTES = 64 << 20  # a trace whose events text is longer is flattened alone
 BAND = 1 << 40  # the ids of the k-th trace of a group move to the band k * BAND
 ID_LIMIT = 1 << 39  # ids within +-ID_LIMIT fit a band
 SENTINEL = b'{"ph":"tracepipe:next-trace"}'  # between two traces' events in a joined chunk
 _SENTINEL_PH = "tracepipe:next-trace"
-PART_ROW_GROUP_ROWS = 1 << 16  # rows of a row group in a part file (about: whole traces)
 
 # the columns linking matches on, per table: moved to their trace's band
 _BANDED = {
@@ -66,185 +60,10 @@ _BANDED = {
     "flows": ("pid", "id"),
 }
 _READ_TABLES = ("events", "gpu_ops", "flows")
-_DECODE_DOCUMENT = msgspec.json.Decoder(dict[str, msgspec.Raw])
-
-
-def _now():
-    return _dt.datetime.now(_dt.timezone.utc)
-
-
-# ------------------------------------------------------------------ part files
-def part_schema(name: str) -> pa.Schema:
-    """A table's schema in a dataset part: its declared columns (every stage), `trace_id` first."""
-    s = schema.table(name).arrow_schema(schema.ALL_STAGES)
-    if KEY in s.names:
-        s = s.remove(s.get_field_index(KEY))
-    return pa.schema([pa.field(KEY, pa.string()), *s])
-
-
-def dictionary_columns(name: str) -> list[str]:
-    """The columns a part file dictionary-encodes: trace_id and those declared `dict`."""
-    return [KEY, *(c.name for c in schema.table(name).columns if c.type == "dict" and c.name != KEY)]
-
-
-def conform_part(tbl: pa.Table, name: str) -> pa.Table:
-    """A table (with its trace_id) cast to its part schema, columns in order, missing ones null."""
-    want = part_schema(name)
-    if tbl.schema.equals(want, check_metadata=False):
-        return tbl
-    arrays = []
-    for f in want:
-        if f.name in tbl.column_names:
-            col = tbl.column(f.name)
-            arrays.append(col if col.type == f.type else col.cast(f.type))
-        else:
-            arrays.append(pa.nulls(tbl.num_rows, f.type))
-    return pa.Table.from_arrays(arrays, schema=want)
-
-
-class PartWriter:
-    """The part files of a task, one per table (`part_schema`) in STAGE/<table>.parquet, written
-    in trace_id order, in row groups of about PART_ROW_GROUP_ROWS rows."""
-
-    def __init__(self, stage: Path):
-        self.paths = {name: stage / f"{name}.parquet" for name in TABLES}
-        self._writers = {
-            name: pq.ParquetWriter(
-                str(path), part_schema(name), use_dictionary=dictionary_columns(name), **store.PARQUET_OPTIONS
-            )
-            for name, path in self.paths.items()
-        }
-        self._pending: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
-        self._rows = dict.fromkeys(TABLES, 0)
-
-    def add(self, name: str, tbl: pa.Table, trace_ids: pa.Array):
-        """Rows of table `name` (its declared columns) and the trace_id of each."""
-        if not tbl.num_rows:
-            return
-        if KEY in tbl.column_names:
-            tbl = tbl.drop_columns([KEY])
-        self._pending[name].append(conform_part(tbl.add_column(0, KEY, trace_ids), name))
-        self._rows[name] += tbl.num_rows
-        if self._rows[name] >= PART_ROW_GROUP_ROWS:
-            self._flush(name)
-
-    def _flush(self, name: str):
-        if self._pending[name]:
-            self._writers[name].write_table(pa.concat_tables(self._pending[name]), row_group_size=1 << 30)
-            self._pending[name], self._rows[name] = [], 0
-
-    def close(self):
-        for name, w in self._writers.items():
-            self._flush(name)
-            w.close()
-
-    def abandon(self):
-        for w in self._writers.values():
-            with contextlib.suppress(OSError, ValueError, pa.ArrowException):
-                w.close()
 
 
 def _repeat(value: str, n: int) -> pa.Array:
     return pa.repeat(pa.scalar(value, pa.string()), n)
-
-
-# ------------------------------------------------------------------ members
-@dataclass(eq=False)
-class Member:
-    """One input of a task."""
-
-    path: str
-    source: str
-    trace_id: str
-    started: _dt.datetime = field(default_factory=_now)
-    facts: dict | None = None  # its manifest facts, once known
-    alone: bool = False  # flattened alone (`flatten`) into `flat`
-    flat: Path | None = None
-    text: bytes | None = None  # its traceEvents text, while it is read
-    metadata: dict = field(default_factory=dict)
-    problems: Any = None  # its read.values.Problems
-    devices: Any = None  # its devices table (pa.Table), then matched (pl.DataFrame)
-    row: dict = field(default_factory=dict)  # its trace row
-    warnings: list[str] = field(default_factory=list)
-    raw_metadata: bytes | None = None  # its top-level metadata as the file writes it (`_read_document`)
-    raw_devices: bytes | None = None  # ... and its deviceProperties
-    devices_key: Any = None  # what its devices table is made of, when known (shared by equal ones)
-
-
-def quarantine_message(e: Exception, path: str, source: str) -> str:
-    """A BadTrace's message about `path` in the words of the input's name."""
-    msg = str(e).replace(path, source)
-    return msg[len(source) + 2 :] if msg.startswith(f"{source}: ") else msg
-
-
-FAST_DOC_BYTES = 8 << 20  # a document this small is parsed whole (`_read_document`): no value can be oversized
-_EVENTS_KEY = b'"traceEvents"'
-
-
-def _read_document(m: Member) -> bool | None:
-    """Read a small trace whole: its traceEvents text and top-level metadata from one typed
-    decode (each top-level value kept as its raw text), as `TraceSource` gives them. None when it
-    is not that simple (larger than FAST_DOC_BYTES, not strict JSON, a bare list, a compressed
-    stream that breaks off...): `TraceSource` then reads it."""
-    from pipeline.read.document import loads_metadata
-    from pipeline.read.stream import open_stream, read_some
-
-    try:
-        stream = open_stream(m.path)
-        try:
-            data, problem = read_some(stream, FAST_DOC_BYTES + 1)
-        finally:
-            stream.close()
-        if problem or len(data) > FAST_DOC_BYTES or data.count(_EVENTS_KEY) != 1:
-            return None
-        doc = _DECODE_DOCUMENT.decode(data)
-        events = bytes(doc.pop("traceEvents")).strip()
-        if events[:1] != b"[" or events[-1:] != b"]":
-            return None
-        meta = b",".join(orjson.dumps(k) + b":" + bytes(v) for k, v in doc.items())
-        m.metadata, m.text = loads_metadata(b"{" + meta + b"}"), events[1:-1]
-        m.raw_metadata, m.raw_devices = meta, bytes(doc.get("deviceProperties", b"-"))
-        return True
-    except (msgspec.MsgspecError, TracepipeError, OSError, ValueError, KeyError):
-        return None
-
-
-def _read_text(m: Member, max_inflate: float | None) -> bool:
-    """Read a small trace's events text and its metadata (`_read_document`, else its chunks from
-    `TraceSource` joined again); False when it must be flattened alone (not a regular file, not a
-    trace, longer than SMALL_TEXT_BYTES, truncated, an event too long to read whole: `flatten`
-    says why, or salvages it)."""
-    from pipeline.read.limits import not_regular
-    from pipeline.read.source import TraceSource
-
-    try:
-        if not_regular(m.path):
-            return False
-    except OSError:
-        return False
-    if _read_document(m):
-        return True
-    try:
-        src = TraceSource(m.path, max_inflate=max_inflate)
-    except (TracepipeError, OSError, ValueError):
-        return False
-    texts, size = [], 0
-    try:
-        for piece in src.pieces(spans=False):
-            if not isinstance(piece, bytes):
-                return False
-            texts.append(piece)
-            size += len(piece)
-            if size > SMALL_TEXT_BYTES:
-                return False
-        if src.tail.truncated or src.values_cut:
-            return False
-    except (TracepipeError, OSError, ValueError):
-        return False
-    finally:
-        src.close()
-    m.text, m.metadata = b",".join(texts), src.metadata  # chunks are cut at a comma between events
-    return True
 
 
 # ------------------------------------------------------------------ the group's tables
@@ -791,7 +610,7 @@ def _facts(m: Member, row: dict, truncated: bool, reason: str | None, span) -> d
         "trace_start_ns": span[0],
         "trace_end_ns": span[1],
         "started_at": m.started,
-        "finished_at": _now(),
+        "finished_at": utc_now(),
         "warnings": "; ".join(m.warnings) or None,
     }
 
@@ -810,7 +629,7 @@ def _flatten_alone(m: Member, scratch: Path, workers: int, max_inflate: float | 
             "status": "quarantined",
             "error": quarantine_message(e, m.path, m.source),
             "started_at": m.started,
-            "finished_at": _now(),
+            "finished_at": utc_now(),
         }
         return
     m.flat = r.out_dir
@@ -844,7 +663,7 @@ def _group(members: list[Member], work: Path, max_inflate: float | None) -> Grou
     batch: list[Member] = []
     size = 0
     for m in [*members, None]:  # read and decode DECODE_BYTES of text at a time: texts are not held long
-        if m is not None and _read_text(m, max_inflate):
+        if m is not None and read_text(m, max_inflate):
             batch.append(m)
             size += len(m.text or b"")
         elif m is not None:
