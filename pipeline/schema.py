@@ -106,6 +106,11 @@ def conform(tbl: pa.Table, name: str, stages=ALL_STAGES) -> pa.Table:
     extra = set(tbl.column_names) - set(schema.names)
     if extra:
         raise ValueError(f"table {name} has undeclared columns {sorted(extra)}: add them to schemas/{name}.toml")
+    return cast_to(tbl, schema)
+
+
+def cast_to(tbl: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`tbl` with the columns of `schema` in its order, each cast to its type, missing ones null."""
     arrays = []
     for f in schema:
         if f.name in tbl.column_names:

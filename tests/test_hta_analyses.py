@@ -187,24 +187,7 @@ def test_memory_peaks_and_ops(tmp_path):
         (27, 64, 64, 0, 0),
     ]
     for ts, b, total, res, dtype in mem:
-        ev.append(
-            {
-                "ph": "i",
-                "cat": "cpu_instant_event",
-                "name": "[memory]",
-                "pid": 1,
-                "tid": 1,
-                "ts": ts,
-                "s": "t",
-                "args": {
-                    "Bytes": b,
-                    "Total Allocated": total,
-                    "Total Reserved": res,
-                    "Device Type": dtype,
-                    "Device Id": 0 if dtype else -1,
-                },
-            }
-        )
+        ev.append(synth.memory_event(ts, total, res, device=0 if dtype else -1, nbytes=b))
     path = tmp_path / "mem.json"
     path.write_text(json.dumps({"traceEvents": ev}))
     flat = flatten(path, tmp_path / "flat").out_dir

@@ -189,25 +189,6 @@ PEAK_AT = 1234  # µs: the one event holding device 0's peak, inside aten::peak
 PEAK = 3 * 1024**3
 
 
-def memory_event(ts: float, total: int, reserved: int, device: int) -> dict:
-    return {
-        "ph": "i",
-        "cat": "cpu_instant_event",
-        "name": "[memory]",
-        "pid": 1,
-        "tid": 1,
-        "ts": ts,
-        "s": "t",
-        "args": {
-            "Bytes": 512,
-            "Total Allocated": total,
-            "Total Reserved": reserved,
-            "Device Type": 1 if device >= 0 else 0,
-            "Device Id": device,
-        },
-    }
-
-
 def launches(stream: int, n: int, first: int, t0: float, every: float, dur: float) -> list[dict]:
     """n kernels on `stream`, launched every `every` µs from t0, each running `dur` µs back to back
     from t0 + 20: when dur > every they queue up."""
@@ -232,9 +213,9 @@ def timeline_flat(tmp_path: Path) -> rp.Flat:
            "args": {}}]  # fmt: skip
     for i in range(MEMORY_EVENTS):
         ts = 2.0 * i + 0.5
-        ev.append(memory_event(ts, (i % 50 + 1) * 40 * 1024**2, 2 * 1024**3 + (i // 100) * 1024**2, 0))
-        ev.append(memory_event(ts + 0.25, (i % 7) * 64, 0, -1))
-    ev.append(memory_event(PEAK_AT, PEAK, 4 * 1024**3, 0))
+        ev.append(synth.memory_event(ts, (i % 50 + 1) * 40 * 1024**2, 2 * 1024**3 + (i // 100) * 1024**2, 0))
+        ev.append(synth.memory_event(ts + 0.25, (i % 7) * 64, 0, -1))
+    ev.append(synth.memory_event(PEAK_AT, PEAK, 4 * 1024**3, 0))
     ev += launches(7, 300, 1, 0.0, 1.0, 2.0) + launches(9, 1, 1000, 900.0, 5.0, 1.0)
     src = tmp_path / "timeline.json"
     src.write_text(json.dumps({"deviceProperties": [{"id": 0, **synth.DEVICE_PROPS}], "traceEvents": ev}))

@@ -40,3 +40,8 @@ def _root(
     ),
 ):
     """tracepipe: PyTorch profiler traces -> Parquet tables, links, costs, reports."""
+
+
+def width_option():
+    """--width/-w, as every command that prints tables takes it (see output.fitted_width)."""
+    return typer.Option(None, "--width", "-w", help="fit tables to N columns (default: the terminal's; 0: no limit)")

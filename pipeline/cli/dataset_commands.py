@@ -12,6 +12,7 @@ from pipeline.cli.app import (
     EXIT_OK,
     QueryFormat,
     app,
+    width_option,
 )
 from pipeline.cli.output import fitted_width
 
@@ -92,9 +93,7 @@ def query(
     pick: Optional[str] = typer.Option(
         None, "--trace", "-t", metavar="ID", help="only this trace's rows (its trace_id, stem or part of its path)"
     ),
-    width: Optional[int] = typer.Option(
-        None, "--width", "-w", help="fit the table to N columns (default: the terminal's; 0: no limit)"
-    ),
+    width: Optional[int] = width_option(),
     example: Optional[str] = typer.Option(None, "--example", "-e", help="run a named example query instead of SQL"),
     sql_file: Optional[Path] = typer.Option(
         None, "--sql-file", "-F", help="read the SQL from this file (- for stdin); sandboxed unless --no-sandbox"

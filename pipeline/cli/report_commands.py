@@ -14,6 +14,7 @@ from pipeline.cli.app import (
     RunsFormat,
     app,
     err,
+    width_option,
 )
 from pipeline.cli.output import check_output, column_list, fitted_width, write_csv_folder, write_file, write_report
 
@@ -27,9 +28,7 @@ def ranks(
     ),
     fmt: RunsFormat = typer.Option("table", "--format", "-f", help="xlsx: one sheet per section (needs -o)"),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file"),
-    width: Optional[int] = typer.Option(
-        None, "--width", "-w", help="fit tables to N columns (default: the terminal's; 0: no limit)"
-    ),
+    width: Optional[int] = width_option(),
     run_by: Optional[str] = typer.Option(
         None,
         "--run-by",
@@ -122,9 +121,7 @@ def analyze(
         metavar="ID",
         help="in a dataset or folder: the trace (its trace_id, stem or part of its path)",
     ),
-    width: Optional[int] = typer.Option(
-        None, "--width", "-w", help="fit tables to N columns (default: the terminal's; 0: no limit)"
-    ),
+    width: Optional[int] = width_option(),
     columns: Optional[str] = typer.Option(
         None,
         "--columns",
@@ -219,9 +216,7 @@ def diff_cmd(
         metavar="ID",
         help="in a dataset or folder: the trace of A, then of B (trace_id, stem or part of path)",
     ),
-    width: Optional[int] = typer.Option(
-        None, "--width", "-w", help="fit the table to N columns (default: the terminal's; 0: no limit)"
-    ),
+    width: Optional[int] = width_option(),
     name_limit: int = typer.Option(
         60, "--name-limit", help="cut keys and kernel names to N characters in table/md (0: never)"
     ),

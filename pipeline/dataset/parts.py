@@ -33,14 +33,7 @@ def conform_part(tbl: pa.Table, name: str) -> pa.Table:
     want = part_schema(name)
     if tbl.schema.equals(want, check_metadata=False):
         return tbl
-    arrays = []
-    for f in want:
-        if f.name in tbl.column_names:
-            col = tbl.column(f.name)
-            arrays.append(col if col.type == f.type else col.cast(f.type))
-        else:
-            arrays.append(pa.nulls(tbl.num_rows, f.type))
-    return pa.Table.from_arrays(arrays, schema=want)
+    return schema.cast_to(tbl, want)
 
 
 class PartWriter:

@@ -413,6 +413,27 @@ def metadata_events(layout: str = "new", ns_digits: bool = False, gpu_devices=(0
     return out
 
 
+def memory_event(ts: float, total: int, reserved: int, device: int, nbytes: int = 512) -> dict:
+    """A `[memory]` instant event as the profiler writes it with profile_memory=True: `nbytes`
+    allocated (negative: freed), the allocator's totals after it; device -1 is the CPU."""
+    return {
+        "ph": "i",
+        "cat": "cpu_instant_event",
+        "name": "[memory]",
+        "pid": 1,
+        "tid": 1,
+        "ts": ts,
+        "s": "t",
+        "args": {
+            "Bytes": nbytes,
+            "Total Allocated": total,
+            "Total Reserved": reserved,
+            "Device Type": 1 if device >= 0 else 0,
+            "Device Id": device,
+        },
+    }
+
+
 def top_metadata(layout: str = "new", device_props=True, prop_ids=(0,)) -> tuple[dict, dict]:
     """(keys Kineto writes before traceEvents, keys it writes after)."""
     before: dict[str, object] = {}
