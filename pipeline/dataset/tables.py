@@ -12,6 +12,8 @@ from pipeline import schema, store
 from pipeline.dataset.layout import KEY, MANIFEST, MANIFEST_FILE, MANIFEST_SCHEMA, live_parts, manifest, part_files
 from pipeline.errors import DatasetError
 
+__all__ = ["scan", "tables", "is_dataset", "flat_dirs"]
+
 
 def _polars_schema(arrow: pa.Schema) -> pl.Schema:
     return store.frame_from_arrow(arrow.empty_table()).schema

@@ -21,6 +21,17 @@ from pipeline.dataset.tables import tables
 from pipeline.runs import clock, match, measures
 from pipeline.runs.group import Runs, group_runs, is_trace_folder
 
+__all__ = [
+    "RunReport",
+    "analyze_runs",
+    "opened",
+    "runs_json",
+    "json_chunks",
+    "only_run",
+    "format_runs",
+    "write_runs_workbook",
+]
+
 CALL_COLUMNS = [
     "trace_id",
     "kind",
