@@ -756,3 +756,15 @@ def test_time_by_category_example_uses_kernel_categories(tmp_path):
     assert df.height > 0 and set(df["category"]) <= {c.name for c in CATEGORIES} | {OTHER}
     for total in df.group_by("run").agg(pl.col("pct").sum())["pct"]:
         assert abs(total - 100.0) < 1e-6
+
+
+def test_warming_workers_of_a_pool_already_shut_down_is_quiet():
+    """A batch with nothing to flatten can shut its pool before the thread that starts the workers
+    runs: that thread must end quietly (it printed a traceback)."""
+    import concurrent.futures as cf
+
+    from pipeline.dataset import engines
+
+    ex = cf.ProcessPoolExecutor(1)
+    ex.shutdown()
+    engines._warm(ex, 2)

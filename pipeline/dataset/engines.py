@@ -116,11 +116,21 @@ def check_engine(engine: str):
         try:
             __import__(mod)
         except ImportError:
-            raise UsageError(f"--engine {engine} needs {engine}: pip install 'tracepipe[{engine}]'") from None
+            raise UsageError(f"--engine {engine} needs {engine}: pip install -e '.[{engine}]' in a clone") from None
 
 
 def _nothing():
     return None
+
+
+def _warm(ex: cf.ProcessPoolExecutor, jobs: int) -> None:
+    """Start `jobs` workers by giving them nothing to do; quietly stop if the pool is already
+    shut down (a batch that found nothing to do can finish before this thread runs)."""
+    try:
+        for _ in range(jobs):
+            ex.submit(_nothing)
+    except (RuntimeError, cf.process.BrokenProcessPool):
+        pass
 
 
 class Pool:
@@ -137,7 +147,7 @@ class Pool:
             self._executor()
             ex = self.ex
             assert isinstance(ex, cf.ProcessPoolExecutor)
-            threading.Thread(target=lambda: [ex.submit(_nothing) for _ in range(self.jobs)], daemon=True).start()
+            threading.Thread(target=_warm, args=(ex, self.jobs), daemon=True).start()
 
     def submit(self, fn, *args) -> cf.Future:
         self._executor()

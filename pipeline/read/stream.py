@@ -39,7 +39,9 @@ def open_stream_and_file(path: str):
             import zstandard
         except ImportError:
             raw.close()
-            raise BadTrace(f"{path}: zstd-compressed; install tracepipe[zstd]") from None
+            raise BadTrace(
+                f"{path}: zstd-compressed; install zstandard: pip install zstandard (or -e '.[zstd]' in a clone)"
+            ) from None
         return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), raw
     return raw, raw
 

@@ -1,6 +1,6 @@
 """figure: what every figure of `pipeline.render.plots` (and `pipeline.runs.plots`) shares.
 
-matplotlib is optional (`pip install tracepipe[plot]`): it is imported only inside functions, with
+matplotlib is optional (`pip install -e '.[plot]'`): it is imported only inside functions, with
 the non-interactive Agg backend (`pyplot`). A figure is built in the house style (`STYLE`) and
 written as PNG and SVG (its text kept as text), each to a temporary name and renamed (`written`).
 Here too: units as text and on axes, colours (one per kernel category), the box that says why a
@@ -63,7 +63,7 @@ def pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'tracepipe[plot]'") from None
+        raise UsageError("--plot needs matplotlib: pip install matplotlib (or -e '.[plot]' in a clone)") from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
