@@ -71,12 +71,17 @@ def byte_figures(done: float, total: float | None, speed: float | None) -> str:
     return "  ".join(parts)
 
 
-def count_figures(done: int, total: int | None, elapsed: float, quarantined: int, failed: int = 0) -> str:
-    """'12/40 traces  1.92 traces/s  3 quarantined  ETA 0:14', or what of it is known."""
+def count_figures(
+    done: int, total: int | None, elapsed: float, quarantined: int, failed: int = 0, nbytes: int = 0
+) -> str:
+    """'12/40 traces  1.92 traces/s  3.1 MB/s  3 quarantined  ETA 0:14', or what of it is known
+    (nbytes: the inputs' bytes done)."""
     rate = done / elapsed if done and elapsed > 0 else None
     parts = [f"{done}/{total} traces" if total is not None else f"{done} traces"]
     if rate:
         parts.append(f"{rate:.2f} traces/s" if rate < 10 else f"{rate:.0f} traces/s")
+        if nbytes:
+            parts.append(f"{size(nbytes / elapsed)}/s")
     parts.append(f"{quarantined} quarantined")
     if failed:
         parts.append(f"{failed} failed")
@@ -196,7 +201,7 @@ class BatchProgress(_Display):
 
     def __init__(self, quiet: bool = False, console: Console | None = None, label: str = "batch"):
         super().__init__(quiet, console, _batch_figures, stage=False)
-        self.label, self.done, self.quarantined, self.failed = label, 0, 0, 0
+        self.label, self.done, self.quarantined, self.failed, self.nbytes = label, 0, 0, 0, 0
         self.total: int | None = None
 
     def _begin(self) -> None:
@@ -204,7 +209,13 @@ class BatchProgress(_Display):
         self._task = self._progress.add_task(self.label, total=None, **self._counts())
 
     def _counts(self) -> dict:
-        return {"n": self.done, "of": self.total, "quarantined": self.quarantined, "failed": self.failed}
+        return {
+            "n": self.done,
+            "of": self.total,
+            "quarantined": self.quarantined,
+            "failed": self.failed,
+            "nbytes": self.nbytes,
+        }
 
     @_quietly
     def start(self, total: int | None) -> None:
@@ -213,9 +224,10 @@ class BatchProgress(_Display):
         self._progress.update(self._task, total=total, refresh=True, **self._counts())
 
     @_quietly
-    def finished(self, kind: str) -> None:
+    def finished(self, kind: str, nbytes: int = 0) -> None:
         assert self._progress is not None and self._task is not None
         self.done += 1
+        self.nbytes += nbytes
         self.quarantined += kind == "quarantined"
         self.failed += kind == "failed"
         if self.total is not None and self.done > self.total:  # more than counted up front
@@ -232,7 +244,7 @@ def _file_figures(task: Task) -> str:
 
 def _batch_figures(task: Task) -> str:
     f = task.fields
-    return count_figures(f["n"], f["of"], task.elapsed or 0, f["quarantined"], f["failed"])
+    return count_figures(f["n"], f["of"], task.elapsed or 0, f["quarantined"], f["failed"], f["nbytes"])
 
 
 def _make_progress(console: Console | None, figures: Callable[[Task], str], stage: bool) -> Progress:

@@ -210,6 +210,9 @@ def test_figures():
     assert byte_figures(2_000, None, None) == "2.0 kB"  # no total: no % and no ETA
     assert count_figures(12, 40, 6.0, 3) == "12/40 traces  2.00 traces/s  3 quarantined  ETA 0:14"
     assert count_figures(0, None, 1.0, 0) == "0 traces  0 quarantined"
+    assert count_figures(12, 40, 6.0, 3, nbytes=18_000_000) == (
+        "12/40 traces  2.00 traces/s  3.0 MB/s  3 quarantined  ETA 0:14"
+    )
     assert count_figures(41, 40, 1.0, 0, failed=2) == "41/40 traces  41 traces/s  0 quarantined  2 failed"
 
 
@@ -239,7 +242,7 @@ def test_run_batch_says_the_total_before_the_first_input(tmp_path):
         tmp_path / "ds",
         jobs=1,
         started=lambda total: events.append(("started", total)),
-        report=lambda kind, source, msg: events.append(kind),
+        report=lambda kind, source, msg, nbytes: events.append(kind),
     )
     assert events[0] == ("started", 3) and len(events) == 4
 

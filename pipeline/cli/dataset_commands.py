@@ -48,12 +48,12 @@ def batch(
     from pipeline.dataset.batch import run_batch
     from pipeline.progress import BatchProgress
 
-    with BatchProgress(quiet) as shown:  # done/total, traces/s, quarantined so far, ETA
+    with BatchProgress(quiet) as shown:  # done/total, traces/s, bytes/s, quarantined so far, ETA
 
-        def report(kind: str, source: str, msg: str):
+        def report(kind: str, source: str, msg: str, nbytes: int):
             if kind in ("quarantined", "truncated", "failed"):  # above the progress line, as `err` writes it
                 shown.echo(f"tracepipe: {source}: {kind}" + (f": {msg}" if msg else ""))
-            shown.finished(kind)
+            shown.finished(kind, nbytes)
 
         r = run_batch(src, out, jobs=jobs, engine=engine, report=report, max_inflate=max_inflate, started=shown.start)
     if not quiet:

@@ -126,7 +126,7 @@ def run_batch(
     *,
     jobs: int | None = None,
     engine: str = "local",
-    report: Callable[[str, str, str], None] | None = None,
+    report: Callable[[str, str, str, int], None] | None = None,
     max_inflate: float | None = None,
     started: Callable[[int | None], None] | None = None,
     compact: bool = True,
@@ -134,7 +134,8 @@ def run_batch(
 ) -> BatchResult:
     """Flatten every trace of SRC into DATASET (see the module docstring), skipping known content.
 
-    `report(kind, source, message)` is called as inputs finish (a task's inputs when it commits);
+    `report(kind, source, message, nbytes)` is called as inputs finish (a task's inputs when it
+    commits; nbytes: the input's size);
     kind is one of ok, truncated, quarantined, failed, skipped, duplicate. `started(total)` is
     called once before that, with how many inputs SRC holds (`count_inputs`; None when unknown):
     a progress display's total. `compact`: merge the dataset's small parts at the end.
@@ -149,12 +150,12 @@ def run_batch(
         raise UsageError(f"{ds}: exists and is not a directory")
     ds.mkdir(parents=True, exist_ok=True)
     res = BatchResult(ds)
-    say = report or (lambda kind, source, msg: None)
+    say = report or (lambda kind, source, msg, nbytes: None)
 
     def note(kind, item, msg=""):
         if kind in ("quarantined", "truncated", "failed"):
             res.problems.append(f"{item.source}: {kind}" + (f": {msg}" if msg else ""))
-        say(kind, item.source, msg)
+        say(kind, item.source, msg, item.size or 0)
 
     with locked(ds):
         recover(ds)
@@ -300,10 +301,10 @@ def run_batch(
                         note(old["status"], item, f"{old['error']} (already in the dataset)")
                     elif old is not None:
                         res.skipped += 1
-                        say("skipped", item.source, "")
+                        say("skipped", item.source, "", item.size or 0)
                     else:
                         res.duplicates += 1
-                        say("duplicate", item.source, "")
+                        say("duplicate", item.source, "", item.size or 0)
                     drop_temp([item])
                     continue
                 seen.add(tid)
