@@ -83,13 +83,18 @@ def queue_recount(act):
 
 
 def sequence_recount(act, n):
+    """Per device, the count of every run of n kernels on a stream; a device whose streams are all
+    shorter than n (the longest with m >= 2 kernels) gets the runs of m."""
+    kernels = {key: [x[3] for x in xs if x[4] == "kernel"] for key, xs in act.items()}
     per_dev: dict = {}
-    for (dev, _), xs in act.items():
-        names = [x[3] for x in xs if x[4] == "kernel"]
+    for dev in {d for d, _ in kernels}:
+        streams = [names for (d, _), names in kernels.items() if d == dev]
+        m = min(n, max(map(len, streams)))
         c = per_dev.setdefault(dev, {})
-        for i in range(len(names) - n + 1):
-            k = tuple(names[i : i + n])
-            c[k] = c.get(k, 0) + 1
+        for names in streams if m >= 2 else []:
+            for i in range(len(names) - m + 1):
+                k = tuple(names[i : i + m])
+                c[k] = c.get(k, 0) + 1
     return per_dev
 
 
@@ -121,6 +126,24 @@ def test_on_a_synthetic_trace(tmp_path):
     trace = synth.make_trace(n_steps=6, ops_per_step=5, gpu_devices=(0, 1))
     path = synth.write_trace(trace, tmp_path / "t.json")
     check_trace(path, tmp_path)
+
+
+def test_a_device_with_short_streams_shows_its_longest_runs(tmp_path):
+    """seq-len 3: device 0 has a stream of 4 kernels (runs of 3); device 1 only streams of 2 kernels
+    (runs of 2, not nothing); device 2 a single kernel (nothing)."""
+    ev = []
+    for dev, stream, names in ((0, 7, "ABAB"), (1, 7, "CD"), (1, 8, "CD"), (2, 7, "E")):
+        for i, name in enumerate(names):
+            ts = 100 * dev + 10 * i + stream
+            ev.append(
+                {"ph": "X", "cat": "kernel", "name": name, "pid": dev, "tid": stream, "ts": ts, "dur": 2,
+                 "args": {"device": dev, "stream": stream, "correlation": 1000 * dev + 10 * stream + i}}
+            )  # fmt: skip
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    seqs = rp.sequences(flatten(path, tmp_path / "flat").out_dir, 3)
+    got = {(d, tuple(k)): c for d, k, c in seqs.select("device", "kernels", "count").iter_rows()}
+    assert got == {(0, ("A", "B", "A")): 1, (0, ("B", "A", "B")): 1, (1, ("C", "D")): 2}
 
 
 @pytest.mark.real

@@ -5,6 +5,9 @@ default 3) consecutive kernels is an occurrence, overlapping ones counted (A B C
 B C D); occurrences are counted over all streams of a device. Per sequence: count, the summed
 time of its kernels over all occurrences, the mean gap between its consecutive kernels, and the
 CPU op that launched its first kernel most often. Most frequent first.
+
+A device whose streams all hold fewer than N kernels (but one holds two or more) shows the runs of
+its longest stream's length instead: its rows' `kernels` lists say which length that is.
 """
 
 from __future__ import annotations
@@ -39,27 +42,58 @@ def _occurrences(rows: pl.DataFrame, n: int) -> pl.DataFrame:
     )
 
 
+EMPTY = pl.Schema(
+    {
+        "device": pl.Int64(),
+        "kernels": pl.List(pl.String()),
+        "count": pl.Int64(),
+        "dur_us": pl.Float64(),
+        "mean_gap_us": pl.Float64(),
+        "launched_by": pl.String(),
+    }
+)
+
+
 def sequences(flat, seq_len: int = SEQ_LEN) -> pl.DataFrame:
     """(device, kernels, count, dur_us, mean_gap_us, launched_by): every sequence of `seq_len`
-    kernels with its occurrences, most frequent first (ties: more time, then names)."""
+    kernels with its occurrences, most frequent first (ties: more time, then names); devices too
+    short for `seq_len` with their longest runs (see the module docstring)."""
     f: Flat = as_flat(flat)
     n = max(2, seq_len)
+    found = [_of_length(f, n)]
+    shown = set(found[0]["device"].to_list())
+    longest = _longest_streams(f).filter(~pl.col("device").is_in(list(shown)) & pl.col("kernels").is_between(2, n - 1))
+    for (m,), devices in longest.group_by("kernels"):
+        found.append(_of_length(f, int(m), devices["device"].to_list()))
+    return pl.concat(found).sort("device", "count", "dur_us", "kernels", descending=[False, True, True, False])
+
+
+def _longest_streams(f: Flat) -> pl.DataFrame:
+    """(device, kernels): the kernel count of each device's longest stream (in the window)."""
+    on_stream = pl.col("device").is_not_null() & pl.col("stream").is_not_null() & pl.col("ts_ns").is_not_null()
+    return (
+        pl.scan_parquet(f.gpu_ops_file)
+        .filter(on_stream & (pl.col("kind") == "kernel") & f.time_filter())
+        .group_by(STREAM)
+        .agg(kernels=pl.len())
+        .group_by("device")
+        .agg(pl.col("kernels").max())
+        .collect()
+    )
+
+
+def _of_length(f: Flat, n: int, devices: list | None = None) -> pl.DataFrame:
+    """The sequences of `n` kernels (of `devices` only, when given)."""
     carry, total = StreamCarry(n - 1), None
     keys = ["device", *_names(n), "op"]
     names = pl.col("name").cast(pl.Categorical)  # long kernel names: a small id per row
-    for rows in activity_windows(f, [names, "dur_ns", "cpu_op_name"], pl.col("kind") == "kernel"):
+    where = pl.col("kind") == "kernel"
+    if devices is not None:
+        where = where & pl.col("device").is_in(devices)
+    for rows in activity_windows(f, [names, "dur_ns", "cpu_op_name"], where):
         total = fold(total, _occurrences(carry.prepend(rows), n), keys, [pl.col("count", "dur_ns", "gap_ns").sum()])
     if total is None:
-        return pl.DataFrame(
-            schema={
-                "device": pl.Int64,
-                "kernels": pl.List(pl.String),
-                "count": pl.Int64,
-                "dur_us": pl.Float64,
-                "mean_gap_us": pl.Float64,
-                "launched_by": pl.String,
-            }
-        )
+        return pl.DataFrame(schema=EMPTY)
     by_seq = ["device", *_names(n)]
     top_op = (
         total.filter(pl.col("op").is_not_null())
@@ -78,5 +112,5 @@ def sequences(flat, seq_len: int = SEQ_LEN) -> pl.DataFrame:
             mean_gap_us=pl.col("gap_ns") / (pl.col("count") * (n - 1)) / 1e3,
             launched_by=pl.col("launched_by").cast(pl.String),
         )
-        .sort("device", "count", "dur_us", "kernels", descending=[False, True, True, False])
+        .cast(EMPTY)
     )
