@@ -25,6 +25,7 @@ import polars as pl
 MIN_NAME = 18  # a shortened name keeps at least this many characters
 GAP = 2  # spaces between columns
 SEQUENCE = "kernels"  # a column of kernel sequences (lists of names): one name per line
+THEN = "→ "  # before each kernel of a sequence but the first
 ENG = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
@@ -85,8 +86,8 @@ def cell(v, column: str = "", name_limit: int | None = None) -> str:
         v = float(v)
     if isinstance(v, (int, float)):
         return number(v, column)
-    if isinstance(v, (list, tuple)) and column == SEQUENCE:  # one kernel per line
-        return "\n→ ".join(compact(str(k), 0) for k in v)
+    if isinstance(v, (list, tuple)) and column == SEQUENCE:  # one kernel per line, whole (shortened later)
+        return "\n".join((THEN if i else "") + str(k) for i, k in enumerate(v))
     if isinstance(v, (list, tuple)):
         return ",".join(cell(x, column, None) for x in v)
     if isinstance(v, dict):
@@ -205,8 +206,15 @@ def render(
 
 def _shortened(body: list[list[str]], head: list[str], limits: list[int]) -> list[list[str]]:
     """Each text cell (each line of it) cut to its column's limit (0: none), once, from its whole value."""
-    cut = lambda c, i: "\n".join(shorten(x, limits[i]) for x in c.split("\n")) if limits[i] else c
+    cut = lambda c, i: "\n".join(_shorten_line(x, limits[i]) for x in c.split("\n")) if limits[i] else c
     return [[cut(c, i) for i, c in enumerate(r)] for r in body]
+
+
+def _shorten_line(line: str, limit: int) -> str:
+    """A line of a cell shortened; a sequence's `→ name` keeps its arrow, and its id is the name's."""
+    if line.startswith(THEN):
+        return THEN + shorten(line[len(THEN) :], max(limit - len(THEN), 1))
+    return shorten(line, limit)
 
 
 def _text(head: list[str], body: list[list[str]], numeric: list[bool], width: int | None, limits: list[int]) -> str:
