@@ -247,3 +247,19 @@ def test_python_example_of_the_package_docstring_runs(tmp_path, monkeypatch):
     for module in (pipeline, rp):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted and not result.failed, module.__name__
+
+
+def test_a_sequence_names_each_kernel_as_the_other_tables_do():
+    """Each kernel of a sequence is shortened from its whole name: two kernels that differ only in
+    their template arguments stay apart, and one kernel has one id wherever it stands."""
+    kernel = "void at::native::vectorized_elementwise_kernel<4, at::native::"
+    mul = kernel + "BinaryFunctor<c10::BFloat16, MulFunctor<float> > >(int)"
+    silu = kernel + "(anonymous namespace)::silu_kernel<c10::BFloat16> >(int)"
+    gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_kernel__5x_cublas"
+    df = pl.DataFrame({"count": [2, 1], "kernels": [[gemm, mul, gemm], [gemm, silu, gemm]]})
+    lines = render(df, "table", 60, 40).splitlines()[2:]
+    first, second = lines[:3], lines[3:]
+    assert first[1] != second[1]  # Mul and SiLU apart
+    ids = {re.search(r"#[0-9a-f]{4}", x).group() for x in (first[0], first[2], second[0], second[2])}
+    assert len(ids) == 1 and first[2].strip().startswith("→ ")
+    assert shorten(gemm, 30).endswith(ids.pop())  # the id of the name itself
