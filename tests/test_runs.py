@@ -243,6 +243,26 @@ def test_ranks_sections_in_every_format(tmp_path, run_cli, fmt):
     assert run_cli(["ranks", ds, "--align", "sideways"]).returncode == 2
 
 
+def test_ranks_tables_show_top_rows_slowest_steps_first(tmp_path, run_cli):
+    """A run of many ranks and steps stays readable at a terminal: --top rows of each section
+    (steps slowest first) and how many more; --top 0 and csv give every row; --columns picks."""
+    write_run(tmp_path / "run", 4, 16, straggler=2, delay_us=800.0, delayed=3)
+    ds = batched(tmp_path / "run", tmp_path)
+    n = run_cli(["ranks", ds, "--format", "csv", "--top", "1"]).stdout.count("ProfilerStep#")  # csv: every row
+    assert n > 5
+    p = run_cli(["ranks", ds, "--top", "5", "-w", "0"])
+    assert p.returncode == 0, p.stderr
+    steps = p.stdout.split("Per rank and step (slowest first)\n")[1].split("\n\n")[0].splitlines()
+    rows = [r for r in steps[2:] if not r.startswith("(")]
+    assert len(rows) == 5 and steps[-1].startswith(f"({n - 5} more rows: --top 0 shows all")
+    step_us = [float(r.split()[3].replace(",", "")) for r in rows]
+    assert step_us == sorted(step_us, reverse=True) and step_us[0] > step_us[-1]
+    every = run_cli(["ranks", ds, "--top", "0", "-w", "0"]).stdout
+    assert "more rows" not in every and every.count("ProfilerStep#") == n
+    picked = run_cli(["ranks", ds, "-c", "rank,wait_caused_us"]).stdout
+    assert "Collectives by kind" not in picked and "offset_us" not in picked and "wait_caused_us" in picked
+
+
 def test_ranks_plots(tmp_path, run_cli):
     pytest.importorskip("matplotlib")
     write_run(tmp_path / "run", 4, 16, straggler=2, delay_us=800.0, delayed=3)

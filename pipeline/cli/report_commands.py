@@ -29,6 +29,14 @@ def ranks(
     fmt: RunsFormat = typer.Option("table", "--format", "-f", help="xlsx: one sheet per section (needs -o)"),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file"),
     width: Optional[int] = width_option(),
+    top: int = typer.Option(20, "--top", help="rows of each section in table and md (0: all; csv, json, xlsx: all)"),
+    columns: Optional[str] = typer.Option(
+        None,
+        "--columns",
+        "-c",
+        metavar="COL,COL",
+        help="show these columns, comma-separated, in each section that has them (table/md/csv)",
+    ),
     run_by: Optional[str] = typer.Option(
         None,
         "--run-by",
@@ -63,7 +71,7 @@ def ranks(
         if fmt == "xlsx":
             write_file(out, lambda tmp: rr.write_runs_workbook(rep, tmp))
         else:
-            write_report(rr.format_runs(rep, fmt, fitted_width(width)), out)
+            write_report(rr.format_runs(rep, fmt, fitted_width(width), top, column_list(columns)), out)
         if plot:
             from pipeline.runs.plots import write_run_plots
 

@@ -255,9 +255,11 @@ def only_run(rep: RunReport, run: str) -> RunReport:
     return RunReport(*(keep(getattr(rep, f)) for f in RunReport.__dataclass_fields__))
 
 
-def format_runs(rep: RunReport, fmt: str, width: int | None = None) -> str | Iterator[bytes]:
+def format_runs(
+    rep: RunReport, fmt: str, width: int | None = None, top: int | None = 20, columns: list[str] | None = None
+) -> str | Iterator[bytes]:
     """`tracepipe ranks` output: the JSON document, or the sections as tables (text fitted to
-    `width`, md, csv)."""
+    `width`, `top` rows each; md; csv; `columns`: only these where a section has them)."""
     from pipeline.errors import UsageError
 
     if fmt == "json":
@@ -266,7 +268,7 @@ def format_runs(rep: RunReport, fmt: str, width: int | None = None) -> str | Ite
         raise UsageError(f"--format must be one of table, md, csv, json (got {fmt!r})")
     from pipeline.runs.sections import render_sections
 
-    return render_sections(rep, fmt, width)
+    return render_sections(rep, fmt, width, top, columns)
 
 
 def write_runs_workbook(rep: RunReport, path) -> None:

@@ -42,7 +42,7 @@ SECTIONS = (  # (name, title, the report's frame, columns shown)
     ),
     (
         "steps",
-        "Per rank and step",
+        "Per rank and step (slowest first)",
         "steps",
         ["run", "rank", "step", "step_us", "compute_us", "comm_us", "exposed_comm_us", "wait_us"],
     ),
@@ -61,17 +61,35 @@ def in_us(df: pl.DataFrame) -> pl.DataFrame:
     return df.with_columns((pl.col(c) / 1e3).alias(c[:-3] + "_us") for c in ns).drop(ns)
 
 
-def render_sections(rep, fmt: str, width: int | None = None) -> str:
+TOP = 20  # rows of a section in the table and md views (csv, json and xlsx hold every row)
+SLOWEST_FIRST = {"steps": "step_us"}  # sections whose table view puts the largest first
+
+
+def render_sections(
+    rep, fmt: str, width: int | None = None, top: int | None = TOP, columns: list[str] | None = None
+) -> str:
+    """The sections as text tables, md or csv; table and md show `top` rows of each (None or 0:
+    all) and say how many more there are; `columns`: only these, where a section has them."""
     out = []
+    chosen = columns
     for name, title, frame, columns in SECTIONS:
         df = in_us(getattr(rep, frame))
         if not df.height:
             continue
         df = df.select([c for c in columns if c in df.columns])
+        if chosen and not set(chosen) & set(df.columns) - {"run", "rank"}:
+            continue  # none of the chosen columns but the keys: the section has nothing to show
         if fmt == "csv":
-            out.append(f"# {name}\n" + render(df, "csv"))
+            out.append(f"# {name}\n" + render(df, "csv", columns=chosen))
             continue
-        out.append((f"## {title}\n\n" if fmt == "md" else f"{title}\n") + render(df, fmt, width=width))
+        if name in SLOWEST_FIRST:
+            df = df.sort(SLOWEST_FIRST[name], descending=True, nulls_last=True, maintain_order=True)
+        more = df.height - top if top and df.height > top else 0
+        text = render(df.head(top) if top and more else df, fmt, width=width, columns=chosen)
+        if more:
+            rows = "row" if more == 1 else "rows"
+            text += f"({more:,} more {rows}: --top 0 shows all; csv, json and xlsx hold every row)\n"
+        out.append((f"## {title}\n\n" if fmt == "md" else f"{title}\n") + text)
     return "\n".join(out)
 
 
