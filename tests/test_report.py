@@ -419,6 +419,10 @@ def test_diff_matches_aliases_across_devices(diff_pair):
     text = rp.format_diff(d, "table", "nv", "amd", name_limit=12)
     assert "nv:dur_us" in text and "amd:dur_us" in text and "aten::convolution" not in text
     assert "aten::c…tion" in text  # 12 characters, cut in the middle (no room for an id)
+    long = rp.format_diff(d, "table", "control_a100_run", "test_v100_run", width=80)
+    assert long.startswith("a: control_a100_run\nb: test_v100_run\n")  # long labels: a / b, named above
+    assert "a:dur_us" in long and "b:dur_us" in long and "delta_us" in long
+    assert all(len(line) <= 80 for line in long.splitlines())
 
 
 # ------------------------------------------------------------------ CLI and plots

@@ -200,6 +200,7 @@ def write_analysis_workbook(flat, sections: dict[str, pl.DataFrame], path, top: 
 
 
 # ------------------------------------------------------------------ diff
+SHORT_LABEL = 8  # a diff label longer than this is `a` / `b` in the table's headers
 DIFF_TEXT_COLUMNS = [  # by importance: a narrow terminal leaves out the last ones
     "key",
     "kind",
@@ -239,9 +240,14 @@ def diff_text(
     top: int | None = None,
     width: int | None = None,
 ) -> str:
-    """The diff's main columns as a table / md, a_* and b_* named after the labels."""
+    """The diff's main columns as a table / md, a_* and b_* named after the labels; labels longer
+    than SHORT_LABEL become `a` and `b` in the headers, named in a line above the table."""
     top_name = lambda s: pl.col(f"{s}_top_kernels").list.first().struct.field("name")
     t = d.with_columns(a_top=top_name("a"), b_top=top_name("b")).select(DIFF_TEXT_COLUMNS)
+    legend = ""
+    if max(len(label_a), len(label_b)) > SHORT_LABEL:
+        legend = f"a: {label_a}\nb: {label_b}\n" + ("\n" if fmt == "md" else "")
+        label_a, label_b = "a", "b"
     t = t.rename(
         {
             c: c.replace("a_", f"{label_a}:", 1) if c.startswith("a_") else c.replace("b_", f"{label_b}:", 1)
@@ -249,7 +255,7 @@ def diff_text(
             if c.startswith(("a_", "b_"))
         }
     )
-    return render(t.head(top) if top else t, fmt, name_limit, width)
+    return legend + render(t.head(top) if top else t, fmt, name_limit, width)
 
 
 def format_diff(
