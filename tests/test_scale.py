@@ -14,6 +14,7 @@ import pytest
 from test_batch import tiny_trace, write
 
 import pipeline.dataset.group as G
+import pipeline.dataset.group.task as GT
 import pipeline.dataset.members as members
 from pipeline import schema
 from pipeline import synthetic as synth
@@ -43,8 +44,8 @@ def assert_group_equals_alone(paths: list[Path], tmp: Path, monkeypatch, expect_
     trace table but for its volatile columns), and only `expect_alone` may leave the group."""
     monkeypatch.setenv("TRACEPIPE_GROUP_STRICT", "1")
     went_alone = []
-    real = G._flatten_alone
-    monkeypatch.setattr(G, "_flatten_alone", lambda m, *a: (went_alone.append(Path(m.path).name), real(m, *a))[1])
+    real = G.flatten_alone
+    monkeypatch.setattr(GT, "flatten_alone", lambda m, *a: (went_alone.append(Path(m.path).name), real(m, *a))[1])
     tasks = tasks_of(paths)
     facts = G.run_group(tasks, str(tmp / "stage"))
     assert set(went_alone) == set(expect_alone)
