@@ -3,20 +3,17 @@ every layout (`traces`), the demo and benchmark template (`demo`), and runs of m
 known physics (`runs`)."""
 
 from pipeline.synthetic.demo import kineto_text, write_demo
+from pipeline.synthetic.expectations import complete_events, flow_events, gpu_events, ns
 from pipeline.synthetic.runs import run_rank_events, write_run
 from pipeline.synthetic.traces import (
     DEVICE_PROPS,
     GPU_CATS_BY_LAYOUT,
     TRICKY_ARGS,
     TRICKY_NAME,
-    complete_events,
     dumps_trace,
-    flow_events,
-    gpu_events,
     make_trace,
     memory_event,
     metadata_events,
-    ns,
     step_events,
     top_metadata,
     write_big_trace,
