@@ -255,12 +255,14 @@ def test_ranks_tables_show_top_rows_slowest_steps_first(tmp_path, run_cli):
     steps = p.stdout.split("Per rank and step (slowest first)\n")[1].split("\n\n")[0].splitlines()
     rows = [r for r in steps[2:] if not r.startswith("(")]
     assert len(rows) == 5 and steps[-1].startswith(f"({n - 5} more rows: --top 0 shows all")
-    step_us = [float(r.split()[3].replace(",", "")) for r in rows]
+    at = steps[0].split().index("step_us")
+    step_us = [float(r.split()[at].replace(",", "")) for r in rows]
     assert step_us == sorted(step_us, reverse=True) and step_us[0] > step_us[-1]
     every = run_cli(["ranks", ds, "--top", "0", "-w", "0"]).stdout
     assert "more rows" not in every and every.count("ProfilerStep#") == n
     picked = run_cli(["ranks", ds, "-c", "rank,wait_caused_us"]).stdout
     assert "Collectives by kind" not in picked and "offset_us" not in picked and "wait_caused_us" in picked
+    assert p.stdout.startswith(f"run: {tmp_path / 'run'}\n") and "run  " not in p.stdout  # one run: named once
 
 
 def test_ranks_plots(tmp_path, run_cli):

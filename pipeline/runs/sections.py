@@ -7,7 +7,7 @@ import polars as pl
 
 from pipeline.render.tables import render
 
-SECTIONS = (  # (name, title, the report's frame, columns shown)
+SECTIONS = (  # (name, title, the report's frame, columns shown: by importance, a narrow terminal drops the last)
     ("runs", "Runs: ranks present and missing", "runs", ["run", "world_size", "traces", "ranks", "missing_ranks"]),
     (
         "ranks",
@@ -30,11 +30,11 @@ SECTIONS = (  # (name, title, the report's frame, columns shown)
             "kind",
             "bytes",
             "count",
-            "n_ranks",
             "latency_p50_us",
-            "latency_p99_us",
-            "algbw_p50_gbps",
             "busbw_p50_gbps",
+            "algbw_p50_gbps",
+            "n_ranks",
+            "latency_p99_us",
             "busbw_p99_gbps",
             "start_skew_p50_us",
             "start_skew_p99_us",
@@ -70,13 +70,14 @@ def render_sections(
 ) -> str:
     """The sections as text tables, md or csv; table and md show `top` rows of each (None or 0:
     all) and say how many more there are; `columns`: only these, where a section has them."""
-    out = []
     chosen = columns
+    one_run = fmt != "csv" and rep.runs.height == 1  # its name once, above the tables, not in every row
+    out = [f"run: {rep.runs['run'][0]}\n"] if one_run else []
     for name, title, frame, columns in SECTIONS:
         df = in_us(getattr(rep, frame))
         if not df.height:
             continue
-        df = df.select([c for c in columns if c in df.columns])
+        df = df.select([c for c in columns if c in df.columns and not (one_run and c == "run")])
         if chosen and not set(chosen) & set(df.columns) - {"run", "rank"}:
             continue  # none of the chosen columns but the keys: the section has nothing to show
         if fmt == "csv":
