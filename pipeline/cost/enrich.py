@@ -311,12 +311,13 @@ COST_BLOCK_ROWS = 1 << 15
 WRITE_BATCH_ROWS = 1 << 13
 
 
-def _link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally) -> OpKernels:
+def link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally | None = None) -> OpKernels:
     """Link the GPU ops batch by batch, cost their ops (everything that reads the events) and
     categorise them into `spill`: event_idx, the link columns, OP_COST_COLUMNS and KERNEL_INPUTS
-    (pass 2 then reads no GPU op column but to copy it). Returns the per-op kernel counts
-    (`OpKernels`). This runs beside the launch lookup of the next batch (`link.link_batches`): a
-    third stage in a thread of its own measured slower on two cores, and held more memory."""
+    (pass 2 then reads no GPU op column but to copy it); link counts go to `tally` if given (batch
+    groups count per trace themselves). Returns the per-op kernel counts (`OpKernels`). This runs
+    beside the launch lookup of the next batch (`link.link_batches`): a third stage in a thread of
+    its own measured slower on two cores, and held more memory."""
     op_kernels, memo = OpKernels(), CategoryMemo()
     evaluated: dict = {}  # shapes' costs, shared by the batches (`op_costs`)
     events = pl.scan_parquet(flat_dir / "events.parquet")
@@ -330,7 +331,8 @@ def _link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally) -> 
     ]
     with store.SpillWriter(spill, fields) as out:
         for links in link.link_batches(flat_dir, carry=tuple(COST_INPUTS)):
-            tally.add_links(links)
+            if tally is not None:
+                tally.add_links(links)
             op_kernels.add(links)
             ops = op_costs(events, links["cpu_op_event_idx"], dtype, evaluated)
             out.write(
@@ -395,7 +397,7 @@ def enrich(
     store.sort_by_key(gpu_ops, "gpu_ops")  # flatten writes it sorted already
     tally = Tally()
     with store.arrow_memory_returned_promptly(), store.spill_file(flat_dir, LINK_SPILL) as spill:
-        op_kernels = _link_pass(flat_dir, spill, dtype, tally)
+        op_kernels = link_pass(flat_dir, spill, dtype, tally)
         with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
             coster = BatchCoster(links, op_kernels, devs, tally)
             store.write_extended(gpu_ops, tmp, "gpu_ops", coster, inputs=["event_idx"], batch_rows=WRITE_BATCH_ROWS)

@@ -73,16 +73,7 @@ def _link_and_cost(t: Tables, part: np.ndarray, work: Path, matched: list) -> pl
     members `part` (which agree on the per-trace link facts), as `enrich` gives them: one pass
     over their tables. Rows in the group's gpu_ops order with `_row` (their row there), `_m`,
     and the columns the counts read (kind, dur_ns, correlation)."""
-    from pipeline.cost.categories import CategoryMemo, with_category
-    from pipeline.cost.enrich import (
-        COST_COLUMNS,
-        COST_INPUTS,
-        KERNEL_INPUTS,
-        OP_COST_COLUMNS,
-        OpKernels,
-        kernel_costs,
-        op_costs,
-    )
+    from pipeline.cost.enrich import COST_COLUMNS, KERNEL_INPUTS, OP_COST_COLUMNS, kernel_costs, link_pass
     from pipeline.link import links as link
 
     whole = len(part) == t.n
@@ -96,25 +87,8 @@ def _link_and_cost(t: Tables, part: np.ndarray, work: Path, matched: list) -> pl
         tbl = t.tables[name] if whole else select(t.tables[name], rows[name])
         owner = t.owner[name][rows[name]]
         store.write_table(banded(tbl, name, owner, offsets), work / f"{name}.parquet", name, ("flatten",))
-    op_kernels, memo = OpKernels(), CategoryMemo()
-    evaluated: dict = {}  # shapes' costs, shared by the batches (`op_costs`)
-    events = pl.scan_parquet(work / "events.parquet")
-    declared = {f.name: f for f in schema.table("gpu_ops").arrow_schema(schema.ALL_STAGES)}
-    op_cost_types = {"op_flops": pa.float64(), "op_bytes": pa.float64()}
-    fields = [
-        pa.field("event_idx", pa.int64()),
-        *schema.table("gpu_ops").arrow_schema(("link",)),
-        *(pa.field(c, op_cost_types.get(c, pa.string())) for c in OP_COST_COLUMNS),
-        *(declared[c] for c in KERNEL_INPUTS),
-    ]
     spill = work / "links.arrow"
-    with store.SpillWriter(spill, fields) as out:  # as `enrich` spills its pass 1 (read back whole)
-        for links in link.link_batches(work, carry=tuple(COST_INPUTS)):
-            op_kernels.add(links)
-            ops = op_costs(events, links["cpu_op_event_idx"], None, evaluated)
-            out.write(
-                with_category(links.join(ops, on="cpu_op_event_idx", how="left", maintain_order="left"), memo=memo)
-            )
+    op_kernels = link_pass(work, spill, None)  # as `enrich` spills its pass 1 (read back whole)
     with store.SpillReader(spill) as reader:
         spilled = reader.take(1 << 62)
     gpu_rows = rows["gpu_ops"]
