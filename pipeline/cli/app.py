@@ -45,3 +45,14 @@ def _root(
 def width_option():
     """--width/-w, as every command that prints tables takes it (see output.fitted_width)."""
     return typer.Option(None, "--width", "-w", help="fit tables to N columns (default: the terminal's; 0: no limit)")
+
+
+def columns_option():
+    """--columns/-c COL,COL, as analyze and ranks take it (see output.column_list)."""
+    return typer.Option(
+        None,
+        "--columns",
+        "-c",
+        metavar="COL,COL",
+        help="show these columns, comma-separated, in the sections that have them (table/md/csv)",
+    )

@@ -13,6 +13,7 @@ from pipeline.cli.app import (
     ReportFormat,
     RunsFormat,
     app,
+    columns_option,
     err,
     width_option,
 )
@@ -30,13 +31,7 @@ def ranks(
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file"),
     width: Optional[int] = width_option(),
     top: int = typer.Option(20, "--top", help="rows of each section in table and md (0: all; csv, json, xlsx: all)"),
-    columns: Optional[str] = typer.Option(
-        None,
-        "--columns",
-        "-c",
-        metavar="COL,COL",
-        help="show these columns, comma-separated, in each section that has them (table/md/csv)",
-    ),
+    columns: Optional[str] = columns_option(),
     run_by: Optional[str] = typer.Option(
         None,
         "--run-by",
@@ -130,13 +125,7 @@ def analyze(
         help="in a dataset or folder: the trace (its trace_id, stem or part of its path)",
     ),
     width: Optional[int] = width_option(),
-    columns: Optional[str] = typer.Option(
-        None,
-        "--columns",
-        "-c",
-        metavar="COL,COL",
-        help="show these columns, comma-separated (table/md/csv; default: each section's own)",
-    ),
+    columns: Optional[str] = columns_option(),
     name_limit: int = typer.Option(
         60, "--name-limit", help="cut kernel/op names to N characters in table/md, middle out (0: never)"
     ),

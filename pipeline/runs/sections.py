@@ -70,23 +70,22 @@ def render_sections(
 ) -> str:
     """The sections as text tables, md or csv; table and md show `top` rows of each (None or 0:
     all) and say how many more there are; `columns`: only these, where a section has them."""
-    chosen = columns
     one_run = fmt != "csv" and rep.runs.height == 1  # its name once, above the tables, not in every row
     out = [f"run: {rep.runs['run'][0]}\n"] if one_run else []
-    for name, title, frame, columns in SECTIONS:
+    for name, title, frame, shown in SECTIONS:
         df = in_us(getattr(rep, frame))
         if not df.height:
             continue
-        df = df.select([c for c in columns if c in df.columns and not (one_run and c == "run")])
-        if chosen and not set(chosen) & set(df.columns) - {"run", "rank"}:
+        df = df.select([c for c in shown if c in df.columns and not (one_run and c == "run")])
+        if columns and not set(columns) & set(df.columns) - {"run", "rank"}:
             continue  # none of the chosen columns but the keys: the section has nothing to show
         if fmt == "csv":
-            out.append(f"# {name}\n" + render(df, "csv", columns=chosen))
+            out.append(f"# {name}\n" + render(df, "csv", columns=columns))
             continue
         if name in SLOWEST_FIRST:
             df = df.sort(SLOWEST_FIRST[name], descending=True, nulls_last=True, maintain_order=True)
         more = df.height - top if top and df.height > top else 0
-        text = render(df.head(top) if top and more else df, fmt, width=width, columns=chosen)
+        text = render(df.head(top) if top and more else df, fmt, width=width, columns=columns)
         if more:
             rows = "row" if more == 1 else "rows"
             text += f"({more:,} more {rows}: --top 0 shows all; csv, json and xlsx hold every row)\n"
