@@ -60,38 +60,34 @@ def sequences(flat, seq_len: int = SEQ_LEN) -> pl.DataFrame:
     short for `seq_len` with their longest runs (see the module docstring)."""
     f: Flat = as_flat(flat)
     n = max(2, seq_len)
-    found = [_of_length(f, n)]
-    shown = set(found[0]["device"].to_list())
-    longest = _longest_streams(f).filter(~pl.col("device").is_in(list(shown)) & pl.col("kernels").is_between(2, n - 1))
-    for (m,), devices in longest.group_by("kernels"):
-        found.append(_of_length(f, int(m), devices["device"].to_list()))
+    first, lengths = _of_length(f, n)
+    found = [first]
+    longest = lengths.group_by("device").agg(pl.col("kernels").max())  # each device's longest stream
+    short = longest.filter(~pl.col("device").is_in(first["device"].implode()) & pl.col("kernels").is_between(2, n - 1))
+    for (m,), devices in short.group_by("kernels"):
+        found.append(_of_length(f, int(m), devices["device"].to_list())[0])
     return pl.concat(found).sort("device", "count", "dur_us", "kernels", descending=[False, True, True, False])
 
 
-def _longest_streams(f: Flat) -> pl.DataFrame:
-    """(device, kernels): the kernel count of each device's longest stream (in the window)."""
-    on_stream = pl.col("device").is_not_null() & pl.col("stream").is_not_null() & pl.col("ts_ns").is_not_null()
-    return (
-        pl.scan_parquet(f.gpu_ops_file)
-        .filter(on_stream & (pl.col("kind") == "kernel") & f.time_filter())
-        .group_by(STREAM)
-        .agg(kernels=pl.len())
-        .group_by("device")
-        .agg(pl.col("kernels").max())
-        .collect()
-    )
-
-
-def _of_length(f: Flat, n: int, devices: list | None = None) -> pl.DataFrame:
-    """The sequences of `n` kernels (of `devices` only, when given)."""
-    carry, total = StreamCarry(n - 1), None
+def _of_length(f: Flat, n: int, devices: list | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The sequences of `n` kernels (of `devices` only, when given), and (device, stream, kernels):
+    how many kernels each stream holds, counted in the same pass."""
+    carry, total, lengths = StreamCarry(n - 1), None, None
     keys = ["device", *_names(n), "op"]
     names = pl.col("name").cast(pl.Categorical)  # long kernel names: a small id per row
     where = pl.col("kind") == "kernel"
     if devices is not None:
         where = where & pl.col("device").is_in(devices)
     for rows in activity_windows(f, [names, "dur_ns", "cpu_op_name"], where):
+        lengths = fold(lengths, rows.group_by(STREAM).agg(kernels=pl.len()), STREAM, [pl.col("kernels").sum()])
         total = fold(total, _occurrences(carry.prepend(rows), n), keys, [pl.col("count", "dur_ns", "gap_ns").sum()])
+    if lengths is None:
+        lengths = pl.DataFrame(schema={"device": pl.Int64, "stream": pl.Int64, "kernels": pl.UInt32})
+    return _summed(total, n), lengths
+
+
+def _summed(total: pl.DataFrame | None, n: int) -> pl.DataFrame:
+    """Per sequence of `n` kernels: its occurrences, time, mean gap and most frequent first op."""
     if total is None:
         return pl.DataFrame(schema=EMPTY)
     by_seq = ["device", *_names(n)]
