@@ -1,0 +1,374 @@
+"""The report in a browser (`--format html`, pipeline.render.html): one self-contained page per
+report, read back as a script would (its sections and `data-value` cells) and, where Chromium is
+installed, loaded in headless Chromium (no console error, every chart drawn, hostile names inert)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from html.parser import HTMLParser
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from pipeline import report as rp
+from pipeline import synthetic as synth
+from pipeline.analyses import registry
+from pipeline.dataset.batch import run_batch
+from pipeline.flatten import flatten
+from pipeline.render.html import analysis_html, diff_html, frames_html, runs_html
+from pipeline.render.html.cells import cell, duration
+from pipeline.render.html.escape import script_json, text
+from pipeline.runs import sections as run_sections
+from pipeline.runs.report import analyze_runs
+
+PAYLOAD = (
+    '<img id="pwned" src="x" onerror="document.body.setAttribute(\'data-pwned\',1)">'
+    '</script><script>document.body.setAttribute("data-pwned",2)</script><!-- \u2028'
+)
+EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?(?:https?:)?//|@import""", re.I)
+
+
+class Dom(HTMLParser):
+    """A page read as a script reads it: its data-section names, each section's table rows (cells'
+    data-value), its chart specs and its inline scripts."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.sections: list[str] = []
+        self.rows: dict[str, list[list[str]]] = {}
+        self.specs: list[dict] = []
+        self.scripts: list[str] = []
+        self._stack: list[str | None] = []
+        self._row: list[str] | None = None
+        self._script: dict | None = None
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "section":
+            self._stack.append(a.get("data-section"))
+            if a.get("data-section"):
+                self.sections.append(a["data-section"])
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("td", "th") and self._row is not None:
+            self._row.append(a.get("data-value"))
+        elif tag == "script":
+            self._script = {"type": a.get("type"), "text": ""}
+
+    def handle_data(self, data):
+        if self._script is not None:
+            self._script["text"] += data
+
+    def handle_endtag(self, tag):
+        if tag == "section":
+            self._stack.pop()
+        elif tag == "tr" and self._row is not None:
+            name = next((s for s in reversed(self._stack) if s), None)
+            self.rows.setdefault(name, []).append(self._row)
+            self._row = None
+        elif tag == "script" and self._script is not None:
+            if self._script["type"] == "application/json":
+                self.specs.append(json.loads(self._script["text"]))
+            else:
+                self.scripts.append(self._script["text"])
+            self._script = None
+
+
+def body_rows(html: str, section: str) -> list[list[str]]:
+    """The data-value of each <td> of the section's tables (rows of <th> left out)."""
+    out, inside, depth = [], False, 0
+    for m in re.finditer(r"<section([^>]*)>|</section>|<tr>(.*?)</tr>", html, re.S):
+        if m.group(0).startswith("<section"):
+            depth += 1
+            if f'data-section="{section}"' in (m.group(1) or ""):
+                inside, depth = True, 1
+        elif m.group(0) == "</section>":
+            depth -= 1
+            if inside and depth == 0:
+                inside = False
+        elif inside and "<td" in m.group(2):
+            out.append(re.findall(r'<td[^>]*data-value="([^"]*)"', m.group(2)))
+    return out
+
+
+def unescape(v: str) -> str:
+    import html
+
+    return html.unescape(v)
+
+
+# ------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """A small realistic trace (the bundled example's generator), flattened once."""
+    tmp = tmp_path_factory.mktemp("demo")
+    synth.write_demo(tmp / "demo.json.gz", 0.6)
+    return rp.Flat(flatten(tmp / "demo.json.gz", tmp / "flat").out_dir)
+
+
+@pytest.fixture(scope="module")
+def demo_page(demo):
+    sections = rp.analyze(demo)
+    return sections, rp.format_analysis(demo, sections, "html")
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    """A trace whose kernel, op and annotation names hold markup meant to run in the page."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    synth.write_demo(tmp / "demo.json.gz", 0.2)
+    with gzip.open(tmp / "demo.json.gz", "rt") as f:
+        d = json.load(f)
+    seen = set()
+    for e in d["traceEvents"]:
+        if e.get("cat") in ("kernel", "cpu_op") and e.get("name") not in seen:
+            seen.add(e["name"])
+        if e.get("cat") in ("kernel", "cpu_op") and e["name"] in list(seen)[:3]:
+            e["name"] = e["name"] + PAYLOAD
+    with gzip.open(tmp / "hostile.json.gz", "wt") as f:
+        json.dump(d, f)
+    f = rp.Flat(flatten(tmp / "hostile.json.gz", tmp / "flat").out_dir)
+    return rp.format_analysis(f, rp.analyze(f), "html")
+
+
+@pytest.fixture(scope="module")
+def run_report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    synth.write_run(tmp / "demo_run", 4, 16, straggler=2, delay_us=800.0, delayed=3)
+    run_batch(tmp / "demo_run", tmp / "ds", jobs=1)
+    return analyze_runs(tmp / "ds")
+
+
+# ------------------------------------------------------------------ escaping
+def test_text_escapes_markup_and_both_quotes():
+    assert text('<a href="x">\'&') == "&lt;a href=&quot;x&quot;&gt;&#39;&amp;"
+
+
+def test_script_json_cannot_close_its_script_and_round_trips():
+    data = {"name": PAYLOAD, "n": float("nan"), "ok": [1, 2.5]}
+    out = script_json(data)
+    for bad in ("</script", "<!--", "<", ">", "\u2028", "\u2029"):
+        assert bad not in out
+    assert json.loads(out) == {"name": PAYLOAD, "n": None, "ok": [1, 2.5]}
+
+
+# ------------------------------------------------------------------ cells
+def test_cells_show_units_and_carry_the_whole_value():
+    assert duration(12789.918) == "12.79 ms" and duration(0.88) == "0.880 µs" and duration(2.5e6) == "2.500 s"
+    c = cell(12789.918, "dur_us")
+    assert (c.text, c.value) == ("12.79 ms", "12789.918")
+    assert (
+        cell(28.16, "pct").share == 28.16 and cell(28.16, "pct").text == "28.2%" and cell(0.01, "x_pct").text == "<0.1%"
+    )
+    assert cell(2_090_000_000, "peak_allocated_bytes").text == "2.09 GB"
+    assert cell(5.51e12, "flops").text == "5.51 T"
+    assert cell(1025.4, "achieved_gbps").text == "1.025 TB/s"
+    assert cell(1706, "gaps").text == "1,706"
+    long = "void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float, float, float>>(int)"
+    c = cell(long, "name")
+    assert c.cut and c.value == long and len(c.text) <= 64
+    seq = cell(["a", "b"], "kernels")
+    assert seq.lines == ("a", "→ b") and json.loads(seq.value) == ["a", "b"]
+    assert cell(None, "dur_us").value == "" and cell(float("nan"), "dur_us").value == ""
+
+
+# ------------------------------------------------------------------ the analysis page
+def test_analysis_page_holds_every_section_and_row_of_the_json(demo, demo_page):
+    sections, html = demo_page
+    doc = json.loads(rp.format_analysis(demo, sections, "json"))
+    dom = Dom(html)
+    want = {k for k, v in doc.items() if isinstance(v, list) and v}
+    want |= {k for d in doc["devices"] for k, v in d.items() if isinstance(v, list) and v}
+    assert want and want <= set(dom.sections), want - set(dom.sections)
+    ops = {(o["name"], str(o["calls"])) for o in doc["ops"]}
+    assert ops == {(unescape(r[0]), r[1]) for r in body_rows(html, "ops")}
+    kernels = {(k["name"], repr(k["dur_us"])) for d in doc["devices"] for k in d["kernels"]}
+    rows = body_rows(html, "kernels")
+    assert len(rows) == len(kernels) and kernels == {(unescape(r[0]), r[3]) for r in rows}
+
+
+def test_analysis_page_is_self_contained_and_its_script_allowed_by_hash(demo_page):
+    _, html = demo_page
+    assert not EXTERNAL.findall(html)
+    csp = unescape(re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html).group(1))
+    assert "default-src 'none'" in csp and "unsafe-inline" not in csp.split("script-src")[1]
+    (script,) = Dom(html).scripts
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    assert f"'sha256-{digest}'" in csp
+
+
+def test_analysis_overview_answers_where_the_time_goes(demo_page):
+    sections, html = demo_page
+    dom = Dom(html)
+    titles = [s["title"] for s in dom.specs]
+    assert any(t.startswith("Where the time goes") for t in titles)
+    assert any(t.startswith("Roofline") for t in titles)
+    assert any(t.startswith("What is costed") for t in titles)
+    assert any(t.startswith("Why the GPU sat idle") for t in titles)
+    assert re.search(r"Top \d+ kernels by time", html) and re.search(r"Top \d+ CPU ops by self device time", html)
+    cats = next(s for s in dom.specs if s["title"].startswith("Where the time goes"))
+    total = sections["categories"]["dur_us"].sum()
+    assert sum(r["values"][0] for r in cats["rows"]) == pytest.approx(total)
+    roof = next(s for s in dom.specs if s["title"].startswith("Roofline"))
+    assert roof["points"] and all(p["tip"][0] for p in roof["points"])  # a point names its kernel
+    assert roof["x"]["log"] and roof["y"]["log"] and roof["lines"]
+
+
+def test_a_section_added_to_the_registry_appears_on_the_page(demo, monkeypatch):
+    extra = registry.Section(
+        "launches-per-op",
+        lambda f, o: pl.DataFrame(),
+        "Launches per op: a section the page never heard of",
+        "help line",
+    )
+    monkeypatch.setitem(registry.BY_NAME, extra.name, extra)
+    sections = {"kernels": rp.analyze(demo, only=["kernels"])["kernels"]}
+    sections[extra.name] = pl.DataFrame({"op": ["aten::mm", "aten::add"], "launches": [3, 1]})
+    html = analysis_html(demo, sections, {})
+    assert 'data-section="launches-per-op"' in html and "Launches per op: a section" in html and "help line" in html
+    assert body_rows(html, "launches-per-op") == [["aten::mm", "3"], ["aten::add", "1"]]
+
+
+def test_empty_sections_are_named_not_dropped(demo_page):
+    sections, html = demo_page
+    empty = [k for k, v in sections.items() if not v.height]
+    assert empty, "the demo trace has sections with nothing (compile, communication)"
+    line = re.search(r'<p class="empty">(.*?)</p>', html).group(1)
+    assert all(registry.BY_NAME[k].key in line for k in empty)
+
+
+def test_top_cuts_the_page_like_the_json(demo):
+    sections = rp.analyze(demo, only=["kernels", "ops"])
+    html = rp.format_analysis(demo, sections, "html", top=3)
+    assert len(body_rows(html, "kernels")) <= 3 * sections["kernels"]["device"].n_unique()
+    assert len(body_rows(html, "ops")) == 3
+
+
+# ------------------------------------------------------------------ hostile names
+def test_hostile_names_reach_the_page_only_as_text(hostile):
+    assert "pwned" in hostile  # the names are there...
+    assert '<img id="pwned"' not in hostile and "</script><script>" not in hostile  # ...as text only
+    assert hostile.count("<script>") == 1 and "<!-- " not in hostile.split("<body>")[1]
+    data = re.findall(r'<script type="application/json" class="chart-spec">(.*?)</script>', hostile, re.S)
+    assert data and all("<" not in d and "\u2028" not in d for d in data)
+    names = [p["tip"][0] for d in data for p in json.loads(d).get("points", [])]
+    assert any(PAYLOAD in n for n in names)  # a roofline point names the hostile kernel, whole
+
+
+# ------------------------------------------------------------------ the run page and diff page
+def test_run_page_holds_every_rank_and_a_heat_map(run_report):
+    html = runs_html(run_report)
+    dom = Dom(html)
+    assert {"runs", "ranks", "stragglers", "collectives", "steps"} <= set(dom.sections)
+    assert [r[0] for r in body_rows(html, "ranks")] == ["0", "1", "2", "3"]  # the rank first (one run: no run column)
+    heat = next(s for s in dom.specs if s["kind"] == "heatmap")
+    assert heat["rows"] == ["0", "1", "2", "3"] and len(heat["values"][0]) == len(heat["cols"])
+    assert any(s["kind"] == "scatter" and s["title"].startswith("Bus bandwidth") for s in dom.specs)
+    assert "worst straggler" in html and "rank 2" in html
+
+
+def test_a_run_section_added_to_the_run_report_appears(run_report, monkeypatch):
+    extra = ("problems", "Problems: what the run left out", "ranks", ["rank", "trace"])
+    monkeypatch.setattr(run_sections, "SECTIONS", (*run_sections.SECTIONS, extra))
+    import pipeline.render.html.runs as runs_page
+
+    monkeypatch.setattr(runs_page, "SECTIONS", run_sections.SECTIONS)
+    html = runs_html(run_report)
+    assert 'data-section="problems"' in html and "Problems: what the run left out" in html
+    assert len(body_rows(html, "problems")) == 4
+
+
+def test_diff_page_shows_the_biggest_changes(demo):
+    d = rp.diff(demo, demo)
+    html = diff_html(d, "before", "after")
+    dom = Dom(html)
+    assert dom.sections == ["rows"] and len(body_rows(html, "rows")) == d.height
+    (bars,) = [s for s in dom.specs if s["kind"] == "bars"]
+    assert bars["signed"] and len(bars["rows"]) == min(20, d.height)
+
+
+def test_frames_page_for_any_command():
+    html = frames_html("x", "compare", [("rows", "Rows", pl.DataFrame({"name": ["a<b"], "base_us": [1.5]}))])
+    assert body_rows(html, "rows") == [["a&lt;b", "1.5"]] and "a<b" not in html
+
+
+# ------------------------------------------------------------------ the command line
+def test_cli_writes_html_for_analyze_diff_and_ranks(demo, run_report, tmp_path, run_cli):
+    r = run_cli(["analyze", demo.path, "--format", "html", "-o", tmp_path / "a.html"])
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "a.html").read_text().startswith("<!DOCTYPE html>")
+    r = run_cli(["diff", demo.path, demo.path, "-f", "html", "-o", tmp_path / "d.html"])
+    assert r.returncode == 0, r.stderr
+    assert 'data-section="rows"' in (tmp_path / "d.html").read_text()
+    r = run_cli(["analyze", demo.path, "-f", "htm"])
+    assert r.returncode == 2 and "html" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------ in a browser
+def chromium() -> str:
+    for c in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(c):
+            return shutil.which(c)  # type: ignore[return-value]
+    pytest.skip("no Chromium (Debian: apt-get install chromium)")
+    return ""
+
+
+def in_browser(path: Path) -> tuple[str, list[str]]:
+    """The DOM after the page's scripts ran, and the console's errors."""
+    with tempfile.TemporaryDirectory() as profile:
+        p = subprocess.run(
+            [
+                chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                "--enable-logging=stderr",
+                "--v=0",
+                "--virtual-time-budget=10000",
+                "--dump-dom",
+                path.resolve().as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    errors = [ln for ln in p.stderr.splitlines() if "CONSOLE" in ln and ("rror" in ln or "Uncaught" in ln)]
+    return p.stdout, errors
+
+
+def test_pages_load_in_chromium_without_errors_and_draw_every_chart(demo_page, run_report, demo, tmp_path):
+    pages = {
+        "analysis": demo_page[1],
+        "run": runs_html(run_report),
+        "diff": diff_html(rp.diff(demo, demo), "a", "b"),
+    }
+    for name, html in pages.items():
+        path = tmp_path / f"{name}.html"
+        path.write_text(html)
+        dom, errors = in_browser(path)
+        assert not errors, (name, errors)
+        main = dom.split("<main>")[1].split("</main>")[0]
+        assert main.count("<svg") == len(Dom(html).specs) and "could not be drawn" not in main, name
+
+
+def test_hostile_names_do_not_run_in_chromium(hostile, tmp_path):
+    path = tmp_path / "hostile.html"
+    path.write_text(hostile)
+    dom, errors = in_browser(path)
+    assert "data-pwned" not in dom.split("<body")[1].split(">")[0]
+    assert '<img id="pwned"' not in dom and "pwned" in dom
+    assert not errors
