@@ -6,9 +6,9 @@ from typing import Literal
 
 import typer
 
-ReportFormat = Literal["table", "csv", "json", "md", "xlsx"]
+ReportFormat = Literal["table", "csv", "json", "md", "xlsx", "html"]
 QueryFormat = Literal["table", "csv", "json", "md", "parquet", "xlsx"]
-RunsFormat = Literal["table", "csv", "json", "md", "xlsx"]
+RunsFormat = Literal["table", "csv", "json", "md", "xlsx", "html"]
 
 app = typer.Typer(
     add_completion=True,
