@@ -372,3 +372,89 @@ def test_hostile_names_do_not_run_in_chromium(hostile, tmp_path):
     assert "data-pwned" not in dom.split("<body")[1].split(">")[0]
     assert '<img id="pwned"' not in dom and "pwned" in dom
     assert not errors
+
+
+PROBE = """
+document.addEventListener("DOMContentLoaded", function () {
+  var out = {};
+  var table = document.querySelector('section[data-section="kernels"] table');
+  var heads = Array.prototype.slice.call(table.tHead.rows[0].cells);
+  var dur = heads.findIndex(function (th) { return th.getAttribute("data-value") === "dur_us"; });
+  var first = function () { return +table.tBodies[0].rows[0].cells[dur].getAttribute("data-value"); };
+  heads[dur].click();
+  out.descending = first();
+  heads[dur].click();
+  out.ascending = first();
+  var filter = document.querySelector('section[data-section="ops"] input.filter');
+  filter.value = "aten::mm";
+  filter.dispatchEvent(new Event("input", { bubbles: true }));
+  var pad = document.querySelector('section[data-section="queue"] svg rect[cursor="crosshair"]');
+  var r = pad.getBoundingClientRect();
+  var at = function (type, f) {
+    pad.dispatchEvent(new MouseEvent(type, { clientX: r.left + r.width * f, clientY: r.top + 20, bubbles: true }));
+  };
+  at("mousedown", 0.2); at("mousemove", 0.5); at("mouseup", 0.5);
+  out.zoomed = !!document.querySelector('section[data-section="queue"] .plot button');
+  var point = document.querySelector("#overview circle");
+  var p = point.getBoundingClientRect();
+  point.dispatchEvent(new MouseEvent("mousemove", { clientX: p.left + 1, clientY: p.top + 1, bubbles: true }));
+  out.tip = document.getElementById("tip").textContent;
+  setTimeout(function () {
+    out.count = document.querySelector('section[data-section="ops"] .count').textContent;
+    out.shown = document.querySelectorAll('section[data-section="ops"] tbody tr:not(.hidden)').length;
+    document.body.setAttribute("data-probe", JSON.stringify(out));
+  }, 500);
+});
+"""
+
+
+def test_tables_sort_and_filter_timelines_zoom_points_name_their_kernel(demo, demo_page, tmp_path, monkeypatch):
+    """The page's scripts at work in Chromium: a probe script (allowed by its own hash) clicks a
+    header twice, types in a filter box, drags across a timeline and hovers a roofline point."""
+    from pipeline.render.html import table
+
+    monkeypatch.setattr(table, "FILTER_ROWS", 2)  # the demo's ops table is short: give it a filter box
+    sections = demo_page[0]
+    html = rp.format_analysis(demo, sections, "html")
+    digest = base64.b64encode(hashlib.sha256(PROBE.encode()).digest()).decode()
+    probed = html.replace("script-src ", f"script-src &#39;sha256-{digest}&#39; ", 1)
+    probed = probed.replace("</body>", f"<script>{PROBE}</script></body>")
+    path = tmp_path / "probed.html"
+    path.write_text(probed)
+    dom, errors = in_browser(path)
+    assert not errors
+    import html as html_mod
+
+    probe = json.loads(html_mod.unescape(re.search(r'data-probe="([^"]*)"', dom).group(1)))
+    durations = sections["kernels"]["dur_us"]
+    assert probe["descending"] == pytest.approx(durations.max()) and probe["ascending"] == pytest.approx(
+        durations.min()
+    )
+    matching = sections["ops"].filter(pl.col("name").str.contains("aten::mm", literal=True)).height
+    assert probe["shown"] == matching and probe["count"] == f"{matching} of {sections['ops'].height} rows"
+    assert probe["zoomed"]
+    kernels = set(sections["kernels"]["name"])
+    assert probe["tip"].split("\n")[0] in kernels or any(probe["tip"].startswith(k) for k in kernels)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_trace_page_holds_its_json_and_loads(shared_traces, tmp_path, run_cli):
+    """A real H100 trace (Qwen1.5-0.5B): every list of its JSON document a section of the page,
+    every op and kernel row there; its memory timeline marks the peak the memory section reports."""
+    trace = shared_traces / "tracelens" / "h100_qwen1.5_0.5b.json.gz"
+    page = tmp_path / "h100.html"
+    assert run_cli(["analyze", trace, "-f", "html", "-o", page]).returncode == 0
+    doc = json.loads(run_cli(["analyze", trace, "-f", "json"]).stdout)
+    html = page.read_text()
+    dom = Dom(html)
+    want = {k for k, v in doc.items() if isinstance(v, list) and v} | {"kernels", "critical_path"}
+    assert want <= set(dom.sections)
+    assert {(o["name"], str(o["calls"])) for o in doc["ops"]} == {(r[0], r[1]) for r in body_rows(html, "ops")}
+    assert len(body_rows(html, "kernels")) == sum(len(d["kernels"]) for d in doc["devices"])
+    (memory,) = [s for s in dom.specs if s["kind"] == "lines" and s["title"].startswith("Memory")]
+    peak = next(m for m in doc["memory"] if m["device"] == 0)
+    assert memory["marks"][0]["y"] == peak["peak_allocated_bytes"]
+    assert max(memory["series"][0]["y"]) == peak["peak_allocated_bytes"]
+    _, errors = in_browser(page)
+    assert not errors

@@ -21,6 +21,7 @@ from pipeline.render.tables import SEQUENCE, THEN, engineering, shorten
 NAME_CHARS = 64  # a longer text is shortened in the cell (whole in data-value and on hover)
 TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}  # a column suffix -> µs per unit
 TIME_STEPS = ((1e6, "s"), (1e3, "ms"), (1.0, "µs"))
+IDS = {"device", "stream", "rank", "pid", "tid", "seq", "correlation", "last_rank", "step"}  # no thousands separators
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,11 @@ class Cell:
 
 
 def kind(column: str) -> str:
-    """The style of a column, from its name: time, pct, bytes, flops, gbps, tflops or plain."""
+    """The style of a column, from its name: id, time, pct, bytes, flops, gbps, tflops or plain."""
     c = column.lower()
     suffix = c.rsplit("_", 1)[-1] if "_" in c else ""
+    if c in IDS or c.endswith("_id"):
+        return "id"
     if suffix in TIME_UNITS:
         return "time"
     if c == "pct" or c.endswith("_pct"):
@@ -123,7 +126,7 @@ def number_text(v: float | int, style: str, column: str) -> tuple[str, float | N
     if style == "tflops":
         return rate(float(v), "TFLOP/s"), None
     if isinstance(v, int):
-        return f"{v:,}", None
+        return (str(v) if style == "id" else f"{v:,}"), None
     a = abs(v)
     return (f"{v:.3g}" if a >= 1e6 or (a and a < 0.01) else f"{v:,.2f}"), None
 
@@ -165,5 +168,5 @@ def _short(v: object) -> str:
 def _text_cell(text: str, value: str, limit: int) -> Cell:
     one_line = " ".join(text.split()) if "\n" in text else text
     if len(one_line) <= limit:
-        return Cell(one_line, value, cut=one_line != value)
+        return Cell(one_line, value)
     return Cell(shorten(one_line, limit), value, cut=True)

@@ -28,14 +28,22 @@
     if (parent) { parent.appendChild(e); }
     return e;
   }
-  function legend(box, series) {
+  // the names of a chart's series (when there are several) and lines (a swatch drawn as a line)
+  function legend(box, series, lines) {
     var named = series.filter(function (s) { return s.name; });
-    if (named.length < 2) { return; }
+    if (named.length < 2) { named = []; }
+    var all = named.concat((lines || []).map(function (l) { return { name: l.name, color: l.color, line: l.dash ? "dash" : "solid" }; }));
+    if (!all.length) { return; }
     var div = html("div", "legend", box);
-    named.forEach(function (s) {
+    all.forEach(function (s) {
       var item = html("span", null, div);
       var sw = html("i", null, item);
-      sw.style.background = s.color;
+      if (s.line) {
+        sw.className = "line";
+        sw.style.borderTop = "2px " + (s.line === "dash" ? "dashed " : "solid ") + s.color;
+      } else {
+        sw.style.background = s.color;
+      }
       item.appendChild(document.createTextNode(s.name));
     });
   }
@@ -221,7 +229,7 @@
     return [Math.min(0, lo), t[t.length - 1]];
   }
   function drawScatter(box, spec) {
-    legend(box, spec.series);
+    legend(box, spec.series, spec.lines);
     var W = Math.max(box.clientWidth || 600, 320), H = 380;
     var b = { l: 64, t: 10, w: W - 64 - 16, h: H - 10 - 44 };
     var xs = [], ys = [];
@@ -244,9 +252,6 @@
       var d = l.points.map(function (p, i) { return (i ? "L" : "M") + x.f(p[0]).toFixed(1) + "," + y.f(p[1]).toFixed(1); }).join("");
       var path = el("path", { d: d, fill: "none", stroke: l.color, "stroke-width": 1.6, "stroke-dasharray": l.dash ? "5 4" : null, "class": "hit" }, inner);
       path.tip = [l.name];
-      var last = l.points[l.points.length - 1];
-      var ly = Math.max(y.f(last[1]) - 5, b.t + 10);
-      text(svg, b.l + b.w - 4, ly, l.name, "end", "muted");
     });
     spec.points.forEach(function (p) {
       if (p.x === null || p.y === null || (spec.x.log && p.x <= 0) || (spec.y.log && p.y <= 0)) { return; }
@@ -371,7 +376,7 @@
         var rect = el("rect", { x: labelW + j * cw, y: y, width: Math.max(cw - 1, 1), height: Math.max(chh - 1, 1),
           fill: v === null ? "#eef0f3" : heat(v, most), "class": "hit" }, svg);
         rect.tip = [spec.rowLabel + " " + r + ", " + spec.colLabel + " " + c, v === null ? "no value" : fmt(spec.unit, v)];
-        if (v !== null && cw >= 46 && chh >= 16) {
+        if (v && cw >= 46 && chh >= 16) {
           var t = text(svg, labelW + j * cw + cw / 2, y + chh / 2 + 4, fmt(spec.unit, v), "middle");
           if (most && v / most > 0.55) { t.setAttribute("style", "fill:#fff"); }
           t.setAttribute("pointer-events", "none");
@@ -386,8 +391,9 @@
       if (rotate) { t.setAttribute("transform", "rotate(-40 " + x + " " + (yb + 8) + ")"); }
     });
     var ly = yb + bottom + 12;
-    text(svg, labelW, ly + 10, "columns: " + spec.colLabel + "   colour: 0", "start", "muted");
-    var sx = labelW + CHAR * (spec.colLabel.length + 22);
+    text(svg, labelW, ly + 10, "columns: " + spec.colLabel, "start", "muted");
+    var sx = labelW + CHAR * (spec.colLabel.length + 14);
+    text(svg, sx - 6, ly + 10, "0", "end", "muted");
     for (var k = 0; k <= 10; k++) { el("rect", { x: sx + k * 14, y: ly, width: 14, height: 12, fill: heat(most * k / 10, most) }, svg); }
     text(svg, sx + 11 * 14 + 6, ly + 10, fmt(spec.unit, most), "start", "muted");
     tips(svg);

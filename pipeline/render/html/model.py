@@ -48,7 +48,14 @@ class Note:
     tone: str = ""  # "" or "warn"
 
 
-Part = Table | Chart | Tile | Note
+@dataclass(frozen=True)
+class Group:
+    """Parts shown together, one under the other (one cell of the overview's grid)."""
+
+    parts: tuple
+
+
+Part = Table | Chart | Tile | Note | Group
 
 
 @dataclass

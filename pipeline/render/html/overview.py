@@ -14,12 +14,13 @@ import polars as pl
 from pipeline.analyses.flat import Flat
 from pipeline.render.html import charts as ch
 from pipeline.render.html.cells import duration, percent
-from pipeline.render.html.model import Chart, Part, Table, Tile
+from pipeline.render.html.model import Chart, Group, Part, Table, Tile
 from pipeline.render.plots.figure import CATEGORY_COLOURS, OTHER_COLOUR
 from pipeline.render.plots.roofline_data import FIX, WHY, kernel_time_by_reason, roofline_panels
 from pipeline.render.tables import engineering
 
 TOP = 10  # rows of the top kernels and ops
+TOP_UNCOSTED = 8  # kernels off the roofline named under the costing chart
 MAX_DEVICE_TILES = 4  # devices with a tile of their own (more: one tile for all)
 MAX_STREAMS = 16  # stream rows in the busy and idle charts
 MAX_ROOFLINES = 4  # devices with a roofline
@@ -33,6 +34,16 @@ REASON_COLOURS = {
     "no_bytes": "#937860",
     "not_costed": "#8c8c8c",
     "unmodelled": "#8c8c8c",
+}
+SHORT_WHY = {  # the reasons of WHY, in a few words (the chart's legend has them whole)
+    "no_shapes": "no shapes",
+    "no_cpu_op": "no CPU op",
+    "no_formula": "no formula",
+    "shapes_not_modelled": "shapes not modelled",
+    "no_flops": "no FLOPs",
+    "no_bytes": "no bytes",
+    "not_costed": "not costed",
+    "unmodelled": "no model",
 }
 IDLE_PARTS = (
     ("host_wait_us", "host wait (CPU late)"),
@@ -54,19 +65,18 @@ def overview(f: Flat, sections: dict[str, pl.DataFrame], devices: dict[int, str]
     parts += _memory_tile(s.get("memory"), label)
     if "categories" in s:
         parts.append(Chart(category_chart(s["categories"], label)))
-    if "devices" in s:
-        parts.append(Chart(busy_chart(s["devices"], s.get("streams"), label)))
+    idle_parts = [Chart(busy_chart(s["devices"], s.get("streams"), label))] if "devices" in s else []
+    idle_parts += [Chart(idle_chart(s["idle"]))] if "idle" in s else []
+    if idle_parts:
+        parts.append(Group(tuple(idle_parts)))
     if "kernels" in s:
         parts.append(top_kernels(s["kernels"], len(devices) > 1))
     if "ops" in s and top_ops(s["ops"]).frame.height:
         parts.append(top_ops(s["ops"]))
-    if "idle" in s:
-        parts.append(Chart(idle_chart(s["idle"])))
-    if reasons is not None and reasons.height:
-        parts.append(Chart(costed_chart(reasons, label)))
     if "kernels" in s and f.has_gpu:
-        roofs = rooflines(f, s["kernels"])
-        parts += [Chart(spec, wide=len(roofs) == 1) for spec in roofs]
+        parts += [Chart(spec) for spec in rooflines(f, s["kernels"])]
+    if reasons is not None and reasons.height:
+        parts.append(Group((Chart(costed_chart(reasons, label)), *uncosted_kernels(reasons, len(devices) > 1))))
     return parts
 
 
@@ -138,7 +148,7 @@ def _costed_tile(reasons: pl.DataFrame | None) -> list[Tile]:
     by = reasons.group_by("reason").agg(pct=pl.col("pct").sum() / n).sort("pct", descending=True)
     shares = dict(by.iter_rows())
     drawn = shares.pop("drawn", 0.0)
-    rest = "; ".join(f"{str(WHY.get(r, r)).split(' (')[0]}: {percent(p)}" for r, p in shares.items())
+    rest = "; ".join(f"{SHORT_WHY.get(r, r)} {percent(p)}" for r, p in shares.items())
     return [
         Tile(
             "kernel time costed",
@@ -269,6 +279,22 @@ def costed_chart(reasons: pl.DataFrame, label) -> dict:
         " To cost more: " + " ".join(fixes) if fixes else ""
     )
     return ch.bars("What is costed: % of kernel time", rows, "pct", segs, note, max_value=100)
+
+
+def uncosted_kernels(reasons: pl.DataFrame, several: bool) -> list[Table]:
+    """The kernels with the most time off the roofline, and why each is off it."""
+    off = reasons.filter(pl.col("reason") != "drawn").sort("pct", descending=True).head(TOP_UNCOSTED)
+    if not off.height:
+        return []
+    off = off.with_columns(why=pl.col("reason").replace_strict(SHORT_WHY, default=pl.col("reason")))
+    cols = ["name", *(["device"] if several else []), "pct", "why"]
+    return [
+        Table(
+            off.select(cols),
+            "Kernels with the most time off the roofline (pct: of kernel time)",
+            compact=True,
+        )
+    ]
 
 
 def rooflines(f: Flat, kernels: pl.DataFrame) -> list[dict]:

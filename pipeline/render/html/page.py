@@ -22,7 +22,7 @@ from importlib.resources import files
 from pipeline.render.html.cells import NAME_CHARS
 from pipeline.render.html.escape import script_json
 from pipeline.render.html.escape import text as esc
-from pipeline.render.html.model import Chart, Note, Page, Part, Section, Table, Tile
+from pipeline.render.html.model import Chart, Group, Note, Page, Part, Section, Table, Tile
 from pipeline.render.html.table import html_table
 
 COMPACT_NAMES = 48  # characters of a name in an overview's table
@@ -147,4 +147,6 @@ def _part(p: Part) -> str:
         return f'<p class="note{" " + p.tone if p.tone else ""}">{esc(p.text)}</p>'
     if isinstance(p, Tile):
         return _tile(p)
+    if isinstance(p, Group):
+        return "".join(_part(q) for q in p.parts)
     raise TypeError(f"not a part of a page: {type(p).__name__}")

@@ -42,6 +42,10 @@ def runs_html(rep, facts=()) -> str:
     return render_page(page, empty)
 
 
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
 def _of(df: pl.DataFrame, run: str) -> pl.DataFrame:
     return df.filter(pl.col("run").cast(pl.String) == run)
 
@@ -70,7 +74,7 @@ def overview(rep, run: str, name: str | None) -> list[Part]:
             Tile(
                 "worst straggler",
                 f"rank {s['rank']}",
-                f"made the others wait {duration(s['wait_caused_ns'] / 1e3)}; last {s['times_last']} times",
+                f"made the others wait {duration(s['wait_caused_ns'] / 1e3)}; last {_times(s['times_last'])}",
                 "warn",
             )
         )
@@ -81,7 +85,7 @@ def overview(rep, run: str, name: str | None) -> list[Part]:
         offsets = rk["offset_ns"].drop_nulls()
         if offsets.len():
             largest = float(offsets.abs().max() or 0)  # type: ignore[arg-type]
-            parts.append(Tile("clock offsets", duration(largest / 1e3), "the largest, aligned"))
+            parts.append(Tile("largest clock offset", duration(largest / 1e3), "between ranks, corrected"))
     colls = _of(rep.collectives, run)
     bad = _of(rep.desyncs, run).height
     parts.append(
@@ -109,9 +113,10 @@ def wait_heatmap(rep, run: str, at: str) -> dict | None:
     ranks = sorted(s["rank"].unique().to_list())
     cell = {(r, str(st)): w for r, st, w in s.select("rank", "step", "wait_ns").iter_rows()}
     values = [[(cell[(r, st)] / 1e3 if cell.get((r, st)) is not None else None) for st in order] for r in ranks]
-    return ch.heatmap(
-        f"Time each rank waited, per step{at}", [str(r) for r in ranks], order, values, "us", "rank", "step", note
-    )
+    prefix = STEP_PREFIX if all(st.startswith(STEP_PREFIX) for st in order) else ""
+    columns = [st[len(prefix) :] for st in order]
+    title = f"Time each rank waited, per step{at}"
+    return ch.heatmap(title, [str(r) for r in ranks], columns, values, "us", "rank", prefix or "step", note)
 
 
 def step_split(rep, run: str, at: str) -> dict | None:
@@ -132,7 +137,7 @@ def step_split(rep, run: str, at: str) -> dict | None:
         ch.bar(
             f"rank {r['rank']}",
             [r["compute_ns"] / 1e3, r["exposed_comm_ns"] / 1e3, r["other"] / 1e3],
-            f"{duration(r['step_ns'] / 1e3)} in {r['steps']} steps",
+            f"{duration(r['step_ns'] / 1e3)} in {r['steps']} step{'s' if r['steps'] != 1 else ''}",
         )
         for r in per.to_dicts()
     ]
