@@ -458,3 +458,19 @@ def test_real_trace_page_holds_its_json_and_loads(shared_traces, tmp_path, run_c
     assert max(memory["series"][0]["y"]) == peak["peak_allocated_bytes"]
     _, errors = in_browser(page)
     assert not errors
+
+
+def test_a_json_document_as_a_page():
+    """Any command's JSON document: lists of records as sections under their keys, the rest facts."""
+    from pipeline.render.html import document_html
+
+    doc = {
+        "base": {"run": "nightly-1", "ranks": 8},
+        "problems": ["rank 3 truncated"],
+        "rows": [{"level": "kernel", "name": "gemm<x>", "delta_pct": 12.5}, {"level": "op", "name": "aten::mm"}],
+        "empty": [],
+    }
+    html = document_html("nightly-1 vs nightly-2", "compare", doc)
+    assert Dom(html).sections == ["rows"] and "Nothing to show in this input: empty" in html
+    assert body_rows(html, "rows") == [["kernel", "gemm&lt;x&gt;", "12.5"], ["op", "aten::mm", ""]]
+    assert "base.run" in html and "nightly-1" in html and "rank 3 truncated" in html

@@ -17,7 +17,7 @@ written by hand: no charting library, no build step, nothing fetched.
 
 from pipeline.render.html.analysis import analysis_html
 from pipeline.render.html.diff import diff_html
-from pipeline.render.html.frames import frames_html
+from pipeline.render.html.frames import document_html, frames_html
 from pipeline.render.html.model import Chart, Note, Page, Section, Table, Tile
 from pipeline.render.html.page import render_page
 from pipeline.render.html.runs import runs_html
@@ -31,6 +31,7 @@ __all__ = [
     "Tile",
     "analysis_html",
     "diff_html",
+    "document_html",
     "frames_html",
     "render_page",
     "runs_html",

@@ -1,7 +1,8 @@
 """frames: a page of named tables, for a command that has no page of its own yet (or whose page
 is its tables): each (name, title, frame or {caption: frame}) a `<section data-section="NAME">`.
 A command gets `--format html` by building its frames and calling `frames_html`; it may add an
-overview (tiles, charts) and charts per section.
+overview (tiles, charts) and charts per section. `document_html` makes the page of a JSON
+document as it is: each list of records a section under its key, the other values facts.
 """
 
 from __future__ import annotations
@@ -52,3 +53,36 @@ def frames_html(
 ) -> str:
     """The page of `frames_page` as HTML text."""
     return render_page(*frames_page(title, kind, sections, facts, overview, charts, helps))
+
+
+def document_frames(doc: Mapping) -> tuple[list[tuple[str, str, pl.DataFrame]], list[tuple[str, str]]]:
+    """(sections, facts) of a JSON document: each list of records a section (its key, every
+    record a row), each other value a fact (nested keys joined with '.', lists of scalars by ', ')."""
+    sections: list[tuple[str, str, pl.DataFrame]] = []
+    facts: list[tuple[str, str]] = []
+
+    def fact(key: str, v: object) -> None:
+        if isinstance(v, Mapping):
+            for k, x in v.items():
+                fact(f"{key}.{k}" if key else str(k), x)
+        elif isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v):
+            sections.append((key, key.replace("_", " "), pl.DataFrame(v, infer_schema_length=None)))
+        elif isinstance(v, list):
+            facts.append((key, ", ".join("" if x is None else str(x) for x in v)))
+        elif v is not None:
+            facts.append((key, str(v)))
+
+    for k, v in doc.items():
+        if isinstance(v, list) and (not v or all(isinstance(x, Mapping) for x in v)):
+            rows = pl.DataFrame(v, infer_schema_length=None) if v else pl.DataFrame()
+            sections.append((str(k), str(k).replace("_", " "), rows))
+        else:
+            fact(str(k), v)
+    return sections, facts
+
+
+def document_html(title: str, kind: str, doc: Mapping, overview: Iterable[Part] = (), titles=None) -> str:
+    """The page of a JSON document (see `document_frames`); `titles`: section titles by key."""
+    sections, facts = document_frames(doc)
+    named = [(k, (titles or {}).get(k, t), df) for k, t, df in sections]
+    return frames_html(title, kind, named, facts, overview)
