@@ -61,11 +61,12 @@ def overview(d: pl.DataFrame, label_a: str, label_b: str) -> list[Part]:
             f"B - A: {duration(r['delta'])}" + (f" · B/A {r['ratio']:.3g}x" if r.get("ratio") is not None else ""),
         ]
         sign = "+" if r["delta"] >= 0 else "-"
+        only = " (only in A)" if r["b_count"] is None else " (only in B)" if r["a_count"] is None else ""
         rows.append(
             ch.bar(
                 r["key"],
                 [r["delta"]],
-                f"{sign}{duration(abs(r['delta']))}",
+                f"{sign}{duration(abs(r['delta']))}{only}",
                 tip,
                 color="#c44e52" if r["delta"] > 0 else "#55a868",
             )

@@ -185,7 +185,11 @@ def category_chart(cats: pl.DataFrame, label) -> dict:
         return ch.bars(title + f" ({label(devices[0])})", rows, "us")
     order = cats.group_by("category").agg(pl.col("dur_us").sum()).sort("dur_us", descending=True)["category"].to_list()
     wide = cats.pivot(on="category", index="device", values="pct").fill_null(0).sort("device")
-    rows = [ch.bar(label(r["device"]), [r.get(c, 0) for c in order]) for r in wide.to_dicts()]
+    totals = dict(cats.group_by("device").agg(pl.col("dur_us").sum()).iter_rows())
+    rows = [
+        ch.bar(label(r["device"]), [r.get(c, 0) for c in order], f"{duration(totals[r['device']])} of kernels")
+        for r in wide.to_dicts()
+    ]
     segs = ch.series(order, {c: CATEGORY_COLOURS.get(c, OTHER_COLOUR) for c in order})
     return ch.bars(title + ", % of each device's kernel time", rows, "pct", segs, max_value=100)
 
