@@ -128,11 +128,9 @@ def hostile(tmp_path_factory):
     synth.write_demo(tmp / "demo.json.gz", 0.2)
     with gzip.open(tmp / "demo.json.gz", "rt") as f:
         d = json.load(f)
-    seen = set()
+    wrappers = {"aten::linear", "aten::layer_norm"}  # ops renamed: their children keep their FLOP formulas
     for e in d["traceEvents"]:
-        if e.get("cat") in ("kernel", "cpu_op") and e.get("name") not in seen:
-            seen.add(e["name"])
-        if e.get("cat") in ("kernel", "cpu_op") and e["name"] in list(seen)[:3]:
+        if e.get("cat") == "kernel" or e.get("cat") == "cpu_op" and e.get("name") in wrappers:
             e["name"] = e["name"] + PAYLOAD
     with gzip.open(tmp / "hostile.json.gz", "wt") as f:
         json.dump(d, f)

@@ -118,8 +118,7 @@ def memory_chart(f: Flat, peaks: pl.DataFrame, devices: dict[int, str]) -> list[
             {
                 "name": "reserved",
                 "color": "#dd8452",
-                "x": mine["t_us"].to_list(),
-                "y": mine["reserved_bytes"].to_list(),
+                "y": mine["reserved_bytes"].to_list(),  # at the x of the first curve
             },
         ]
         marks = []

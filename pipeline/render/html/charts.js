@@ -270,6 +270,7 @@
     return lo;
   }
   function drawLines(box, spec) {
+    spec.series.forEach(function (s) { if (!s.x) { s.x = spec.series[0].x; } });
     legend(box, spec.series);
     var all = [];
     spec.series.forEach(function (s) { if (s.x.length) { all.push(s.x[0], s.x[s.x.length - 1]); } });

@@ -106,7 +106,8 @@ def lines(
     note: str | None = None,
     step: bool = True,
 ) -> dict:
-    """Curves {name, color, x: [...], y: [...]} (x ascending); marks {x, y, label}."""
+    """Curves {name, color, x: [...], y: [...]} (x ascending; a curve without x has the first's);
+    marks {x, y, label}."""
     spec = {"kind": "lines", "title": title, "x": x, "y": y, "series": curves, "marks": marks or [], "step": step}
     if note:
         spec["note"] = note
