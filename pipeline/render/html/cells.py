@@ -36,7 +36,7 @@ class Cell:
 def kind(column: str) -> str:
     """The style of a column, from its name: id, time, pct, bytes, flops, gbps, tflops or plain."""
     c = column.lower()
-    suffix = c.rsplit("_", 1)[-1] if "_" in c else ""
+    suffix = c.rsplit("_", 1)[-1] if "_" in c else c
     if c in IDS or c.endswith("_id"):
         return "id"
     if suffix in TIME_UNITS:

@@ -131,7 +131,7 @@ def _category_tile(cats: pl.DataFrame | None) -> list[Tile]:
 
 
 def _critical_tile(cp: pl.DataFrame | None) -> list[Tile]:
-    if cp is None or cp["length_us"][0] is None:
+    if cp is None or not cp["length_us"][0]:
         return []
     d = cp.row(0, named=True)
     length = d["length_us"] or 0.0
