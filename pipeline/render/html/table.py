@@ -26,7 +26,8 @@ def html_table(
     numeric = [is_numeric(df, c) for c in head]
     styles = [kind(c) for c in head]
     th = "".join(
-        f'<th data-value="{esc(c)}" class="{"num" if n else "txt"}" title="{esc(_header_help(c, s))}">{esc(c)}</th>'
+        f'<th data-value="{esc(c)}" class="{"num" if n else "txt"}" tabindex="0" title="{esc(_header_help(c, s))}">'
+        f"{esc(c)}</th>"
         for c, n, s in zip(head, numeric, styles, strict=True)
     )
     columns = [df.get_column(c).to_list() for c in head]

@@ -85,6 +85,11 @@
     if (th) { sortBy(th); }
   });
 
+  document.addEventListener("keydown", function (e) {
+    var th = (e.key === "Enter" || e.key === " ") && e.target.closest && e.target.closest(".tbl thead th");
+    if (th) { e.preventDefault(); sortBy(th); }
+  });
+
   var timer = null;
   document.addEventListener("input", function (e) {
     var input = e.target;
