@@ -472,3 +472,13 @@ def test_a_json_document_as_a_page():
     assert Dom(html).sections == ["rows"] and "Nothing to show in this input: empty" in html
     assert body_rows(html, "rows") == [["kernel", "gemm&lt;x&gt;", "12.5"], ["op", "aten::mm", ""]]
     assert "base.run" in html and "nightly-1" in html and "rank 3 truncated" in html
+
+
+def test_sentences_wrap_and_names_shorten():
+    why = "the op that launched it has no FLOP formula: add one in a formulas file and pass --formulas FILE.toml"
+    c = cell(why, "why")
+    assert c.prose and c.text == why and not c.cut
+    name = (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1>>(int)"
+    )
+    assert not cell(name, "name").prose and cell(name, "name").cut

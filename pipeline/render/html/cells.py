@@ -11,6 +11,7 @@ sorting, filtering and scripts. The style of a column comes from its name, as in
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -18,7 +19,10 @@ import orjson
 
 from pipeline.render.tables import SEQUENCE, THEN, engineering, shorten
 
-NAME_CHARS = 64  # a longer text is shortened in the cell (whole in data-value and on hover)
+NAME_CHARS = 64  # a longer name is shortened in the cell (whole in data-value and on hover)
+PROSE_CHARS = 400  # a longer sentence (a text of PROSE_WORDS words or more) is shortened
+PROSE_WORDS = 5
+CODE = re.compile(r"::|<|\w\(")  # a C++ name has these; a sentence does not
 TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}  # a column suffix -> µs per unit
 TIME_STEPS = ((1e6, "s"), (1e3, "ms"), (1.0, "µs"))
 IDS = {"device", "stream", "rank", "pid", "tid", "seq", "correlation", "last_rank", "step"}  # no thousands separators
@@ -30,6 +34,7 @@ class Cell:
     value: str  # data-value: the whole value
     cut: bool = False  # the text is shortened (the page shows the value on hover)
     share: float | None = None  # a percentage drawn as a bar behind the text
+    prose: bool = False  # a sentence, not a name: wrapped in the cell
     lines: tuple[str, ...] = ()  # a sequence: one line each (text is then unused)
 
 
@@ -167,6 +172,9 @@ def _short(v: object) -> str:
 
 def _text_cell(text: str, value: str, limit: int) -> Cell:
     one_line = " ".join(text.split()) if "\n" in text else text
+    prose = one_line.count(" ") >= PROSE_WORDS - 1 and not CODE.search(one_line)
+    limit = PROSE_CHARS if prose else limit
     if len(one_line) <= limit:
-        return Cell(one_line, value)
-    return Cell(shorten(one_line, limit), value, cut=True)
+        return Cell(one_line, value, prose=prose)
+    short = one_line[: limit - 1] + "…" if prose else shorten(one_line, limit)
+    return Cell(short, value, cut=True, prose=prose)

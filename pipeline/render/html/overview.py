@@ -151,9 +151,9 @@ def _costed_tile(reasons: pl.DataFrame | None) -> list[Tile]:
     rest = "; ".join(f"{SHORT_WHY.get(r, r)} {percent(p)}" for r, p in shares.items())
     return [
         Tile(
-            "kernel time costed",
+            "kernel time on the roofline",
             percent(drawn),
-            f"on the roofline. Not: {rest}" if rest else "all on the roofline",
+            f"with FLOPs and bytes. Not: {rest}" if rest else "every kernel has FLOPs and bytes",
             _tone(drawn),
         )
     ]
@@ -277,12 +277,14 @@ def costed_chart(reasons: pl.DataFrame, label) -> dict:
     rows = []
     for d in by["device"].unique().sort().to_list():
         mine = dict(by.filter(pl.col("device") == d).select("reason", "pct").iter_rows())
-        rows.append(ch.bar(label(d), [mine.get(r, 0.0) for r in order], f"{percent(mine.get('drawn', 0.0))} costed"))
+        rows.append(
+            ch.bar(label(d), [mine.get(r, 0.0) for r in order], f"{percent(mine.get('drawn', 0.0))} on the roofline")
+        )
     fixes = [f"{WHY.get(r, r)}: {FIX[r]}." for r in order if r in FIX]
     note = "Kernel time with FLOPs and bytes (on the roofline) and, for the rest, why not." + (
         " To cost more: " + " ".join(fixes) if fixes else ""
     )
-    return ch.bars("What is costed: % of kernel time", rows, "pct", segs, note, max_value=100)
+    return ch.bars("What is costed: % of kernel time with FLOPs and bytes", rows, "pct", segs, note, max_value=100)
 
 
 def uncosted_kernels(reasons: pl.DataFrame, several: bool) -> list[Table]:

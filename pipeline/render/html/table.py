@@ -54,7 +54,7 @@ def html_table(
 
 def _td(c: Cell, numeric: bool) -> str:
     """A cell: right-aligned numbers by default (the most cells: no class), `t` for text."""
-    cls = [] if numeric else ["t"]
+    cls = [] if numeric else ["t p"] if c.prose else ["t"]
     if c.cut:
         cls.append("cut")
     style = ""
