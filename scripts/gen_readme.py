@@ -4,6 +4,7 @@ Sections between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers:
 - schema: every table's declaration (schemas/*.toml)
 - formulas: the cost formula table (pipeline/cost/formulas/)
 - devices: the device-spec table (data/device_specs.csv)
+- commlibs: the communication libraries' kernels (pipeline/cost/comm_kernels.py)
 tests/test_docs.py fails when the README is not current.
 """
 
@@ -31,6 +32,12 @@ def sections() -> dict[str, str]:
         from pipeline.cost import devices
 
         out["devices"] = devices.specs_markdown(devices.load_specs())
+    except ImportError:
+        pass
+    try:
+        from pipeline.cost import comm_kernels
+
+        out["commlibs"] = comm_kernels.libraries_markdown()
     except ImportError:
         pass
     return out
