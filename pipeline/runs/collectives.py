@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import astuple
 from pathlib import Path
+from typing import Any
 
 import orjson
 import polars as pl
@@ -33,12 +34,13 @@ from pipeline.cost.comm_kernels import COLLECTIVE_KERNEL
 from pipeline.cost.formulas.collectives import normalize_kind
 from pipeline.cost.formulas.dtypes import DTYPE_SIZE
 from pipeline.cost.formulas.messages import (
+    COMM_EVENT_ARGS,
     COMM_EVENTS,
     DEFAULT_SIZE_RULE,
     MSG_ARGS,
     SIZE_RULE,
     SIZE_SOURCES,
-    Reader,
+    Reading,
     SizeRule,
     SizeSource,
     op_message,
@@ -98,27 +100,34 @@ def _events(flat_dir: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
 
 
 # ------------------------------------------------------------------ NCCL / RCCL kernels
-def _op_message(name: str, args_json: str | None, read: Reader | None = None) -> dict:
-    """What an event says about its collective's message (`read`, else the source that reads
-    events of its name), as a dict of `MESSAGE` columns."""
-    args = orjson.loads(args_json) if args_json else {}
-    m = read(name, args) if read is not None else op_message(name, args)
-    return {c: None for c in MESSAGE} if m is None else dict(zip(MESSAGE, astuple(m), strict=True))
+def _json(text: str | None) -> Any:
+    """An arg's value from json_path_match's text (JSON for lists and numbers, bare for strings)."""
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
 
 
-_MESSAGE_TYPE = pl.Struct({c: pl.String if c == "m_dtype" else pl.Int64 for c in MESSAGE})
-
-
-def _read(frame: pl.DataFrame, prefix: str, read: Reader | None = None) -> pl.DataFrame:
-    """`frame` with the `MESSAGE` columns (prefixed) each row's event says (over these few rows)."""
-    said = pl.struct("name", "args_json").map_elements(
-        lambda r: _op_message(r["name"], r["args_json"], read), return_dtype=_MESSAGE_TYPE
+def _read(frame: pl.DataFrame, prefix: str, read: Reading | None, keys: tuple[str, ...]) -> pl.DataFrame:
+    """`frame` with the `MESSAGE` columns (prefixed) each row's event says: `read`, else the source
+    that reads events of its name (`messages.op_message`), applied once per distinct name and
+    `keys` args (a trace repeats a few sizes over thousands of calls)."""
+    taken = [f"_a{i}" for i in range(len(keys))]
+    frame = frame.with_columns(
+        pl.col("args_json").str.json_path_match(f"$['{k}']").alias(t) for k, t in zip(keys, taken, strict=True)
     )
-    return (
-        frame.with_columns(said.alias("_said"))
-        .with_columns(pl.col("_said").struct.field(c).alias(f"{prefix}{c}") for c in MESSAGE)
-        .drop("_said")
-    )
+    distinct = frame.select("name", *taken).unique()
+    rows = []
+    for name, *values in distinct.iter_rows():
+        args = {k: _json(v) for k, v in zip(keys, values, strict=True) if v is not None}
+        m = read(name, args) if read is not None else op_message(name, args)
+        rows.append((name, *values, *(astuple(m) if m is not None else (None,) * len(MESSAGE))))
+    schema: dict[str, Any] = {"name": pl.String, **{t: pl.String for t in taken}}
+    schema |= {f"{prefix}{c}": pl.String if c == "m_dtype" else pl.Int64 for c in MESSAGE}
+    said = pl.DataFrame(rows, schema=schema, orient="row")
+    return frame.join(said, on=["name", *taken], how="left", nulls_equal=True, maintain_order="left").drop(taken)
 
 
 def _comm_ops(flat_dir: Path) -> pl.DataFrame:
@@ -132,7 +141,7 @@ def _comm_ops(flat_dir: Path) -> pl.DataFrame:
         ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name", "args_json"],
     )
     return (
-        _read(ops, "")
+        _read(ops, "", None, COMM_EVENT_ARGS)
         .with_columns(_args(ops.select("args_json")).select(PG_KEYS))
         .with_columns(
             op_kind=pl.coalesce(
@@ -174,10 +183,11 @@ def _coalesced(launched: pl.DataFrame, ops: pl.DataFrame, source: SizeSource, pr
     messages of the calls recorded on its thread since the thread's previous collective launch, as
     `source.read` reads them, summed (one `record_param_comms` per call; null when one of them is
     unknown), and their kind if they agree."""
+    which = pl.col("name").str.contains(source.events)
     calls = ops.filter(pl.col("name") == "record_param_comms").drop(MESSAGE)
-    if not calls.height:
+    if not calls.height or not ops.select(which.any()).item():
         return launched.select("event_idx")
-    calls = _read(calls, "", source.read).select("pid", "tid", "ts_ns", "op_kind", *MESSAGE)
+    calls = _read(calls, "", source.read, source.read.args).select("pid", "tid", "ts_ns", "op_kind", *MESSAGE)
     launches = launched.select("pid", "tid", "event_idx", "launch_ts_ns").sort("launch_ts_ns")
     owned = calls.sort("ts_ns").join_asof(
         launches,
@@ -200,7 +210,6 @@ def _coalesced(launched: pl.DataFrame, ops: pl.DataFrame, source: SizeSource, pr
             pl.when(pl.col("op_kind").n_unique() == 1).then(pl.col("op_kind").first()).alias(f"{prefix}op_kind"),
         )
     )
-    which = pl.col("name").str.contains(source.events)
     marked = _around_launch(launched, ops, which, "c_", ["name"]).filter(pl.col("c_name").is_not_null())
     return launched.select("event_idx").join(
         summed.join(marked.select("event_idx"), on="event_idx"), on="event_idx", how="left"
@@ -241,7 +250,7 @@ def _nccl_kernels(flat_dir: Path) -> tuple[pl.DataFrame, list[str]]:
     prefixes = [f"s{i}_" for i in range(len(SIZE_SOURCES))]
     for prefix, source in zip(prefixes, SIZE_SOURCES, strict=True):
         if source.on == "kernel":  # the kernel event itself
-            k = _read(k, prefix, source.read)
+            k = _read(k, prefix, source.read, source.read.args)
         elif source.on == "launch":  # the innermost such event around the launch
             which = pl.col("name").str.contains(source.events)
             said = _around_launch(launched, ops, which, prefix, [*MESSAGE, "op_kind", "name", *PG_KEYS])
@@ -331,7 +340,7 @@ def _gloo_works(flat_dir: Path, pg_config: list) -> tuple[pl.DataFrame, list[str
         schema={"pg_name": pl.String, "pg_desc": pl.String, "pg_ranks": pl.String, "group_size": pl.Int64},
         orient="row",
     )
-    out = pl.concat([_read(works, "s_"), pg], how="horizontal").with_columns(
+    out = pl.concat([_read(works, "s_", None, COMM_EVENT_ARGS), pg], how="horizontal").with_columns(
         kind=_kind(pl.col("name")),
         source=pl.lit("gloo_work"),
         op_name=pl.lit(None, pl.String),

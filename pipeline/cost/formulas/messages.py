@@ -42,6 +42,19 @@ class Message:
 
 Reader = Callable[[str, Mapping[str, Any]], Message | None]
 
+
+@dataclass(frozen=True)
+class Reading:
+    """How a source reads one event: `fn(name, args)`, which looks at the event args named `args`
+    only (so a caller may read each distinct combination of them once)."""
+
+    args: tuple[str, ...]
+    fn: Reader
+
+    def __call__(self, name: str, args: Mapping[str, Any]) -> Message | None:
+        return self.fn(name, args)
+
+
 # The args torch writes on record_param_comms (2.1+) and on NCCL kernels (2.3+): column -> arg.
 MSG_ARGS = {"in_nelems": "In msg nelems", "out_nelems": "Out msg nelems", "dtype": "dtype", "group_size": "Group size"}
 
@@ -173,8 +186,16 @@ class SizeSource:
     name: str
     on: Literal["kernel", "launch", "coalesced"]
     events: str
-    read: Reader
+    read: Reading
     taught_by: str
+
+
+_DIMS = ("Input Dims", "Input type")
+MSG = Reading(tuple(MSG_ARGS.values()), read_msg_args)
+INPUTS = Reading((*_DIMS, MSG_ARGS["group_size"]), read_inputs)
+RECORD_PARAM_COMMS = Reading((*MSG_ARGS.values(), *_DIMS), read_record_param_comms)
+OP_ARGUMENTS = Reading((*_DIMS, "Concrete Inputs"), read_op_args)
+KERNEL_NAME = Reading((), read_kernel_name)
 
 
 SIZE_SOURCES: tuple[SizeSource, ...] = (
@@ -182,7 +203,7 @@ SIZE_SOURCES: tuple[SizeSource, ...] = (
         "the kernel's args",
         "kernel",
         "",
-        read_msg_args,
+        MSG,
         "hta/a100_nccl (torch 2.3, NCCL 2.17): `In msg nelems` 6637568, `Out msg nelems`, `dtype` Float, "
         "`Group size` 2 on `ncclKernel_AllReduce_RING_LL_Sum_float`; tracelens/b200_eager: `_allgather_base` "
         "In 25136, Out 201088",
@@ -191,7 +212,7 @@ SIZE_SOURCES: tuple[SizeSource, ...] = (
         "the nccl:/gloo: annotation",
         "launch",
         r"^(?:nccl|rccl|gloo):",
-        read_inputs,
+        INPUTS,
         "runs/dlrm8_v100 (torch 2.0, 8x V100): `nccl:all_reduce` Input Dims [[394241]] x Input type float "
         "around the launch; `nccl:all_to_all` [[3392]] int (the send buffer); tests/data/runs/gloo4 (torch "
         "2.13): `gloo:all_reduce` [[2632]] float",
@@ -200,7 +221,7 @@ SIZE_SOURCES: tuple[SizeSource, ...] = (
         "record_param_comms",
         "launch",
         r"^record_param_comms$",
-        read_record_param_comms,
+        RECORD_PARAM_COMMS,
         "hta/a100_nccl (torch 2.3): In/Out msg nelems, dtype; runs/dlrm8_v100 (torch 2.0): only Input Dims "
         "[[6144], [], ...] of its input tensor, a TensorList as []",
     ),
@@ -208,7 +229,7 @@ SIZE_SOURCES: tuple[SizeSource, ...] = (
         "the c10d op",
         "launch",
         r"^(?:c10d::|_c10d_functional::)",
-        read_op_args,
+        OP_ARGUMENTS,
         "runs/dlrm8_v100: `c10d::alltoall_base_` [[768], [3392], ...] (output, input); tests/data/runs/gloo4: "
         "`c10d::allreduce_` [[[2632]], ...] (a TensorList, no dtype)",
     ),
@@ -216,7 +237,7 @@ SIZE_SOURCES: tuple[SizeSource, ...] = (
         "the coalesced calls",
         "coalesced",
         r"^(?:nccl|rccl):coalesced$",
-        read_record_param_comms,
+        RECORD_PARAM_COMMS,
         "torch's ProcessGroupNCCL::endCoalescing launches a coalesced group's kernel inside `nccl:coalesced`, "
         "which records nothing (mlcommons/chakra#178, pytorch/pytorch#194693): the sum of the "
         "`record_param_comms` recorded on the thread since its previous collective launch, one per call",
@@ -225,14 +246,16 @@ SIZE_SOURCES: tuple[SizeSource, ...] = (
         "the kernel's name",
         "kernel",
         "",
-        read_kernel_name,
+        KERNEL_NAME,
         "hta/a100_nccl: `ncclKernel_AllReduce_RING_LL_Sum_float` (the dtype of a reduction only: "
         "`ncclKernel_Broadcast_RING_LL_Sum_int8_t` moved Long)",
     ),
 )
 
-# The events the CPU-side sources read (the `collectives` table reads these around launches).
+# The events the CPU-side sources read (the `collectives` table reads these around launches), and
+# the args they look at.
 COMM_EVENTS = "|".join(f"(?:{s.events})" for s in SIZE_SOURCES if s.on == "launch")
+COMM_EVENT_ARGS = tuple(dict.fromkeys(a for s in SIZE_SOURCES if s.on == "launch" for a in s.read.args))
 
 
 def op_message(name: str, args: Any) -> Message | None:
@@ -257,7 +280,7 @@ def sources_markdown() -> str:
     """The README table of `SIZE_SOURCES` (scripts/gen_readme.py)."""
     rows = ["| # | source | read on | events | what it reads | taught by |", "|---|---|---|---|---|---|"]
     for i, s in enumerate(SIZE_SOURCES, 1):
-        reads = " ".join((s.read.__doc__ or "").split())
+        reads = " ".join((s.read.fn.__doc__ or "").split())
         cells = (str(i), s.name, _ON[s.on], f"`{s.events}`" if s.events else "", reads, s.taught_by)
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
