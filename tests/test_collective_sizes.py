@@ -230,3 +230,21 @@ def test_dlrm8_v100_sizes_as_its_annotations_give_them(shared_traces, tmp_path):
         got[key] = got.get(key, 0) + 1
         assert c["busbw_gbps"] and c["algbw_gbps"] and c["n_ranks"] == 8
     assert got == dict(truth["sizes"]) and not run["desyncs"]
+
+
+@pytest.mark.real
+def test_shared_traces_of_three_layouts(shared_traces, tmp_path):
+    """torch 2.3 kernels with their own args (b200_eager: `_allgather_base` of 25136 x 8 bf16);
+    an older DLRM rank whose SendRecv kernels are sized by `nccl:all_to_all` (a100_old_format: 5
+    kernels launched before the profiler started have no launch, so no size)."""
+    b200 = pl.read_parquet(
+        flatten(shared_traces / "tracelens/b200_eager.json.gz", tmp_path).out_dir / "collectives.parquet"
+    )
+    assert picked(b200.row(0, named=True)) == ("allgather", 201088 * 2, "bf16", "the kernel's args")
+    old = pl.read_parquet(
+        flatten(shared_traces / "hta/a100_old_format_rank0.json.gz", tmp_path).out_dir / "collectives.parquet"
+    )
+    assert dict(old.group_by("size_from").len().rows()) == {"the nccl:/gloo: annotation": 75, None: 5}
+    assert old.filter(pl.col("size_from").is_null())["kind"].unique().to_list() == ["sendrecv"]
+    first = old.filter(pl.col("kind") == "alltoall").row(0, named=True)
+    assert (first["in_nelems"], first["dtype"], first["bytes"]) == (48, "int64", 384)

@@ -119,3 +119,16 @@ def test_exposed_communication_counts_every_library(tmp_path):
     step = pl.read_parquet(flat / "steps.parquet").row(0, named=True)
     assert (step["comm_ns"], step["exposed_comm_ns"], step["compute_ns"]) == (300_000, 200_000, 200_000)
     assert pl.read_parquet(flat / "collectives.parquet").height == 0
+
+
+@pytest.mark.real
+def test_a_vllm_trace_with_symmetric_memory_all_reduce(shared_traces, tmp_path):
+    """tracelens/b200_eager: 73 `multimem_all_reduce_kernel` launches (torch symmetric memory, under
+    vllm::all_reduce) and one NCCL all-gather: all communication, only the NCCL kernel a collective."""
+    flat = flatten(shared_traces / "tracelens/b200_eager.json.gz", tmp_path).out_dir
+    comm = pl.read_parquet(flat / "gpu_ops.parquet").filter(pl.col("category") == "communication")
+    names = comm["name"].map_elements(library_of, return_dtype=pl.String).value_counts(sort=True).rows()
+    assert names == [("PyTorch symmetric memory", 73), ("NCCL", 1)]
+    assert pl.read_parquet(flat / "collectives.parquet")["name"].to_list() == [
+        "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    ]
