@@ -79,6 +79,14 @@ def test_the_annotation_around_the_launch(tmp_path):
     assert row["op_name"] == "nccl:all_reduce" and row["in_nelems"] == 394241
 
 
+def test_the_2021_layouts_input_dims(tmp_path):
+    """torch 1.8 writes `Input dims` and no `Input type`: the count from the annotation, the dtype
+    of a reduction from the kernel's name."""
+    ann = ("nccl:all_reduce", "user_annotation", {"Input dims": [[100]]})
+    (row,) = collectives_of(tmp_path, collective(1000, NCCL_AR, [ann]))
+    assert picked(row) == ("allreduce", 400, "fp32", "the nccl:/gloo: annotation")
+
+
 def test_record_param_comms_args_and_its_input_dims(tmp_path):
     rs = {"Collective name": "_reduce_scatter_base", "In msg nelems": 800, "Out msg nelems": 200, "dtype": "Half"}
     old = {"Input Dims": [[6144], [], []], "Input type": ["float", "Scalar", "Scalar"]}  # torch 2.0

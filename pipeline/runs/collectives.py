@@ -45,7 +45,7 @@ from pipeline.cost.formulas.messages import (
     SizeSource,
     op_message,
 )
-from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, STEP_NAME
+from pipeline.kineto import ANNOTATION_CATS, ARG_ALIASES, CPU_OP_CATS, STEP_CATS, STEP_NAME
 
 NCCL_KERNEL = COLLECTIVE_KERNEL  # the kernels matched across ranks (comm_kernels: NCCL, RCCL)
 COMM_OP = COMM_EVENTS  # the CPU events around a launch that say what a collective is
@@ -110,14 +110,19 @@ def _json(text: str | None) -> Any:
         return text
 
 
+def _arg_text(key: str) -> pl.Expr:
+    """An event arg's JSON text, under its name or an older layout's (`kineto.ARG_ALIASES`:
+    `Input dims` in torch 1.8)."""
+    names = [key, *(alias for alias, k in ARG_ALIASES.items() if k == key)]
+    return pl.coalesce(pl.col("args_json").str.json_path_match(f"$['{n}']") for n in names)
+
+
 def _read(frame: pl.DataFrame, prefix: str, read: Reading | None, keys: tuple[str, ...]) -> pl.DataFrame:
     """`frame` with the `MESSAGE` columns (prefixed) each row's event says: `read`, else the source
     that reads events of its name (`messages.op_message`), applied once per distinct name and
     `keys` args (a trace repeats a few sizes over thousands of calls)."""
     taken = [f"_a{i}" for i in range(len(keys))]
-    frame = frame.with_columns(
-        pl.col("args_json").str.json_path_match(f"$['{k}']").alias(t) for k, t in zip(keys, taken, strict=True)
-    )
+    frame = frame.with_columns(_arg_text(k).alias(t) for k, t in zip(keys, taken, strict=True))
     distinct = frame.select("name", *taken).unique()
     rows = []
     for name, *values in distinct.iter_rows():
@@ -409,7 +414,7 @@ def profiler_steps(flat_dir: Path) -> pl.DataFrame:
     """ProfilerStep#N intervals (step, step_ts_ns, step_end_ns) in start order."""
     return _events(
         flat_dir,
-        pl.col("cat").str.to_lowercase().is_in(ANNOTATION_CATS)
+        pl.col("cat").str.to_lowercase().is_in(STEP_CATS)
         & pl.col("name").str.contains(STEP_NAME)
         & pl.col("ts_ns").is_not_null(),
         [
