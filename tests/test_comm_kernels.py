@@ -40,6 +40,7 @@ COMM = [
     ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals)", "custom"),
     ("void vllm::cross_device_reduce_2stage<c10::Half, 4>(vllm::RankData*, vllm::RankSignals)", "custom"),
     ("aiter::cross_device_reduce_2stage<bf16,8,false>", "custom"),
+    ("_ZN4vllm26cross_device_reduce_1stageI13__nv_bfloat16Li8EEEvPNS_8RankDataENS_11RankSignalsE", "custom"),
     ("void sglang::cross_device_reduce_1stage<__nv_bfloat16, 8>(sglang::RankData*)", "custom"),
     ("void quickreduce::allreduce_prototype_twoshot<quickreduce::AllReduceTwoshot<__hip_bfloat16>>", "quick"),
     ("void tensorrt_llm::kernels::oneShotAllReduceKernel<__nv_bfloat16, 8, true>(AllReduceParams)", "TensorRT"),

@@ -16,11 +16,19 @@ a trace says which call on one rank is which on another: they count as communica
 
 Patterns anchor at the function name (a parameter type such as ``ncclDevComm_t`` in a DeepEP
 kernel's signature must not make it an NCCL collective; ``cdpsk::ep::`` CUB scans are not DeepEP).
+Names are matched as traces write them (the categories see raw names): the un-namespaced ones also
+in their Itanium-mangled form, the namespaced ones (DeepEP, MSCCL++) only demangled, as CUPTI and
+roctracer write kernels launched the usual way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# Where a function name may start: the name's start, after `::`, a space or `(`, or after the
+# length digits of an Itanium-mangled name (`_ZN4vllm26cross_device_reduce_1stage...`, which
+# the category table sees raw).
+_START = r"(?:^|[^A-Za-z_])"
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,7 @@ LIBRARIES: tuple[CommLibrary, ...] = (
     ),
     CommLibrary(
         "NVSHMEM",
-        r"\b(?:barrier|sync|sync_all|alltoall|broadcast|fcollect|rdxn)_on_stream_kernel\w*",
+        _START + r"(?:barrier|sync|sync_all|alltoall|broadcast|fcollect|rdxn)_on_stream_kernel\w*",
         False,
         "NVIDIA NVSHMEM nvshmemi_h_to_d_coll_defs.cuh: the `*_on_stream_kernel` collectives "
         "(`barrier_on_stream_kernel_threadgroup`, `alltoall_on_stream_kernel`, `rdxn_on_stream_kernel`)",
@@ -80,7 +88,7 @@ LIBRARIES: tuple[CommLibrary, ...] = (
     ),
     CommLibrary(
         "custom all-reduce (vLLM, SGLang, aiter)",
-        r"\bcross_device_reduce_\w+",
+        _START + r"cross_device_reduce_\w+",
         False,
         "vllm-project/vllm csrc/custom_all_reduce.cuh (`vllm::cross_device_reduce_1stage`, `_2stage`, "
         "`_half_butterfly`), sgl-project/sglang sgl-kernel/csrc/allreduce/custom_all_reduce.cuh, ROCm "
@@ -95,7 +103,7 @@ LIBRARIES: tuple[CommLibrary, ...] = (
     ),
     CommLibrary(
         "TensorRT-LLM / FlashInfer all-reduce",
-        r"\b(?:one|two)ShotAllReduceKernel\b|\ballreduce_fusion_kernel_\w+",
+        _START + r"(?:(?:one|two)ShotAllReduceKernel|allreduce_fusion_kernel_\w+)",
         False,
         "NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/customAllReduceKernels.cu (`oneShotAllReduceKernel`, "
         "`twoShotAllReduceKernel`), allReduceFusionKernels.cu (`allreduce_fusion_kernel_oneshot_lamport`); "
@@ -103,7 +111,7 @@ LIBRARIES: tuple[CommLibrary, ...] = (
     ),
     CommLibrary(
         "PyTorch symmetric memory",
-        r"\b(?:multimem_\w*|one_shot_all_reduce\w*|two_shot_all_reduce\w*)_kernel",
+        _START + r"(?:multimem_\w*|one_shot_all_reduce\w*|two_shot_all_reduce\w*)_kernel",
         False,
         "tracelens/b200_eager (vLLM on B200: `(anonymous namespace)::multimem_all_reduce_kernel<c10::"
         "BFloat16, 16>` under `symm_mem::multimem_all_reduce_`); pytorch torch/csrc/distributed/c10d/"
