@@ -17,6 +17,8 @@ from pipeline.render.html.page import render_page
 from pipeline.runs.sections import SECTIONS, SLOWEST_FIRST, section_frames
 
 STEP_PREFIX = "ProfilerStep#"  # said once, as the columns' label, rather than in every column
+LOG_SPREAD = 50  # bus bandwidths spread wider than this are drawn on a log axis
+NARROW_HEAT_STEPS = 8  # a heat map of fewer steps takes half the overview's width
 MAX_HEAT_STEPS = 400  # steps in a heat map (the slowest-ranked columns beyond are left out, and said)
 
 
@@ -96,7 +98,7 @@ def overview(rep, run: str, name: str | None) -> list[Part]:
             "bad" if bad else "",
         )
     )
-    parts += [Chart(c, wide=True) for c in (wait_heatmap(rep, run, at),) if c]
+    parts += [Chart(c, wide=len(c["cols"]) > NARROW_HEAT_STEPS) for c in (wait_heatmap(rep, run, at),) if c]
     parts += [Chart(c) for c in (step_split(rep, run, at), waited_by_rank(rep, run, at), bandwidth(rep, run, at)) if c]
     return parts
 
@@ -166,6 +168,12 @@ def waited_by_rank(rep, run: str, at: str) -> dict | None:
     return ch.bars(f"Waiting per rank{at}", rows, "us", segs, note)
 
 
+def _spread(points: list[dict]) -> float:
+    """The ratio of the largest to the smallest positive y of the points (1 when none)."""
+    ys = [p["y"] for p in points if p["y"] and p["y"] > 0]
+    return max(ys) / min(ys) if ys else 1.0
+
+
 def _latency(r: dict) -> str:
     p50, p99 = ((r[c] or 0) / 1e3 for c in ("latency_p50_ns", "latency_p99_ns"))
     return f"p50 {duration(p50)}, p99 {duration(p99)}"
@@ -212,7 +220,7 @@ def bandwidth(rep, run: str, at: str) -> dict | None:
     return ch.scatter(
         f"Bus bandwidth by message size{at}",
         ch.axis("message size", "bytes", log=True),
-        ch.axis("busbw (GB/s)", "plain"),
+        ch.axis("busbw (GB/s)", "plain", log=_spread(points) > LOG_SPREAD),
         points,
         groups,
         note=note,
