@@ -5,6 +5,7 @@ Sections between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers:
 - formulas: the cost formula table (pipeline/cost/formulas/)
 - devices: the device-spec table (data/device_specs.csv)
 - causes: why a kernel has no cost, and the remedies (pipeline/cost/coverage.py)
+- layouts: the Kineto layouts tracepipe reads (data/kineto_layouts.toml)
 tests/test_docs.py fails when the README is not current.
 """
 
@@ -19,9 +20,12 @@ sys.path.insert(0, str(ROOT))
 
 
 def sections() -> dict[str, str]:
-    from pipeline import schema
+    from pipeline import kineto, schema
 
-    out = {"schema": "\n\n".join(schema.markdown(t) for t in schema.DOCUMENTED)}
+    out = {
+        "schema": "\n\n".join(schema.markdown(t) for t in schema.DOCUMENTED),
+        "layouts": kineto.layouts_markdown(),
+    }
     try:
         from pipeline.cost import formulas
 

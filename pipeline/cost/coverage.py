@@ -122,9 +122,10 @@ CAUSES = (
     ),
     Cause(
         "shapes_not_modelled",
-        "the op's recorded inputs do not determine its cost (e.g. a TensorList recorded as [])",
+        "the op's recorded inputs do not determine its cost (a TensorList recorded as [], no strides)",
         None,
-        "hta/a100_old_format_rank0: aten::cat of TensorLists recorded without their shapes",
+        "hta/a100_old_format_rank0: aten::cat of TensorLists without shapes; kineto/v100_tbplugin_resnet50: "
+        "convolutions without Concrete Inputs",
     ),
 )
 BY_NAME = {c.name: c for c in CAUSES}

@@ -27,7 +27,7 @@ from pipeline.cost import devices as device_specs_mod
 from pipeline.cost.categories import CategoryMemo, with_category
 from pipeline.cost.formulas.expression import FormulaError
 from pipeline.cost.formulas.user import UserFormulas
-from pipeline.kineto import COMPILED_REGION
+from pipeline.kineto import ARG_ALIASES, COMPILED_REGION, canonical_args
 from pipeline.link import links as link
 
 SIGNATURE_KEYS = formulas.ARGS_READ
@@ -47,7 +47,8 @@ class Evaluated(dict):
 # TORCHINDUCTOR_BENCHMARK_KERNEL=1 it also carries the kernel's estimated FLOPs and GB
 _INDUCTOR_LAUNCH = '"kernel_backend"'
 _ESTIMATES = ('"kernel_flop"', '"kernel_num_gb"')
-_SHAPES = ('"Input Dims"', '"Input dims"')  # the 2021 layout spells it in lower case
+# an op recorded shapes: Input Dims, as older layouts spell it too (the 2021 one: Input dims)
+_SHAPES = tuple(f'"{k}"' for k in ("Input Dims", *(a for a, key in ARG_ALIASES.items() if key == "Input Dims")))
 
 
 def _modelled(user: UserFormulas | None) -> pl.Expr:
@@ -199,7 +200,7 @@ def _json_value(text: str):
 def _evaluate(sig: dict, dtype: str | None, user: UserFormulas | None, errors: dict) -> dict:
     """The cost of one op signature: by the user's entry for its name, else the built-in formula;
     else no cost, with the reason (coverage.OP_REASONS) and the dtype of its inputs."""
-    args = {k: _json_value(sig[k]) for k in SIGNATURE_KEYS if sig[k] is not None}
+    args = canonical_args({k: _json_value(sig[k]) for k in SIGNATURE_KEYS if sig[k] is not None})
     name = sig["name"] or ""
     none = {"op_flops": None, "op_bytes": None, "cost_family": None, "cost_dtype": None, "op_source": None}
     entry = user.find(name) if user is not None else None
