@@ -482,3 +482,16 @@ def test_sentences_wrap_and_names_shorten():
         "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1>>(int)"
     )
     assert not cell(name, "name").prose and cell(name, "name").cut
+
+
+def test_what_is_costed_comes_from_the_coverage_section_else_the_roofline(demo, demo_page):
+    sections, html = demo_page
+    cov = sections["coverage"]
+    costed = cov.filter(pl.col("cause").str.starts_with("costed:"))["pct"].sum()
+    spec = next(s for s in Dom(html).specs if s["title"] == "What is costed: % of kernel time")
+    assert sum(
+        v for r in spec["rows"] for v, s in zip(r["values"], spec["series"]) if s["name"].startswith("costed")
+    ) == (pytest.approx(costed))
+    without = {k: v for k, v in sections.items() if k != "coverage"}
+    dom = Dom(analysis_html(demo, without, {}))
+    assert any(s["title"].startswith("What is costed: % of kernel time with FLOPs and bytes") for s in dom.specs)

@@ -14,37 +14,16 @@ import polars as pl
 from pipeline.analyses.flat import Flat
 from pipeline.render.html import charts as ch
 from pipeline.render.html.cells import duration, percent
+from pipeline.render.html.costing import costing_parts, tone
 from pipeline.render.html.model import Chart, Group, Part, Table, Tile
 from pipeline.render.plots.figure import CATEGORY_COLOURS, OTHER_COLOUR
-from pipeline.render.plots.roofline_data import FIX, WHY, kernel_time_by_reason, roofline_panels
+from pipeline.render.plots.roofline_data import kernel_time_by_reason, roofline_panels
 from pipeline.render.tables import engineering
 
 TOP = 10  # rows of the top kernels and ops
-TOP_UNCOSTED = 8  # kernels off the roofline named under the costing chart
 MAX_DEVICE_TILES = 4  # devices with a tile of their own (more: one tile for all)
 MAX_STREAMS = 16  # stream rows in the busy and idle charts
 MAX_ROOFLINES = 4  # devices with a roofline
-REASON_COLOURS = {
-    "drawn": "#55a868",
-    "no_flops": "#9ab8de",
-    "no_cpu_op": "#c44e52",
-    "no_shapes": "#dd8452",
-    "no_formula": "#ccb974",
-    "shapes_not_modelled": "#8172b3",
-    "no_bytes": "#937860",
-    "not_costed": "#8c8c8c",
-    "unmodelled": "#8c8c8c",
-}
-SHORT_WHY = {  # the reasons of WHY, in a few words (the chart's legend has them whole)
-    "no_shapes": "no shapes",
-    "no_cpu_op": "no CPU op",
-    "no_formula": "no formula",
-    "shapes_not_modelled": "shapes not modelled",
-    "no_flops": "no FLOPs",
-    "no_bytes": "no bytes",
-    "not_costed": "not costed",
-    "unmodelled": "no model",
-}
 IDLE_PARTS = (
     ("host_wait_us", "host wait (CPU late)"),
     ("kernel_wait_us", "kernel wait (short gaps)"),
@@ -60,8 +39,9 @@ def overview(f: Flat, sections: dict[str, pl.DataFrame], devices: dict[int, str]
     parts += _busy_tiles(s.get("devices"), s.get("idle"))
     parts += _category_tile(s.get("categories"))
     parts += _critical_tile(s.get("critical-path"))
-    reasons = kernel_time_by_reason(f) if "kernels" in s and f.has_gpu else None
-    parts += _costed_tile(reasons)
+    reasons = kernel_time_by_reason(f) if "kernels" in s and f.has_gpu and "coverage" not in s else None
+    cost_tiles, cost_parts = costing_parts(reasons, s.get("coverage"), label, len(devices) > 1)
+    parts += cost_tiles
     parts += _memory_tile(s.get("memory"), label)
     if "categories" in s:
         parts.append(Chart(category_chart(s["categories"], label)))
@@ -75,16 +55,10 @@ def overview(f: Flat, sections: dict[str, pl.DataFrame], devices: dict[int, str]
         parts.append(top_ops(s["ops"]))
     if "kernels" in s and f.has_gpu:
         parts += [Chart(spec) for spec in rooflines(f, s["kernels"])]
-    if reasons is not None and reasons.height:
-        parts.append(Group((Chart(costed_chart(reasons, label)), *uncosted_kernels(reasons, len(devices) > 1))))
-    return parts
+    return parts + cost_parts
 
 
 # ------------------------------------------------------------------ tiles
-def _tone(pct: float) -> str:
-    return "good" if pct >= 90 else "warn" if pct >= 60 else "bad"
-
-
 def _busy_tiles(dev: pl.DataFrame | None, idle: pl.DataFrame | None) -> list[Tile]:
     if dev is None:
         return []
@@ -99,14 +73,14 @@ def _busy_tiles(dev: pl.DataFrame | None, idle: pl.DataFrame | None) -> list[Til
                 f"{len(rows)} devices busy",
                 percent(pct),
                 f"least busy: device {least['device']} at {percent(least['busy_pct'] or 0)}",
-                _tone(pct),
+                tone(pct),
             )
         )
     else:
         for r in rows:
             who = "CPU ops" if r["device"] < 0 else f"device {r['device']} busy"
             note = f"{duration(r['busy_us'] or 0)} of {duration(r['span_us'] or 0)}; {r['gaps'] or 0:,} gaps"
-            out.append(Tile(who, percent(r["busy_pct"] or 0), note, _tone(r["busy_pct"] or 0)))
+            out.append(Tile(who, percent(r["busy_pct"] or 0), note, tone(r["busy_pct"] or 0)))
     if idle is not None and idle.height:
         total = float(idle["idle_us"].sum() or 0.0)
         parts = [(name, float(idle[c].sum() or 0.0)) for c, name in IDLE_PARTS]
@@ -138,25 +112,6 @@ def _critical_tile(cp: pl.DataFrame | None) -> list[Tile]:
     parts = sorted((d["breakdown_us"] or {}).items(), key=lambda kv: -(kv[1] or 0))
     note = "; ".join(f"{k} {percent(100 * (v or 0) / length)}" for k, v in parts[:3] if length)
     return [Tile("critical path", duration(length), note)]
-
-
-def _costed_tile(reasons: pl.DataFrame | None) -> list[Tile]:
-    """The share of kernel time on the roofline (the mean over devices) and why the rest is not."""
-    if reasons is None or not reasons.height:
-        return []
-    n = reasons["device"].n_unique()
-    by = reasons.group_by("reason").agg(pct=pl.col("pct").sum() / n).sort("pct", descending=True)
-    shares = dict(by.iter_rows())
-    drawn = shares.pop("drawn", 0.0)
-    rest = "; ".join(f"{SHORT_WHY.get(r, r)} {percent(p)}" for r, p in shares.items())
-    return [
-        Tile(
-            "kernel time on the roofline",
-            percent(drawn),
-            f"with FLOPs and bytes. Not: {rest}" if rest else "every kernel has FLOPs and bytes",
-            _tone(drawn),
-        )
-    ]
 
 
 def _memory_tile(mem: pl.DataFrame | None, label) -> list[Tile]:
@@ -262,45 +217,6 @@ def idle_chart(idle: pl.DataFrame) -> dict:
         "kernels. Other: longer gaps whose kernel was launched in time."
     )
     return ch.bars("Why the GPU sat idle, per stream", rows, "us", segs, note)
-
-
-def costed_chart(reasons: pl.DataFrame, label) -> dict:
-    by = reasons.group_by("device", "reason").agg(pl.col("pct").sum())
-    order = by.group_by("reason").agg(pl.col("pct").sum()).sort("pct", descending=True)["reason"].to_list()
-    if "drawn" in order:
-        order.remove("drawn")
-        order.insert(0, "drawn")
-    names = {r: "on the roofline" if r == "drawn" else WHY.get(r, r) for r in order}
-    segs = ch.series(
-        [names[r] for r in order], {names[r]: REASON_COLOURS.get(r, ch.colour(i)) for i, r in enumerate(order)}
-    )
-    rows = []
-    for d in by["device"].unique().sort().to_list():
-        mine = dict(by.filter(pl.col("device") == d).select("reason", "pct").iter_rows())
-        rows.append(
-            ch.bar(label(d), [mine.get(r, 0.0) for r in order], f"{percent(mine.get('drawn', 0.0))} on the roofline")
-        )
-    fixes = [f"{WHY.get(r, r)}: {FIX[r]}." for r in order if r in FIX]
-    note = "Kernel time with FLOPs and bytes (on the roofline) and, for the rest, why not." + (
-        " To cost more: " + " ".join(fixes) if fixes else ""
-    )
-    return ch.bars("What is costed: % of kernel time with FLOPs and bytes", rows, "pct", segs, note, max_value=100)
-
-
-def uncosted_kernels(reasons: pl.DataFrame, several: bool) -> list[Table]:
-    """The kernels with the most time off the roofline, and why each is off it."""
-    off = reasons.filter(pl.col("reason") != "drawn").sort("pct", descending=True).head(TOP_UNCOSTED)
-    if not off.height:
-        return []
-    off = off.with_columns(why=pl.col("reason").replace_strict(SHORT_WHY, default=pl.col("reason")))
-    cols = ["name", *(["device"] if several else []), "pct", "why"]
-    return [
-        Table(
-            off.select(cols),
-            "Kernels with the most time off the roofline (pct: of kernel time)",
-            compact=True,
-        )
-    ]
 
 
 def rooflines(f: Flat, kernels: pl.DataFrame) -> list[dict]:
