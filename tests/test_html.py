@@ -349,10 +349,14 @@ def in_browser(path: Path) -> tuple[str, list[str]]:
 
 
 def test_pages_load_in_chromium_without_errors_and_draw_every_chart(demo_page, run_report, demo, tmp_path):
+    from pipeline.render.html.compare import comparison_html, trend_html
+
     pages = {
         "analysis": demo_page[1],
         "run": runs_html(run_report),
         "diff": diff_html(rp.diff(demo, demo), "a", "b"),
+        "comparison": comparison_html(COMPARISON),
+        "trend": trend_html(TREND),
     }
     for name, html in pages.items():
         path = tmp_path / f"{name}.html"
@@ -495,3 +499,37 @@ def test_what_is_costed_comes_from_the_coverage_section_else_the_roofline(demo, 
     without = {k: v for k, v in sections.items() if k != "coverage"}
     dom = Dom(analysis_html(demo, without, {}))
     assert any(s["title"].startswith("What is costed: % of kernel time with FLOPs and bytes") for s in dom.specs)
+
+
+COMPARED = [
+    {"level": "kernel", "name": "gemm<x>", "verdict": "regressed", "delta_pct": 20.0, "base_us": 10.0, "new_us": 12.0},
+    {"level": "kernel", "name": "relu", "verdict": "same", "delta_pct": 1.0, "base_us": 5.0, "new_us": 5.05},
+    {"level": "op", "name": "aten::mm", "verdict": "improved", "delta_pct": -9.0, "base_us": 9.0, "new_us": 8.2},
+]
+COMPARISON = {
+    "base": {"run": "n1", "ranks": 8},
+    "new": {"run": "n2", "ranks": 8},
+    "method": {"fdr": 0.01},
+    "problems": ["rank 3 of n2 truncated"],
+    "rows": COMPARED,
+}
+TREND = {
+    "level": "kernel",
+    "rows": [{"run": f"r{i}", "label": f"r{i}", "name": "gemm", "value_us": v} for i, v in enumerate([10, 10, 14])],
+    "change_points": [{"name": "gemm", "run": "r2", "label": "r2", "delta_pct": 40.0}],
+}
+
+
+def test_comparison_and_trend_pages_from_their_documents():
+    from pipeline.render.html.compare import comparison_html, trend_html
+
+    html = comparison_html(COMPARISON)
+    dom = Dom(html)
+    assert dom.sections == ["rows"] and len(body_rows(html, "rows")) == 3
+    assert "<h4>Kernels</h4>" in html and "<h4>Ops</h4>" in html and "rank 3 of n2 truncated" in html
+    (bars,) = [s for s in dom.specs if s["kind"] == "bars"]
+    assert [r["full"] for r in bars["rows"]] == ["kernel: gemm<x>", "op: aten::mm"]  # the changes, largest first
+    dom = Dom(trend_html(TREND))
+    assert {"rows", "change_points"} <= set(dom.sections)
+    (line,) = [s for s in dom.specs if s["kind"] == "lines"]
+    assert line["x"]["labels"] == ["r0", "r1", "r2"] and line["marks"][0]["x"] == 2

@@ -6,6 +6,7 @@
   "use strict";
   var NS = "http://www.w3.org/2000/svg";
   var CHAR = 6.3; // px per character at the charts' font size, for laying out labels
+  var DOTS = 60; // a line of at most this many points shows them
 
   // ---------------------------------------------------------------- elements
   function el(tag, attrs, parent) {
@@ -160,7 +161,8 @@
     ticks.x.forEach(function (t) {
       var px = x.f(t);
       el("line", { x1: px, x2: px, y1: box.t, y2: box.t + box.h }, g);
-      text(a, px, box.t + box.h + 14, tickText(x.unit, t, x.tu), "middle");
+      var s = x.labels ? (t === Math.round(t) && x.labels[t] !== undefined ? x.labels[t] : "") : tickText(x.unit, t, x.tu);
+      text(a, px, box.t + box.h + 14, s, "middle");
     });
     ticks.y.forEach(function (t) {
       var py = y.f(t);
@@ -269,6 +271,20 @@
     while (lo < hi) { var mid = (lo + hi) >> 1; if (a[mid] < v) { lo = mid + 1; } else { hi = mid; } }
     return lo;
   }
+  // whole-number ticks within the domain, one every k so that their labels do not overlap
+  function labelTicks(dom, labels, width) {
+    var lo = Math.max(0, Math.ceil(dom[0])), hi = Math.min(labels.length - 1, Math.floor(dom[1]));
+    var longest = labels.reduce(function (m, l) { return Math.max(m, String(l).length); }, 1);
+    var every = Math.max(1, Math.ceil((hi - lo + 1) * (CHAR * longest + 12) / Math.max(width, 1)));
+    var out = [];
+    for (var i = lo; i <= hi; i += every) { out.push(i); }
+    return out;
+  }
+  function nearest(a, v) {
+    var i = lowerBound(a, v);
+    if (i >= a.length) { return a.length - 1; }
+    return i > 0 && v - a[i - 1] < a[i] - v ? i - 1 : i;
+  }
   function drawLines(box, spec) {
     spec.series.forEach(function (s) { if (!s.x) { s.x = spec.series[0].x; } });
     legend(box, spec.series);
@@ -279,7 +295,7 @@
     var dom = box.zoom || full;
     var W = Math.max(box.clientWidth || 600, 320), H = 280;
     var b = { l: 64, t: 12, w: W - 64 - 16, h: H - 12 - 44 };
-    var x = { f: scale(dom[0], dom[1], b.l, b.l + b.w, false), unit: spec.x.unit, label: spec.x.label, tu: timeScale(dom[1] - dom[0]) };
+    var x = { f: scale(dom[0], dom[1], b.l, b.l + b.w, false), unit: spec.x.unit, label: spec.x.label, tu: timeScale(dom[1] - dom[0]), labels: spec.x.labels };
     var views = spec.series.map(function (s) {
       var i0 = Math.max(lowerBound(s.x, dom[0]) - 1, 0), i1 = Math.min(lowerBound(s.x, dom[1]) + 1, s.x.length);
       return { s: s, i0: i0, i1: i1 };
@@ -290,7 +306,7 @@
     var yt = coverTicks(0, (top || 1) * 1.04, 5);
     var y = { f: scale(0, yt[yt.length - 1], b.t + b.h, b.t, false), unit: spec.y.unit, label: spec.y.label, tu: timeScale(top) };
     var svg = el("svg", { width: W, height: H, role: "img", "aria-label": spec.title }, box);
-    axes(svg, b, x, y, { x: niceTicks(dom[0], dom[1], 7), y: yt });
+    axes(svg, b, x, y, { x: x.labels ? labelTicks(dom, x.labels, b.w) : niceTicks(dom[0], dom[1], 7), y: yt });
     var clip = el("clipPath", { id: "c" + Math.random().toString(36).slice(2) }, el("defs", {}, svg));
     el("rect", { x: b.l, y: b.t - 2, width: b.w, height: b.h + 4 }, clip);
     var inner = el("g", { "clip-path": "url(#" + clip.id + ")" }, svg);
@@ -301,13 +317,17 @@
         if (i === v.i0) { d.push("M" + px + "," + py); } else if (spec.step) { d.push("H" + px + "V" + py); } else { d.push("L" + px + "," + py); }
       }
       if (d.length) { el("path", { d: d.join(""), fill: "none", stroke: s.color, "stroke-width": 1.4 }, inner); }
+      if (!spec.step && v.i1 - v.i0 <= DOTS) {
+        for (var k = v.i0; k < v.i1; k++) { el("circle", { cx: x.f(s.x[k]), cy: y.f(s.y[k]), r: 2.5, fill: s.color }, inner); }
+      }
     });
     spec.marks.forEach(function (m) {
       if (m.x < dom[0] || m.x > dom[1]) { return; }
       var px = x.f(m.x), py = y.f(m.y);
       el("circle", { cx: px, cy: py, r: 4, fill: "#b22222" }, svg);
       var right = px > b.l + b.w * 0.6;
-      text(svg, px + (right ? -8 : 8), Math.max(py - 6, b.t + 10), m.label + ": " + fmt(spec.y.unit, m.y) + " at " + duration(m.x), right ? "end" : "start");
+      var where = spec.x.labels ? String(spec.x.labels[m.x] || "") : spec.x.unit === "us" ? duration(m.x) : sig(m.x);
+      text(svg, px + (right ? -8 : 8), Math.max(py - 6, b.t + 10), m.label + ": " + fmt(spec.y.unit, m.y) + " at " + where, right ? "end" : "start");
     });
     var cross = el("line", { y1: b.t, y2: b.t + b.h, stroke: "#9aa5b1", "stroke-dasharray": "3 3", visibility: "hidden" }, svg);
     var sel = el("rect", { y: b.t, height: b.h, width: 0, "class": "sel", visibility: "hidden" }, svg);
@@ -324,9 +344,9 @@
         sel.setAttribute("x", Math.min(start, px)); sel.setAttribute("width", Math.abs(px - start));
         sel.setAttribute("visibility", "visible");
       }
-      var lines = [duration(t) + " from the first event"];
+      var lines = [spec.x.labels ? String(spec.x.labels[Math.max(0, Math.round(t))] || "") : spec.x.unit === "us" ? duration(t) + " from the first event" : spec.x.label + " " + sig(t)];
       spec.series.forEach(function (s) {
-        var i = lowerBound(s.x, t + 1e-9) - 1;
+        var i = spec.step ? lowerBound(s.x, t + 1e-9) - 1 : nearest(s.x, t);
         if (i >= 0) { lines.push(s.name + ": " + fmt(spec.y.unit, s.y[i])); }
       });
       showTip(e, lines);

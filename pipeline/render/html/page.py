@@ -137,8 +137,9 @@ def _part(p: Part) -> str:
     if isinstance(p, Chart):
         title = p.spec.get("title", "")
         note = p.spec.get("note")
+        full = f' title="{esc(p.spec["full"])}"' if p.spec.get("full") else ""
         return (
-            f'<figure class="chart"><figcaption>{esc(title)}</figcaption><div class="plot"></div>'
+            f'<figure class="chart"><figcaption{full}>{esc(title)}</figcaption><div class="plot"></div>'
             f'<script type="application/json" class="chart-spec">{script_json(p.spec)}</script>'
             + (f'<p class="note">{esc(note)}</p>' if note else "")
             + "</figure>"
