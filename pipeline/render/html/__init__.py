@@ -6,16 +6,18 @@
     cells      one value as a cell: its text (units, shortened names) and its whole value
     charts     the data of the charts (bars, scatter, lines, heat map), drawn by charts.js
     escape     text and script data made safe (a trace is untrusted text)
-    analysis   the page of `analyze` (+ `overview`): from the analyses registry
+    analysis   the page of `analyze` (+ `overview`, `costing`): from the analyses registry
     runs       the page of `ranks`: from the run sections
     diff       the page of `diff`
-    frames     a page of named tables, for any other command
+    compare    the pages of `compare` and `trend`, from their JSON documents
+    frames     a page of named tables, or of any JSON document, for any other command
 
 The style sheet and scripts (`page.css`, `tables.js`, `charts.js`) are files of this package,
 written by hand: no charting library, no build step, nothing fetched.
 """
 
 from pipeline.render.html.analysis import analysis_html
+from pipeline.render.html.compare import comparison_html, trend_html
 from pipeline.render.html.diff import diff_html
 from pipeline.render.html.frames import document_html, frames_html
 from pipeline.render.html.model import Chart, Note, Page, Section, Table, Tile
@@ -30,9 +32,11 @@ __all__ = [
     "Table",
     "Tile",
     "analysis_html",
+    "comparison_html",
     "diff_html",
     "document_html",
     "frames_html",
     "render_page",
     "runs_html",
+    "trend_html",
 ]
