@@ -33,6 +33,12 @@ def batch(
         help="a compressed trace or archive member may inflate to this many times its size, at least 1 GiB "
         "(default 200; 0: no limit)",
     ),
+    capture_dir: str = typer.Option(
+        "capture_traces",
+        "--capture-dir",
+        help="the folder beside a run's traces holding the captures of the CUDA/HIP graphs they replay "
+        "(vLLM, SGLang: capture_traces); '' pairs none",
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
     """Flatten many traces into one dataset of few, large Parquet files.
@@ -55,7 +61,16 @@ def batch(
                 shown.echo(f"tracepipe: {source}: {kind}" + (f": {msg}" if msg else ""))
             shown.finished(kind, nbytes)
 
-        r = run_batch(src, out, jobs=jobs, engine=engine, report=report, max_inflate=max_inflate, started=shown.start)
+        r = run_batch(
+            src,
+            out,
+            jobs=jobs,
+            engine=engine,
+            report=report,
+            max_inflate=max_inflate,
+            started=shown.start,
+            capture_dir=capture_dir or None,
+        )
     if not quiet:
         typer.echo(
             f"batch: {r.added} traces added ({r.truncated} truncated), {r.quarantined} quarantined, "

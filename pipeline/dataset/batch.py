@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.dataset.captures import CAPTURE_DIR
 from pipeline.dataset.engines import Pool, check_engine
 from pipeline.dataset.inputs import TAR_SUFFIXES, Item, inputs
 from pipeline.dataset.layout import (
@@ -131,6 +132,7 @@ def run_batch(
     started: Callable[[int | None], None] | None = None,
     compact: bool = True,
     group_bytes: int | None = None,
+    capture_dir: str | None = CAPTURE_DIR,
 ) -> BatchResult:
     """Flatten every trace of SRC into DATASET (see the module docstring), skipping known content.
 
@@ -140,6 +142,8 @@ def run_batch(
     called once before that, with how many inputs SRC holds (`count_inputs`; None when unknown):
     a progress display's total. `compact`: merge the dataset's small parts at the end.
     `group_bytes`: JSON bytes of small traces per task (default GROUP_BYTES, less towards the end).
+    `capture_dir`: the folder beside a run's traces that holds their graph capture traces
+    (`captures`; None: no pairing).
     """
     check_engine(engine)
     jobs = default_jobs() if jobs is None else jobs
@@ -247,7 +251,7 @@ def run_batch(
 
                 workers = min(jobs, default_workers(items[0].path or ""))
             task = _Task(items, cid, run / cid, small, workers, retry)
-            tasks = [(i.path, i.source, i.trace_id) for i in items]
+            tasks = [(i.path, i.source, i.trace_id, i.captures) for i in items]
             from pipeline.dataset.group import run_group
 
             pending[pool.submit(run_group, tasks, str(task.stage), max_inflate, workers, small)] = task
@@ -281,7 +285,7 @@ def run_batch(
 
         try:
             pool.start()
-            items = inputs(src, run / "x", ds, max_inflate)
+            items = inputs(src, run / "x", ds, max_inflate, capture_dir)
             total = count_inputs(src, ds)
             if started:
                 started(total)
