@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import schema, store
-from pipeline.errors import BadTrace, UsageError
+from pipeline.errors import BadTrace, TracepipeError, UsageError
 from pipeline.kineto import trace_stem
 from pipeline.read.chunks import ordered_results
 from pipeline.read.decode import build_chunk, build_from_text
@@ -172,7 +172,7 @@ def read_captures(
     for path, tid in zip(map(str, paths), trace_ids or [None] * len(paths)):
         why = not_regular(path)
         if why:
-            raise BadTrace(f"{path}: {why}")
+            raise BadTrace(f"graph capture trace {path}: {why}")
         st = os.stat(path)
         tid = tid or sampled_content_id(path)
         key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, tid)
@@ -181,7 +181,10 @@ def read_captures(
         seen.add(tid)
         if key not in _CAPTURES:
             with tempfile.TemporaryDirectory(prefix="tracepipe-capture-") as tmp:
-                r = flatten(path, tmp, link=False, workers=1, max_inflate=max_inflate)
+                try:
+                    r = flatten(path, tmp, link=False, workers=1, max_inflate=max_inflate)
+                except TracepipeError as e:
+                    raise type(e)(f"graph capture trace {e if path in str(e) else f'{path}: {e}'}") from None
                 _CAPTURES[key] = captured_graphs(r.out_dir, tid, trace_stem(path))
             while len(_CAPTURES) > CAPTURES_KEPT:
                 _CAPTURES.popitem(last=False)
@@ -229,6 +232,7 @@ def flatten(
     final = Path(out) / trace_stem(path)
     warnings: list = []
     seconds = {}
+    captures = read_captures(graph_captures, capture_trace_ids, max_inflate) if graph_captures else []
     with store.output_of(final, made=Path(out)), store.atomic_dir(final) as tmp:
         t0 = time.perf_counter()
         say_stage("read")
@@ -239,7 +243,6 @@ def flatten(
 
             t0 = time.perf_counter()
             say_stage("link+cost")
-            captures = read_captures(graph_captures, capture_trace_ids, max_inflate) if graph_captures else []
             warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype, captures=captures)
             write_run_tables(tmp, row)
             seconds["link_cost"] = time.perf_counter() - t0

@@ -103,7 +103,7 @@ def _readable_captures(m: Member, max_inflate: float | None) -> tuple[list[str],
         try:
             read_captures([path], [tid], max_inflate)  # kept by this process for the flatten below
         except TracepipeError as e:
-            warned.append(f"graph capture trace not read: {quarantine_message(e, path, path)}")
+            warned.append(f"not paired with {e}")  # "graph capture trace PATH: why"
             continue
         captures.append(path)
         ids.append(tid)
