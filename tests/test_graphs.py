@@ -16,6 +16,7 @@ from pipeline.analyses.graphs import graph_view
 from pipeline.dataset.batch import run_batch
 from pipeline.dataset.tables import tables
 from pipeline.flatten import flatten
+from pipeline.link import graphs as graphs_mod
 from pipeline.link.graphs import PROBLEM, graph_hint
 from pipeline.read.metadata import sampled_content_id
 from pipeline.synthetic.graphs import GraphCase, capture_trace, mm, pointwise, replay_trace
@@ -73,6 +74,19 @@ def test_every_replay_of_a_graph_gets_the_ops_that_captured_it(tmp_path):
     ev = pl.read_parquet(cap.out_dir / "events.parquet")
     for idx, name, args in rep.select("cpu_op_event_idx", "cpu_op_name", "cpu_op_args_json").iter_rows():
         assert ev.row(idx, named=True)["name"] == name and ev.row(idx, named=True)["args_json"] == args
+
+
+def test_pairing_in_small_batches_gives_the_same_pairs(tmp_path, monkeypatch):
+    """Replays are paired a bounded number at a time; what one replay tells the next (capture
+    order) crosses the batches."""
+    head = [pointwise(64, kernel="embed", op="aten::embedding")]
+    small, large = [mm(64, 128, 256, kernel="gemm")] * 2, [mm(128, 128, 256, kernel="gemm")] * 2
+    case = GraphCase([head, small, large], replays=[0, 1, 2] * 5)
+    whole = run(case, tmp_path / "whole")[0]
+    monkeypatch.setattr(graphs_mod, "REPLAY_KERNELS", 3)
+    g, problems, truth, _ = run(case, tmp_path / "small")
+    assert right(g, case, truth) == len(truth) == 25 and problems["graphs:replays_paired"] == 15
+    assert g.drop("event_idx").equals(whole.drop("event_idx"), null_equal=True)
 
 
 def test_graphs_captured_and_never_replayed_are_counted(tmp_path):
@@ -184,7 +198,7 @@ def test_graph_view_launch_overhead_and_op_table(tmp_path):
     _, _, _, r = run(case, tmp_path)
     view = graph_view(r.out_dir)
     top = view.row(0, named=True)
-    assert (top["graph"], top["replays"], top["kernels_per_replay"], top["captured"]) == ("capture#0", 3, 3.0, True)
+    assert (top["graph"], top["capture"], top["replays"], top["kernels_per_replay"]) == ("#0", "capture", 3, 3.0)
     assert top["gpu_us_per_replay"] == pytest.approx(60.0) and top["launch_us"] == pytest.approx(30.0)
     assert top["replaced_launch_us"] == pytest.approx(3 * 3.5)  # the capture's three launch calls
     assert sorted(top["ops"]) == ["aten::add", "aten::mm", "aten::relu"]
@@ -223,7 +237,7 @@ def test_analyze_shows_graphs_in_every_format(tmp_path, run_cli):
     case = GraphCase([LAYER], replays=[0, 0])
     _, _, _, r = run(case, tmp_path)
     p = run_cli(["analyze", r.out_dir, "--section", "graphs", "--width", "80"])
-    assert p.returncode == 0 and "capture#0" in p.stdout
+    assert p.returncode == 0 and "#0" in p.stdout
     assert all(len(line) <= 80 for line in p.stdout.splitlines())
     doc = json.loads(run_cli(["analyze", r.out_dir, "--section", "graphs", "--format", "json"]).stdout)
     assert doc["graphs"][0]["replays"] == 2 and doc["graphs"][0]["ops"]

@@ -229,6 +229,8 @@ def opened(
     flattened-trace directory, or the trace `trace` names (trace_id, stem or part of its path) in
     a folder of flattened traces or a batch dataset (see `pipeline.dataset.pick`)."""
     path = Path(path)
+    if path.is_dir() and flatten_options.get("graph_captures"):
+        raise UsageError(f"{path} is flattened already: pair its graph replays with `flatten --graph-capture`")
     if path.is_dir():
         from pipeline.dataset.pick import one_trace
 

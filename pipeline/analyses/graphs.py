@@ -48,7 +48,7 @@ _COLUMNS = [
 EMPTY = pl.Schema(
     {
         "device": pl.Int64(),
-        "graph": pl.String(),
+        "graph": pl.String(),  # `#k` of its capture trace, or `uncaptured#<hash>`
         "replays": pl.UInt32(),
         "kernels_per_replay": pl.Float64(),
         "gpu_us_per_replay": pl.Float64(),
@@ -60,7 +60,7 @@ EMPTY = pl.Schema(
         "ops": pl.List(pl.String()),
         "launched_from": pl.String(),
         "module": pl.String(),
-        "captured": pl.Boolean(),
+        "capture": pl.String(),  # the capture trace (its stem): graph_id is capture + graph
     }
 )
 FRAME_BATCH = 64  # launches whose python frames are read together
@@ -93,7 +93,6 @@ def graph_view(flat) -> pl.DataFrame:
             replaced_ns=pl.when(pl.col("capture_launch_dur_ns").is_not_null().any()).then(
                 pl.col("capture_launch_dur_ns").sum()
             ),
-            captured=pl.col("capture_trace_id").is_not_null().any(),
         )
         .collect(engine="streaming")
     )
@@ -107,7 +106,6 @@ def graph_view(flat) -> pl.DataFrame:
         launch_us=us(pl.col("launch_dur_ns").mean()),
         replaced_launch_us=us(pl.col("replaced_ns").mean()),
         launch_to_start_us=us((pl.col("first_ns") - pl.col("launch_ts_ns")).mean()),
-        captured=pl.col("captured").any(),
         first_launch=pl.col("launch_event_idx").sort_by("first_ns").first(),
     )
     ops = (
@@ -142,10 +140,13 @@ def graph_view(flat) -> pl.DataFrame:
         .join(device_ns, on="device", how="left")
         .join(_launched_from(f, graphs["first_launch"]), on="first_launch", how="left")
     )
+    captured = ~pl.col("graph_id").str.starts_with("uncaptured")
     return (
         out.select(
             "device",
-            graph="graph_id",
+            graph=pl.when(captured)
+            .then(pl.lit("#") + pl.col("graph_id").str.extract(r"#(\d+)$", 1))
+            .otherwise("graph_id"),
             replays="replays",
             kernels_per_replay="kernels_per_replay",
             gpu_us_per_replay="gpu_us_per_replay",
@@ -157,10 +158,10 @@ def graph_view(flat) -> pl.DataFrame:
             ops=pl.col("ops").fill_null([]),
             launched_from="launched_from",
             module="module",
-            captured="captured",
+            capture=pl.when(captured).then(pl.col("graph_id").str.replace(r"#\d+$", "")),
         )
         .cast(EMPTY)
-        .sort("device", "gpu_us", "graph", descending=[False, True, False])
+        .sort("device", "gpu_us", "capture", "graph", descending=[False, True, False, False])
     )
 
 

@@ -189,7 +189,7 @@ REGISTRY: tuple[Section, ...] = (
             "gpu_us",
             "launch_to_start_us",
             "module",
-            "captured",
+            "capture",
         ),
     ),
     Section(

@@ -160,9 +160,15 @@ def analyze(
     start_us: Optional[float] = typer.Option(None, "--start-us", help="only from this µs after the trace starts"),
     end_us: Optional[float] = typer.Option(None, "--end-us", help="only up to this µs after the trace starts"),
     annotation: Optional[str] = typer.Option(None, "--annotation", help="only inside the user_annotations so named"),
+    graph_capture: Optional[list[Path]] = typer.Option(
+        None,
+        "--graph-capture",
+        help="a trace file's CUDA/HIP graph capture trace (repeatable; see flatten --graph-capture)",
+    ),
 ):
     """Per-device kernel table and summaries: busy/idle, categories, CPU ops, launch overhead,
-    torch.compile, communication, idle breakdown, launch queue, kernel sequences, memory, critical path."""
+    torch.compile, CUDA/HIP graphs, communication, idle breakdown, launch queue, kernel sequences,
+    memory, critical path."""
     from pipeline import report as rp
     from pipeline.analyses.window import Window, parse_steps
 
@@ -176,7 +182,8 @@ def analyze(
         raise rp.UsageError("--seq-len must be at least 2, --queue-full at least 1, --kernel-wait-us not negative")
     options = rp.Options(kernel_wait_us=kernel_wait_us, queue_full=queue_full, seq_len=seq_len)
     window = Window(steps=steps, start_us=start_us, end_us=end_us, annotation=annotation)
-    with rp.opened(trace, window=window, trace=pick) as f:
+    captures = {"graph_captures": graph_capture} if graph_capture else {}
+    with rp.opened(trace, window=window, trace=pick, **captures) as f:
         needed = None if not section else [*section, *(PLOTTED if plot else ())]
         sections = rp.analyze(f, group_by=group_by, sort=sort, only=needed, options=options)
         shown = {k: v for k, v in sections.items() if not section or k in section}

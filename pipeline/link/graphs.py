@@ -31,7 +31,7 @@ replay does the op's work again): `op_instance` keys that split, negative for a 
 never meets an op of the replay trace. Unpaired replays keep the context around their launch and
 get `graph_id` = `uncaptured#<hash of their kernels>`, with the reason counted.
 
-Memory: the captured nodes (small) and REPLAY_LAUNCHES replays at a time; the pairs are spilled to a
+Memory: the captured nodes (small) and about REPLAY_KERNELS replayed activities at a time; the pairs are spilled to a
 Parquet file that each link batch reads by its event_idx range.
 """
 
@@ -56,7 +56,7 @@ GRAPH_COLUMNS = ["graph_id", "graph_node", "capture_trace_id", "cpu_op_args_json
 OP_INSTANCE = "op_instance"  # whose FLOPs a kernel shares (`enrich`): its op, or (replay, captured op)
 GRAPH_REASON = "graph_reason"  # why a replayed kernel has no captured op (its unmodelled_reason)
 GRAPH_CAPTURE = "graph_capture"  # the cpu_op_link of a paired kernel
-REPLAY_LAUNCHES = 4096  # graph launches paired together
+REPLAY_KERNELS = 1 << 16  # replayed activities paired together, about (their launches' kernels read at once)
 NO_CAPTURE, UNMATCHED, AMBIGUOUS = "graph_replay_without_capture", "graph_replay_unmatched", "graph_replay_ambiguous"
 PROBLEM = {
     NO_CAPTURE: "unlinked:graph_replay_without_capture (pass the trace its graphs were captured in: --graph-capture)",
@@ -352,11 +352,15 @@ def _pair_all(
     problems: Counter,
     used: set[int],
 ) -> Iterator[pl.DataFrame]:
-    """The spill rows (_SPILL) of every replay, REPLAY_LAUNCHES launches at a time."""
-    for start in range(0, launches.height, REPLAY_LAUNCHES):
-        batch = launches.slice(start, REPLAY_LAUNCHES)
+    """The spill rows (_SPILL) of every replay, about REPLAY_KERNELS activities at a time (the
+    launches of a batch sized by the kernels per launch of the batch before)."""
+    start, n = 0, 64
+    while start < launches.height:
+        batch = launches.slice(start, n)
+        start += batch.height
         kernels = link._read(gpu_ops, link._among("correlation", batch["correlation"]), _GPU)
         kernels = kernels.with_columns(pl.col("name").cast(pl.String), pl.col("kind").cast(pl.String))
+        n = max(1, min(4 * n, REPLAY_KERNELS * batch.height // max(1, kernels.height)))
         if kernels.is_empty():
             continue
         yield _pair_batch(batch, _hashed(_keys(kernels), hashes), graphs, chooser, problems, used)
