@@ -88,10 +88,15 @@ def diff_picks(a: Path, b: Path, picks: list[str]) -> tuple[Optional[str], Optio
 
 
 def flatten_problems(*flats) -> int:
-    """Report traces that were truncated when flattened for a report; EXIT_PROBLEMS if any."""
+    """Report traces that were truncated when flattened for a report (EXIT_PROBLEMS if any), and
+    graph replays left without their capture (`link.graphs.graph_hint`)."""
+    from pipeline.link.graphs import graph_hint
+
     code = EXIT_OK
     for f in flats:
         r = f.flatten_result
+        if r is not None and (hint := graph_hint(r.problems)):
+            err(f"{r.out_dir.name}: {hint}")
         if r is not None and r.truncated:
             err(f"{r.out_dir.name}: truncated ({r.truncation_reason}); analysed its {r.n_events} complete events")
             code = EXIT_PROBLEMS
