@@ -219,6 +219,23 @@ def test_graph_view_launch_overhead_and_op_table(tmp_path):
     assert sorted(shapes["calls"]) == [2, 3]
 
 
+def test_idle_and_queue_where_one_launch_starts_many_kernels(tmp_path):
+    """Inside a replay the next kernel was launched long before: kernel wait, never host wait; a
+    replay launched after the previous one ended waited for the host. A graph launch puts all
+    its kernels in the queue at once."""
+    case = GraphCase([LAYER], replays=[0, 0], eager=0, gpu_lag_us=0)
+    _, _, _, r = run(case, tmp_path)
+    idle = report.idle(r.out_dir).row(0, named=True)
+    # replay 0 runs 40..102 µs (gaps of 1 µs), replay 1 is launched at 105 and runs from 140
+    assert idle["kernel_wait_us"] == pytest.approx(4.0) and idle["host_wait_us"] == pytest.approx(140 - 102)
+    queue = report.queue(r.out_dir).row(0, named=True)
+    assert queue["max"] == 3 and queue["launched"] == 6
+    late = GraphCase([LAYER], replays=[0, 0], eager=0)  # the GPU 1 ms behind: both launched first
+    _, _, _, r = run(late, tmp_path / "late")
+    assert report.queue(r.out_dir).row(0, named=True)["max"] == 6
+    assert report.idle(r.out_dir).row(0, named=True)["host_wait_us"] == 0
+
+
 def test_critical_path_goes_through_a_graph_launch_to_its_kernels(tmp_path):
     case = GraphCase([LAYER], replays=[0], eager=0)
     _, _, truth, r = run(case, tmp_path)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.dataset.captures import CAPTURE_DIR
+from pipeline.dataset.captures import CAPTURE_DIR, CaptureFinder
 from pipeline.dataset.engines import Pool, check_engine
 from pipeline.dataset.inputs import TAR_SUFFIXES, Item, inputs
 from pipeline.dataset.layout import (
@@ -285,7 +285,8 @@ def run_batch(
 
         try:
             pool.start()
-            items = inputs(src, run / "x", ds, max_inflate, capture_dir)
+            items = inputs(src, run / "x", ds, max_inflate)
+            captures = CaptureFinder(capture_dir)
             total = count_inputs(src, ds)
             if started:
                 started(total)
@@ -312,6 +313,8 @@ def run_batch(
                     drop_temp([item])
                     continue
                 seen.add(tid)
+                if item.path and not item.temp:  # a file, not an archive member
+                    item.captures = captures.of(item.path)
                 if item.rejected:
                     rejected.append(item)
                     if len(rejected) >= GROUP_TRACES:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
+from pipeline.dataset.inputs import Item, file_hash
 from pipeline.kineto import is_trace_name
 
 CAPTURE_DIR = "capture_traces"
@@ -57,8 +58,6 @@ def _stat(path: str) -> tuple[int, int]:
 
 @lru_cache(maxsize=256)
 def _trace_id(path: str, size: int, mtime_ns: int) -> str | None:
-    from pipeline.dataset.inputs import Item, file_hash
-
     if size < 0:
         return None
     try:

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from pipeline.dataset.captures import CAPTURE_DIR, CaptureFinder
 from pipeline.errors import UsageError
 from pipeline.kineto import is_trace_name
 from pipeline.read.limits import inflate_limit, not_regular, too_inflated
@@ -175,23 +174,17 @@ def _size(path: str) -> int:
         return 0
 
 
-def _dir_items(root: str, skip: Path, captures: CaptureFinder) -> Iterator[Item]:
+def _dir_items(root: str, skip: Path) -> Iterator[Item]:
     """Trace files under root (not inside the dataset), largest first: workers finish together."""
     skip, found = skip.resolve(), []
     for d, dirs, files in os.walk(root):
         dirs[:] = sorted(x for x in dirs if Path(d, x).resolve() != skip)
         found += [os.path.join(d, f) for f in sorted(files) if is_trace_name(f)]
     for p in sorted(found, key=_size, reverse=True):
-        yield _with_captures(_file_item(p), captures)
+        yield _file_item(p)
 
 
-def _with_captures(item: Item, captures: CaptureFinder) -> Item:
-    if item.path and not item.rejected:
-        item.captures = captures.of(item.path)
-    return item
-
-
-def _list_items(listing: str, captures: CaptureFinder) -> Iterator[Item]:
+def _list_items(listing: str) -> Iterator[Item]:
     try:
         lines = Path(listing).read_text().splitlines()
     except (UnicodeDecodeError, OSError):
@@ -205,30 +198,22 @@ def _list_items(listing: str, captures: CaptureFinder) -> Iterator[Item]:
             continue
         if not os.path.isabs(p) and not os.path.exists(p) and os.path.exists(os.path.join(base, p)):
             p = os.path.join(base, p)  # relative to the current directory, else to the list file
-        yield _with_captures(_file_item(p), captures)
+        yield _file_item(p)
 
 
-def inputs(
-    src: str | os.PathLike,
-    tmp: Path,
-    dataset: Path,
-    max_inflate: float | None = None,
-    capture_dir: str | None = CAPTURE_DIR,
-) -> Iterator[Item]:
+def inputs(src: str | os.PathLike, tmp: Path, dataset: Path, max_inflate: float | None = None) -> Iterator[Item]:
     """Every input of SRC: a directory (recursive), an archive, a trace, or a list of paths.
-    `max_inflate`: the ratio archive members may inflate by (`pipeline.limits`). Files (not archive
-    members) get the capture traces in `capture_dir` beside them (`captures`)."""
+    `max_inflate`: the ratio archive members may inflate by (`pipeline.limits`)."""
     src = str(src)
-    finder = CaptureFinder(capture_dir)
     if os.path.isdir(src):
-        return _dir_items(src, dataset, finder)
+        return _dir_items(src, dataset)
     if not os.path.isfile(src):
         raise UsageError(f"{src}: no such file or directory")
     low = src.lower()
     if is_trace_name(low):
-        return iter([_with_captures(_file_item(src), finder)])
+        return iter([_file_item(src)])
     if low.endswith(".zip") or (not low.endswith(TAR_SUFFIXES) and zipfile.is_zipfile(src)):
         return _zip_items(src, tmp, max_inflate)
     if low.endswith(TAR_SUFFIXES) or tarfile.is_tarfile(src):
         return _tar_items(src, tmp, max_inflate)
-    return _list_items(src, finder)
+    return _list_items(src)

@@ -53,6 +53,7 @@ class GraphCase:
     start_order: dict[int, list[int]] = field(default_factory=dict)  # replay -> node order on the GPU
     api: str = "hip"
     eager: int = 2  # eager kernels launched by ops in the replay trace, before the replays
+    gpu_lag_us: float = 1000.0  # how far the GPU runs behind the CPU (0: a replay starts right after its launch)
 
 
 class _Ids:
@@ -123,7 +124,7 @@ def capture_trace(case: GraphCase) -> dict:
 def replay_trace(case: GraphCase) -> tuple[dict, dict[int, tuple[int, int]]]:
     """The replay trace and its truth: {event index of a replayed kernel: (graph, node)}."""
     api, ev, truth = case.api, [], {}
-    t, gpu_t = BASE + 5e6, BASE + 5e6 + 1000
+    t, gpu_t = BASE + 5e6, BASE + 5e6 + case.gpu_lag_us
     ids, corr = _Ids(1000), _Ids(50000)
     launch, graph_launch = f"{api}LaunchKernel", f"{api}GraphLaunch"
     ev.append(_x("user_annotation", "execute_model", PID, TID, t, 1e5, {}))
@@ -140,6 +141,7 @@ def replay_trace(case: GraphCase) -> tuple[dict, dict[int, tuple[int, int]]]:
         ev.append(_x("python_function", "torch/cuda/graphs.py(139): replay", PID, TID, t + 2, 50, {}))
         c = corr()
         ev.append(_x("cuda_runtime", graph_launch, PID, TID, t + 5, 30, {"correlation": c}))
+        gpu_t = max(gpu_t, t + 40)  # not before its launch
         ends: dict[int, float] = {}
         for j in case.start_order.get(r, range(len(nodes))):
             node = nodes[j]
