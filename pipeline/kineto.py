@@ -132,6 +132,10 @@ CAPTURED_CALLS = (
     ("memcpy", _API + r"Memcpy\w*" + _VERSION),  # cudaMemcpyAsync, hipMemcpyWithStream, cuMemcpyDtoDAsync_v2, ...
     ("memset", _API + r"Memset\w*" + _VERSION),  # cudaMemsetAsync, hipMemsetD32Async, ...
 )
+# replayed GPU activity that stands for a captured memcpy / memset node though its row is a kernel:
+# ROCm runs a graph's copies and fills as blit kernels (TraceLens' capture merge pairs Memset nodes
+# with `fillBuffer` kernels): (node kind, kernel name regex)
+BLIT_KERNELS = (("memset", r"fillBuffer"), ("memcpy", r"copyBuffer"))
 # python frames that only carry a graph replay to its launch (skipped when telling what launched one)
 GRAPH_REPLAY_FRAMES = (
     r"^torch/cuda/graphs\.py\(\d+\): replay$",  # torch.cuda.CUDAGraph.replay

@@ -19,7 +19,7 @@ from pipeline.flatten import flatten
 from pipeline.link import graphs as graphs_mod
 from pipeline.link.graphs import PROBLEM, graph_hint
 from pipeline.read.metadata import sampled_content_id
-from pipeline.synthetic.graphs import GraphCase, capture_trace, mm, pointwise, replay_trace
+from pipeline.synthetic.graphs import GraphCase, capture_trace, memset, mm, pointwise, replay_trace
 from pipeline.synthetic.traces import write_trace
 
 AMBIGUOUS = PROBLEM["graph_replay_ambiguous"]
@@ -179,6 +179,17 @@ def test_cuda_captures_without_kernel_names_pair_by_kind_and_order(tmp_path):
     g, problems, truth, _ = run(case, tmp_path)
     assert right(g, case, truth) == 7
     assert problems[BY_KIND] == 7 and replayed(g, truth)["launch_name"][0] == "cudaGraphLaunch"
+
+
+@pytest.mark.parametrize("api", ["hip", "cuda"])
+def test_a_captured_memset_is_replayed_as_a_memset_or_a_fill_kernel(tmp_path, api):
+    """HIP runs a graph's memset node as a blit kernel (__amd_rocclr_fillBuffer...), CUDA as a memset."""
+    case = GraphCase([[memset(1024), *LAYER]], replays=[0, 0], api=api)
+    g, problems, truth, _ = run(case, tmp_path)
+    assert right(g, case, truth) == 8 and problems["graphs:replays_paired"] == 2
+    assert set(replayed(g, truth).filter(pl.col("cpu_op_name") == "aten::zero_")["kind"]) == {
+        "kernel" if api == "hip" else "memset"
+    }
 
 
 def test_bad_capture_trace_is_one_line(tmp_path, run_cli):

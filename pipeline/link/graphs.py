@@ -47,7 +47,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from pipeline.kineto import GRAPH_LAUNCH, LAUNCH_CAT
+from pipeline.kineto import BLIT_KERNELS, GRAPH_LAUNCH, LAUNCH_CAT
 from pipeline.link import links as link
 from pipeline.link.captures import NODE_SCHEMA, CapturedGraphs
 from pipeline.store import scalar_int
@@ -359,11 +359,20 @@ def _pair_all(
         batch = launches.slice(start, n)
         start += batch.height
         kernels = link._read(gpu_ops, link._among("correlation", batch["correlation"]), _GPU)
-        kernels = kernels.with_columns(pl.col("name").cast(pl.String), pl.col("kind").cast(pl.String))
+        kernels = kernels.with_columns(pl.col("name").cast(pl.String), _node_kind(pl.col("kind").cast(pl.String)))
         n = max(1, min(4 * n, REPLAY_KERNELS * batch.height // max(1, kernels.height)))
         if kernels.is_empty():
             continue
         yield _pair_batch(batch, _hashed(_keys(kernels), hashes), graphs, chooser, problems, used)
+
+
+def _node_kind(kind: pl.Expr) -> pl.Expr:
+    """The kind of node a replayed activity stands for: its own, or memcpy / memset for the blit
+    kernels that run them (`kineto.BLIT_KERNELS`)."""
+    out = kind
+    for node_kind, pattern in reversed(BLIT_KERNELS):
+        out = pl.when((kind == "kernel") & pl.col("name").str.contains(pattern)).then(pl.lit(node_kind)).otherwise(out)
+    return out.alias("kind")
 
 
 def _pair_batch(

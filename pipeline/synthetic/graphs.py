@@ -33,10 +33,15 @@ class Node:
     stream: int = 0  # the stream it runs on when replayed
     dur_us: float = 20.0
     types: tuple = ("c10::BFloat16", "c10::BFloat16")
+    kind: str = "kernel"  # or memset: captured as a memset call, replayed as ROCm's fill kernel or a memset
 
 
 def mm(m: int, k: int, n: int, kernel: str = "Cijk_gemm_MT64x64", **kw) -> Node:
     return Node("aten::mm", ((m, k), (k, n)), kernel, **kw)
+
+
+def memset(n: int, **kw) -> Node:
+    return Node("aten::zero_", ((n,),), "__amd_rocclr_fillBufferAligned", kind="memset", **kw)
 
 
 def pointwise(n: int, kernel: str = "triton_poi_fused_add_0", op: str = "aten::add", **kw) -> Node:
@@ -112,9 +117,10 @@ def capture_trace(case: GraphCase) -> dict:
             e = ids()
             ev.append(_x("cpu_op", node.op, PID, TID, t, 20, _op_args(node, e)))
             args: dict = {"External id": e, "correlation": corr()}
-            if api == "hip":
+            call = launch if node.kind == "kernel" else f"{api}MemsetAsync"
+            if api == "hip" and node.kind == "kernel":
                 args |= {"kernel": node.kernel, "grid": list(node.grid), "block": list(node.block)}
-            ev.append(_x("cuda_runtime", launch, PID, TID, t + 10, 3.5, args))
+            ev.append(_x("cuda_runtime", call, PID, TID, t + 10, 3.5, args))
             t += 30
         ev.append(_x("cuda_runtime", end, PID, TID, t, 2, {"correlation": corr()}))
         t += 50
@@ -147,7 +153,10 @@ def replay_trace(case: GraphCase) -> tuple[dict, dict[int, tuple[int, int]]]:
             node = nodes[j]
             start = max(gpu_t, ends.get(node.stream, gpu_t))
             truth[len(ev)] = (g, j)
-            ev.append(_x("kernel", node.kernel, GPU, node.stream, start, node.dur_us, _kernel_args(api, node, c, None)))
+            cat, name = (
+                ("kernel", node.kernel) if node.kind == "kernel" or api == "hip" else ("gpu_memset", "Memset (Device)")
+            )
+            ev.append(_x(cat, name, GPU, node.stream, start, node.dur_us, _kernel_args(api, node, c, None)))
             ends[node.stream] = start + node.dur_us + 1
             gpu_t = start + 2  # the next kernel starts after this one started (streams overlap)
         gpu_t = max(ends.values()) + 5
