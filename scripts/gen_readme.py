@@ -5,6 +5,8 @@ Sections between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers:
 - formulas: the cost formula table (pipeline/cost/formulas/)
 - devices: the device-spec table (data/device_specs.csv)
 - layouts: the Kineto layouts tracepipe reads (data/kineto_layouts.toml)
+- commlibs: the communication libraries' kernels (pipeline/cost/comm_kernels.py)
+- sizesources: where collective sizes are read (pipeline/cost/formulas/messages.py)
 tests/test_docs.py fails when the README is not current.
 """
 
@@ -35,6 +37,14 @@ def sections() -> dict[str, str]:
         from pipeline.cost import devices
 
         out["devices"] = devices.specs_markdown(devices.load_specs())
+    except ImportError:
+        pass
+    try:
+        from pipeline.cost import comm_kernels
+        from pipeline.cost.formulas import messages
+
+        out["commlibs"] = comm_kernels.libraries_markdown()
+        out["sizesources"] = messages.sources_markdown()
     except ImportError:
         pass
     return out
