@@ -4,6 +4,7 @@ Sections between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers:
 - schema: every table's declaration (schemas/*.toml)
 - formulas: the cost formula table (pipeline/cost/formulas/)
 - devices: the device-spec table (data/device_specs.csv)
+- causes: why a kernel has no cost, and the remedies (pipeline/cost/coverage.py)
 - layouts: the Kineto layouts tracepipe reads (data/kineto_layouts.toml)
 - commlibs: the communication libraries' kernels (pipeline/cost/comm_kernels.py)
 - sizesources: where collective sizes are read (pipeline/cost/formulas/messages.py)
@@ -31,6 +32,12 @@ def sections() -> dict[str, str]:
         from pipeline.cost import formulas
 
         out["formulas"] = formulas.formulas_markdown()
+    except ImportError:
+        pass
+    try:
+        from pipeline.cost import coverage
+
+        out["causes"] = coverage.causes_markdown()
     except ImportError:
         pass
     try:

@@ -23,7 +23,7 @@ from pipeline.synthetic.graphs import GraphCase, capture_trace, memset, mm, poin
 from pipeline.synthetic.traces import write_trace
 
 AMBIGUOUS = PROBLEM["graph_replay_ambiguous"]
-NO_CAPTURE = PROBLEM["graph_replay_without_capture"]
+NO_CAPTURE = PROBLEM["graph_replay"]
 UNMATCHED = PROBLEM["graph_replay_unmatched"]
 ORDER = "graphs:kernel_order_ambiguous (one key on several streams, captured by different ops)"
 BY_KIND = "graphs:paired_by_kind_and_order (the capture records no kernel names)"
@@ -162,7 +162,7 @@ def test_replays_without_capture_keep_their_context_and_are_counted(tmp_path, ru
     rep = replayed(g, truth)
     assert rep["cpu_op_name"].null_count() == rep.height and rep["graph_node"].null_count() == rep.height
     assert set(rep["annotation"]) == {"execute_model"}
-    assert set(rep["unmodelled_reason"]) == {"graph_replay_without_capture"}
+    assert set(rep["unmodelled_reason"]) == {"graph_replay"}
     ids = rep["graph_id"].to_list()  # one id per distinct graph, the same for each of its replays
     assert ids[:3] == ids[4:] and ids[3] != ids[0] and ids[0].startswith("uncaptured#")
     assert problems[NO_CAPTURE] == 7 and problems["graphs:replays"] == 3
@@ -291,7 +291,7 @@ def test_batch_pairs_the_capture_traces_beside_a_run(tmp_path):
     # --capture-dir '' pairs nothing
     r = run_batch(tmp_path / "src", tmp_path / "ds2", jobs=1, capture_dir=None)
     g = tables(tmp_path / "ds2")["gpu_ops"].filter(pl.col("graph_id").is_not_null()).collect()
-    assert set(g["unmodelled_reason"]) == {"graph_replay_without_capture"}
+    assert set(g["unmodelled_reason"]) == {"graph_replay"}
 
 
 def test_batch_keeps_a_replay_whose_capture_trace_is_bad(tmp_path):

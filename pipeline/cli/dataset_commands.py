@@ -12,6 +12,8 @@ from pipeline.cli.app import (
     EXIT_OK,
     QueryFormat,
     app,
+    formulas_option,
+    load_formulas,
     width_option,
 )
 from pipeline.cli.output import fitted_width
@@ -39,6 +41,7 @@ def batch(
         help="the folder beside a run's traces holding the captures of the CUDA/HIP graphs they replay "
         "(vLLM, SGLang: capture_traces); '' pairs none",
     ),
+    formulas: Optional[Path] = formulas_option(),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
     """Flatten many traces into one dataset of few, large Parquet files.
@@ -54,6 +57,7 @@ def batch(
     from pipeline.dataset.batch import run_batch
     from pipeline.progress import BatchProgress
 
+    user = load_formulas(formulas)
     with BatchProgress(quiet) as shown:  # done/total, traces/s, bytes/s, quarantined so far, ETA
 
         def report(kind: str, source: str, msg: str, nbytes: int):
@@ -70,6 +74,7 @@ def batch(
             max_inflate=max_inflate,
             started=shown.start,
             capture_dir=capture_dir or None,
+            formulas=user,
         )
     if not quiet:
         typer.echo(

@@ -57,7 +57,8 @@ OP_INSTANCE = "op_instance"  # whose FLOPs a kernel shares (`enrich`): its op, o
 GRAPH_REASON = "graph_reason"  # why a replayed kernel has no captured op (its unmodelled_reason)
 GRAPH_CAPTURE = "graph_capture"  # the cpu_op_link of a paired kernel
 REPLAY_KERNELS = 1 << 16  # replayed activities paired together, about (their launches' kernels read at once)
-NO_CAPTURE, UNMATCHED, AMBIGUOUS = "graph_replay_without_capture", "graph_replay_unmatched", "graph_replay_ambiguous"
+# why a replayed kernel has no op: its unmodelled_reason, a cause of `pipeline.cost.coverage` each
+NO_CAPTURE, UNMATCHED, AMBIGUOUS = "graph_replay", "graph_replay_unmatched", "graph_replay_ambiguous"
 PROBLEM = {
     NO_CAPTURE: "unlinked:graph_replay_without_capture (pass the trace its graphs were captured in: --graph-capture)",
     UNMATCHED: "unlinked:graph_replay_matching_no_captured_graph",

@@ -58,7 +58,7 @@ def facts(m: Member, row: dict, truncated: bool, reason: str | None, span) -> di
     }
 
 
-def flatten_alone(m: Member, scratch: Path, workers: int, max_inflate: float | None):
+def flatten_alone(m: Member, scratch: Path, workers: int, max_inflate: float | None, formulas=None):
     """Flatten a member by `flatten` into `scratch`: its facts (quarantined if it is no trace)."""
     from pipeline.flatten import flatten
 
@@ -70,6 +70,7 @@ def flatten_alone(m: Member, scratch: Path, workers: int, max_inflate: float | N
             scratch / m.trace_id,
             workers=workers,
             max_inflate=max_inflate,
+            formulas=formulas,
             graph_captures=captures,
             capture_trace_ids=ids,
         )
