@@ -533,3 +533,8 @@ def test_comparison_and_trend_pages_from_their_documents():
     assert {"rows", "change_points"} <= set(dom.sections)
     (line,) = [s for s in dom.specs if s["kind"] == "lines"]
     assert line["x"]["labels"] == ["r0", "r1", "r2"] and line["marks"][0]["x"] == 2
+
+
+def test_a_time_per_something_is_a_time():
+    assert cell(6326.31, "gpu_us_per_replay").text == "6.326 ms"
+    assert cell(3.0, "tokens_per_s").text == "3.00"  # a rate, not a time

@@ -35,7 +35,8 @@ def analysis_html(
     """The page of `analyze`: `sections` as analyze computed them (registry order), `devices`
     device id -> name, `top` rows per section (per device) when given (default: every row)."""
     f = as_flat(flat)
-    return render_page(*analysis_page(f, sections, devices, top, list(facts)))
+    named = {d: n for d, n in devices.items() if n}
+    return render_page(*analysis_page(f, sections, named, top, list(facts)))
 
 
 def analysis_page(

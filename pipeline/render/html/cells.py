@@ -44,8 +44,9 @@ def kind(column: str) -> str:
     suffix = c.rsplit("_", 1)[-1] if "_" in c else c
     if c in IDS or c.endswith("_id"):
         return "id"
-    if suffix in TIME_UNITS:
-        return "time"
+    per = "_per_" + suffix
+    if (suffix in TIME_UNITS and not c.endswith(per)) or _time_token(c):
+        return "time"  # `dur_us`, `gpu_us_per_replay`; not `tokens_per_s` (a rate)
     if c == "pct" or c.endswith("_pct"):
         return "pct"
     if c == "bytes" or c.endswith("_bytes"):
@@ -57,6 +58,19 @@ def kind(column: str) -> str:
     if c.endswith("_tflops"):
         return "tflops"
     return "plain"
+
+
+def _time_token(column: str) -> str | None:
+    """The unit of a time per something (`gpu_us_per_replay`: us), else None."""
+    parts = column.split("_")
+    return next((p for p in parts[:-1] if p in ("ns", "us", "ms")), None)
+
+
+def time_unit(column: str) -> str:
+    """The unit a time column's values are in: its suffix, else its `_us_`-like token."""
+    c = column.lower()
+    suffix = c.rsplit("_", 1)[-1]
+    return suffix if suffix in TIME_UNITS else _time_token(c) or "us"
 
 
 def duration(us: float) -> str:
@@ -118,7 +132,7 @@ def number_text(v: float | int, style: str, column: str) -> tuple[str, float | N
     if isinstance(v, float) and not math.isfinite(v):
         return "", None
     if style == "time":
-        us = float(v) * TIME_UNITS[column.lower().rsplit("_", 1)[-1]]
+        us = float(v) * TIME_UNITS[time_unit(column)]
         return duration(us), None
     if style == "pct":
         return percent(float(v)), max(0.0, min(float(v), 100.0))
