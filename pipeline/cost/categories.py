@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from pipeline.comms import COMM_KERNEL
+
 
 @dataclass(frozen=True)
 class Category:
@@ -36,7 +38,7 @@ CATEGORIES: tuple[Category, ...] = (
     Category("memset", kind="memset"),
     Category(
         "communication",
-        kernel=r"(?i)nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv|cross_device_reduce",
+        kernel=COMM_KERNEL,
         op=r"(?i)^(?:nccl|rccl|gloo|c10d)[:]|record_param_comms|all_?reduce|all_?gather|reduce_scatter|all_?to_?all|broadcast",
     ),
     Category("triton_persistent_reduction", kernel=r"^triton_per_"),

@@ -24,37 +24,19 @@ from pathlib import Path
 import orjson
 import polars as pl
 
+from pipeline.comms import (
+    ARG_KEYS,
+    COMM_OP,
+    GLOO_WORK,
+    INT_ARGS,
+    KERNEL_KIND_PATTERN,
+    KERNEL_KINDS,
+    NCCL_KERNEL,
+    RUNLOOP_THREAD,
+)
 from pipeline.cost.formulas.collectives import normalize_kind
 from pipeline.cost.formulas.dtypes import DTYPE_SIZE, normalize_dtype
 from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, STEP_NAME
-
-NCCL_KERNEL = r"(?i)nccl|rccl"
-COMM_OP = r"^(?:c10d::|_c10d_functional::|nccl:|rccl:|record_param_comms$)"
-GLOO_WORK = r"^gloo:"
-RUNLOOP_THREAD = "pt_gloo_runloop"
-# kernel name -> kind, for kernels whose args and CPU ops say nothing (older layouts)
-KERNEL_KINDS = (
-    ("AllReduce", "allreduce"),
-    ("AllGather", "allgather"),
-    ("ReduceScatter", "reducescatter"),
-    ("AllToAll", "alltoall"),
-    ("Broadcast", "broadcast"),
-    ("SendRecv", "sendrecv"),
-    ("Send", "sendrecv"),
-    ("Recv", "sendrecv"),
-    ("Reduce", "reduce"),
-)
-ARG_KEYS = {
-    "collective": "Collective name",
-    "in_nelems": "In msg nelems",
-    "out_nelems": "Out msg nelems",
-    "group_size": "Group size",
-    "dtype_text": "dtype",
-    "pg_name": "Process Group Name",
-    "pg_desc": "Process Group Description",
-    "pg_ranks": "Process Group Ranks",
-}
-INT_ARGS = ("in_nelems", "out_nelems", "group_size")
 
 
 def _arg(key: str) -> pl.Expr:
@@ -72,7 +54,7 @@ def _kind_from_name(name: pl.Expr) -> pl.Expr:
     """The kind an NCCL kernel's name says (None for ncclDevKernel_Generic and the like)."""
     out = pl.lit(None, pl.String)
     for pattern, kind in reversed(KERNEL_KINDS):
-        out = pl.when(name.str.contains(f"(?:^|_|\\s){pattern}(?:_|\\(|$)")).then(pl.lit(kind)).otherwise(out)
+        out = pl.when(name.str.contains(KERNEL_KIND_PATTERN.format(pattern))).then(pl.lit(kind)).otherwise(out)
     return out
 
 
