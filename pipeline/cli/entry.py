@@ -29,12 +29,17 @@ def _click():
     return click
 
 
-METAVARS = {int: "N", float: "NUM", Path: "PATH", str: "TEXT"}  # what --help shows for a value of each type
+# what --help shows for a value of each type
+METAVARS: dict[typing.Any, str] = {int: "N", float: "NUM", Path: "PATH", str: "TEXT"}
 
 
-def command():
-    """The click command of `app`, its help tidied: flags show no `<bool>`, values a name for
-    their kind (N, PATH, TEXT) unless they declare one, choices their choices."""
+def command(argv: list[str] | None = None):
+    """The click command of `app` (with the commands `argv` needs registered: all by default), its
+    help tidied: flags show no `<bool>`, values a name for their kind (N, PATH, TEXT) unless they
+    declare one, choices their choices."""
+    from pipeline.cli import register
+
+    register(argv)
     cmd = typer.main.get_command(app)
     for c in [cmd, *getattr(cmd, "commands", {}).values()]:
         for p in c.params:
@@ -64,7 +69,8 @@ def run(argv: list[str] | None = None) -> int:
     debug = os.environ.get("TRACEPIPE_DEBUG")
     click = _click()
     try:
-        rc = command()(args=argv, standalone_mode=False, prog_name="tracepipe")
+        args = sys.argv[1:] if argv is None else argv
+        rc = command(args)(args=args, standalone_mode=False, prog_name="tracepipe")
     except typer.Exit as e:
         return e.exit_code
     except TracepipeError as e:
