@@ -4,13 +4,15 @@ Exit codes: 0 ok, 1 finished with problems reported (truncated trace, quarantine
 2 bad input or usage, 3 internal error (a bug: please report it with TRACEPIPE_DEBUG=1 output).
 
 Commands register on `app` when their module is imported (`register`): all of them for help and
-for most commands; for `ranks` only its own module, so that a first look at a run folder does
-not pay for importing every report (polars, pyarrow, the analyses).
+for most commands; for `ranks` only its own module, and a clean `ranks` command line is parsed
+without typer at all (`cli.ranks.fast`), so that a first look at a run folder pays neither for
+every report's imports (polars, pyarrow, the analyses) nor for typer's.
 """
 
-from importlib import import_module
+from __future__ import annotations
 
-from pipeline.cli.app import app
+import sys
+from importlib import import_module
 
 MODULES = ("trace_commands", "dataset_commands", "report_commands", "run_commands")  # in help's order
 LIGHT = {"ranks": "run_commands"}  # commands whose module alone is enough to run them
@@ -23,6 +25,25 @@ def register(argv: list[str] | None = None) -> None:
         import_module(f"pipeline.cli.{name}")
 
 
-from pipeline.cli.entry import command, main, run  # noqa: E402 - entry uses register
+def main():
+    argv = sys.argv[1:]
+    if argv and argv[0] == "ranks":
+        from pipeline.cli.ranks import fast
+
+        code = fast(argv)
+        if code is not None:
+            sys.exit(code)
+    from pipeline.cli.entry import main as typer_main
+
+    typer_main()
+
+
+def __getattr__(name: str):
+    if name in ("app", "command", "run"):
+        from pipeline.cli import entry
+
+        return getattr(entry, name)
+    raise AttributeError(f"module 'pipeline.cli' has no attribute {name!r}")
+
 
 __all__ = ["app", "command", "main", "register", "run"]

@@ -4,8 +4,9 @@ Each chunk of traceEvents text is decoded by msgspec into small structs (`Event`
 pid, tid and the raw text of ts, dur and args, nothing else); an event is looked at by its
 category (one dict lookup per event, cached per category and name), and only these are kept:
 
-- GPU kernels: start, end and device as numbers (the steps' compute and communication), and, for
-  those of a collective library (`comms.NCCL_KERNEL`), their name and args;
+- GPU kernels: start, end, device and whether they are communication (`comms.COMM_KERNEL`) as
+  numbers (the steps' compute and communication), and, for those of a collective library
+  (`comms.NCCL_KERNEL`), their name and args;
 - launches (cuda/hip runtime): correlation -> thread and start, to find the CPU ops around a
   collective kernel's launch;
 - communication CPU ops and annotations (`comms.COMM_OP`, `comms.GLOO_WORK`): name, thread, span, args;
@@ -25,7 +26,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from pipeline.comms import COMM_OP, GLOO_WORK, NCCL_KERNEL
+from pipeline.comms import COMM_KERNEL, COMM_OP, GLOO_WORK, NCCL_KERNEL
 from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, GPU_KINDS, LAUNCH_CATS, STEP_NAME
 from pipeline.read.values import FLOAT_EXACT_US
 
@@ -45,7 +46,9 @@ class Event(msgspec.Struct, gc=False):
 
 DECODER = msgspec.json.Decoder(list[Event])
 KERNEL, LAUNCH, OP, ANNOTATION = 1, 2, 3, 4
-_IS_NCCL, _IS_COMM_OP, _IS_GLOO, _IS_STEP = (re.compile(p) for p in (NCCL_KERNEL, COMM_OP, GLOO_WORK, STEP_NAME))
+_IS_NCCL, _IS_COMM, _IS_COMM_OP, _IS_GLOO, _IS_STEP = (
+    re.compile(p) for p in (NCCL_KERNEL, COMM_KERNEL, COMM_OP, GLOO_WORK, STEP_NAME)
+)
 
 
 def _class_of(cat: Any) -> int:
@@ -64,21 +67,40 @@ def _class_of(cat: Any) -> int:
 
 
 def us_to_ns(raw) -> int | None:
-    """µs text (a JSON number, or a number in a string) as int64 ns, as `flatten` turns it."""
+    """µs text (a JSON number, or a number in a string) as int64 ns, as `flatten` turns it: below
+    FLOAT_EXACT_US from the float, above it from the decimal digits (rounded half to even)."""
     t = bytes(raw)
     if not t or t == b"null":
         return None
     if t[:1] == b'"':
         t = t[1:-1].strip()
     try:
-        if b"." not in t and b"e" not in t and b"E" not in t:
+        whole, dot, frac = t.partition(b".")
+        if b"e" in t or b"E" in t:
+            return _ns_of_float(t)
+        if not dot:
             return int(t) * 1000
-        v = float(t)
-        if -FLOAT_EXACT_US < v < FLOAT_EXACT_US:
-            return round(v * 1000)
-        return int((Decimal(t.decode()) * 1000).to_integral_value())
+        if abs(int(whole or b"0")) < FLOAT_EXACT_US:
+            return round(float(t) * 1000)
+        neg = whole.startswith(b"-")
+        ns = abs(int(whole)) * 1000 + int(frac[:3].ljust(3, b"0"))
+        rest = frac[3:].rstrip(b"0")
+        if rest and (rest[:1] > b"5" or (rest[:1] == b"5" and (len(rest) > 1 or ns & 1))):
+            ns += 1
+        return -ns if neg else ns
     except (ValueError, InvalidOperation, OverflowError):
         return None
+
+
+def _ns_of_float(t: bytes) -> int | None:
+    v = float(t)
+    if -FLOAT_EXACT_US < v < FLOAT_EXACT_US:
+        return round(v * 1000)
+    return int((Decimal(t.decode()) * 1000).to_integral_value())
+
+
+_CORRELATION = re.compile(rb'"correlation"\s*:\s*(\d+)')
+_DEVICE = re.compile(rb'"device"\s*:\s*(\d+)')
 
 
 def _args(raw) -> dict:
@@ -159,10 +181,10 @@ class Kept:
             if c == KERNEL:
                 self._kernel(e, names)
             elif c == LAUNCH:
-                a = _args(e.args)
-                corr = a.get("correlation")
-                ts = us_to_ns(e.ts)
-                if type(corr) is int and ts is not None:
+                m = _CORRELATION.search(e.args)
+                ts = us_to_ns(e.ts) if m else None
+                if ts is not None:
+                    corr = int(m.group(1))
                     key = (_thread(e.pid), _thread(e.tid))
                     n = self.threads.get(key)
                     if n is None:
@@ -202,16 +224,21 @@ class Kept:
             return
         dur = us_to_ns(e.dur) or 0
         name = e.name if isinstance(e.name, str) else ""
-        comm = names.get((KERNEL, name))
-        if comm is None:
-            comm = names[(KERNEL, name)] = bool(_IS_NCCL.search(name))
-        a = _args(e.args)
-        dev = a.get("device")
-        dev = dev if type(dev) is int else -1
+        found = names.get((KERNEL, name))
+        if found is None:
+            found = names[(KERNEL, name)] = (bool(_IS_NCCL.search(name)), bool(_IS_COMM.search(name)))
+        comm, communication = found
+        if comm:
+            a = _args(e.args)
+            dev = a.get("device")
+            dev = dev if type(dev) is int else -1
+        else:
+            m = _DEVICE.search(e.args)
+            dev = int(m.group(1)) if m else -1
         self.k_ts.append(ts)
         self.k_end.append(ts + dur)
         self.k_dev.append(dev)
-        self.k_comm.append(1 if comm else 0)
+        self.k_comm.append(1 if communication else 0)
         if comm:
             stream = a.get("stream")
             corr = a.get("correlation")
