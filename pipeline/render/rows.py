@@ -11,7 +11,7 @@ class Rows:
     """Columns of equal length, in order; `numeric` says which hold numbers (right-aligned)."""
 
     def __init__(self, columns: Mapping[str, Sequence], numeric: Iterable[str] | None = None):
-        self.data = {c: list(v) for c, v in columns.items()}
+        self.data = {c: v if hasattr(v, "tolist") else list(v) for c, v in columns.items()}  # numpy arrays kept
         lengths = {len(v) for v in self.data.values()}
         assert len(lengths) <= 1, f"columns of unequal length: {lengths}"
         self.height = lengths.pop() if lengths else 0
@@ -25,11 +25,12 @@ class Rows:
         return column in self._numeric
 
     def iter_rows(self, named: bool = False) -> Iterator:
-        cols = list(self.data.values())
+        """The rows as tuples (dicts with `named`) of plain Python values, a block at a time."""
         names = list(self.data)
-        for i in range(self.height):
-            row = tuple(c[i] for c in cols)
-            yield dict(zip(names, row)) if named else row
+        for a in range(0, self.height, BLOCK):
+            cols = [_plain(v[a : a + BLOCK]) for v in self.data.values()]
+            for row in zip(*cols):
+                yield dict(zip(names, row)) if named else row
 
     def select(self, columns: Sequence[str]) -> Rows:
         return Rows({c: self.data[c] for c in columns}, [c for c in columns if c in self._numeric])
@@ -38,24 +39,35 @@ class Rows:
         return Rows({c: v[:n] for c, v in self.data.items()}, self._numeric)
 
     def take(self, order: Sequence[int]) -> Rows:
-        return Rows({c: [v[i] for i in order] for c, v in self.data.items()}, self._numeric)
+        return Rows({c: [_plain(v[i : i + 1])[0] for i in order] for c, v in self.data.items()}, self._numeric)
 
     def filter(self, keep: Sequence[bool]) -> Rows:
         return self.take([i for i, k in enumerate(keep) if k])
 
     def sort_desc(self, column: str) -> Rows:
         """Largest first (nulls last), stable."""
-        v = self.data[column]
+        v = _plain(self.data[column])
         order = sorted(range(self.height), key=lambda i: (v[i] is None, -(v[i] or 0)))
         return self.take(order)
 
     def to_polars(self, schema: dict | None = None):
         import polars as pl
 
-        return pl.DataFrame(self.data, schema=schema, strict=False) if self.data else pl.DataFrame()
+        data = {c: _plain(v) for c, v in self.data.items()}
+        return pl.DataFrame(data, schema=schema, strict=False) if data else pl.DataFrame()
 
 
-def _numbers(values: list) -> bool:
+BLOCK = 1 << 16  # rows turned into Python values at a time
+
+
+def _plain(values) -> list:
+    """Python values of a column's slice (a numpy array's as its tolist gives them)."""
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
+def _numbers(values) -> bool:
+    if hasattr(values, "dtype"):
+        return values.dtype.kind in "iuf"
     seen = False
     for v in values:
         if v is None:

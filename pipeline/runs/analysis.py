@@ -138,7 +138,7 @@ def analyze(extracts: list, run_by: str | None = None, align: bool = True) -> Ru
         collectives=_rows(parts["coll"], COLL_COLUMNS),
         by_kind=_rows(parts["by_kind"], BY_KIND_COLUMNS),
         stragglers=_rows(parts["strag"], ["run", "rank", "wait_caused_ns", "times_last"]),
-        steps=_rows(parts["steps"], STEPS_COLUMNS),
+        steps=_blocks(parts["steps"], STEPS_COLUMNS),
         desyncs=_rows(
             parts["desync"], ["run", "rank", "pg", "seq", "kind", "bytes", "expected_kind", "expected_bytes"]
         ),
@@ -205,6 +205,13 @@ BY_KIND_COLUMNS = [
     "count",
     "n_ranks",
 ]
+
+
+def _blocks(blocks: list[dict], columns: list[str]) -> Rows:
+    """Rows of numpy column blocks (one per rank), joined."""
+    if not blocks:
+        return _rows([], columns)
+    return Rows({c: np.concatenate([b[c] for b in blocks]) for c in columns}, _numeric(columns, []))
 
 
 def _rows(rows: list[dict], columns: list[str]) -> Rows:
@@ -416,38 +423,35 @@ def _by_kind(run: str, colls: list[dict]) -> list[dict]:
 
 def _steps(run: str, members_of: dict, maps: dict, names: list[str], totals: Totals) -> list[dict]:
     """Per rank and step: the step's time, compute, communication and exposed communication (summed
-    over the rank's devices) and the time waited in its collectives."""
+    over the rank's devices; compute and exposed null without a device) and the time waited in its
+    collectives: numpy columns, a block per rank (a run of 1,024 ranks x 1,250 steps is 1.3 M rows)."""
     out = []
+    label = np.array(names, dtype=object)
     for r, ex in sorted(members_of.items()):
         s = ex.steps
         if not len(s["step"]):
             continue
         codes = maps[r][1][s["step"]]
-        seen: dict[int, dict] = {}
-        for j, code in enumerate(codes.tolist()):
-            row = seen.get(code)
-            if row is None:
-                row = seen[code] = {
-                    "run": run,
-                    "rank": r,
-                    "step": names[code],
-                    "step_ts_ns": int(s["step_ts"][j]),
-                    "step_end_ns": int(s["step_end"][j]),
-                    "compute_ns": 0,
-                    "comm_ns": 0,
-                    "exposed_comm_ns": 0,
-                    "_gpu": False,
-                }
-            for c in ("compute_ns", "comm_ns", "exposed_comm_ns"):
-                v = int(s[c][j])
-                row[c] += max(v, 0)
-            row["_gpu"] |= bool(s["device"][j] >= 0)
-        for code, row in seen.items():
-            gpu = row.pop("_gpu")
-            if not gpu:
-                row["compute_ns"] = row["exposed_comm_ns"] = None
-            row["wait_ns"] = float(totals.step_wait[totals.index[r], code]) if names else 0.0
-            row["step_ns"] = row["step_end_ns"] - row["step_ts_ns"]
-            out.append(row)
-    out.sort(key=lambda x: (x["rank"], x["step_ts_ns"]))
+        order = np.lexsort((codes,))  # a step's device rows together, in the order they came
+        codes = codes[order]
+        first = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        col = {c: v[order] for c, v in s.items()}
+        total = {c: np.add.reduceat(np.maximum(col[c], 0), first) for c in ("compute_ns", "comm_ns", "exposed_comm_ns")}
+        gpu = np.maximum.reduceat((col["device"] >= 0).astype(np.int8), first) > 0
+        step_ts, step_end = col["step_ts"][first], col["step_end"][first]
+        by_ts = np.argsort(step_ts, kind="stable")
+        code = codes[first]
+        block = {
+            "run": np.full(len(first), run, dtype=object),
+            "rank": np.full(len(first), r, np.int64),
+            "step": label[code],
+            "step_ts_ns": step_ts,
+            "step_end_ns": step_end,
+            "compute_ns": np.where(gpu, total["compute_ns"], np.nan),
+            "comm_ns": total["comm_ns"],
+            "exposed_comm_ns": np.where(gpu, total["exposed_comm_ns"], np.nan),
+            "wait_ns": totals.step_wait[totals.index[r], code] if len(names) else np.zeros(len(first)),
+            "step_ns": step_end - step_ts,
+        }
+        out.append({c: v[by_ts] for c, v in block.items()})
     return out

@@ -80,7 +80,8 @@ def in_us(rows: Rows) -> Rows:
             continue
         v, num = rows.data[c], rows.is_numeric(c)
         if c.endswith("_ns"):
-            c, v, num = c[:-3] + "_us", [None if x is None else x / 1e3 for x in v], True
+            us = v / 1e3 if hasattr(v, "dtype") else [None if x is None else x / 1e3 for x in v]
+            c, v, num = c[:-3] + "_us", us, True
         out[c] = v
         if num:
             numeric.append(c)

@@ -76,7 +76,11 @@ class CachedExtract:
 
     def __init__(self, path: Path, info: dict, columns: dict, start: int):
         self.path, self.info, self._columns, self._start = path, info, columns, start
-        self.steps = {c: self._read(f"steps.{c}", STEP_COLUMNS[c], 0, None) for c in STEP_COLUMNS}
+
+    @property
+    def steps(self) -> dict[str, np.ndarray]:
+        """Read when asked (a run of 1,024 ranks holds no rank's steps but the one being measured)."""
+        return {c: self._read(f"steps.{c}", STEP_COLUMNS[c], 0, None) for c in STEP_COLUMNS}
 
     def _read(self, name: str, dtype, a: int, b: int | None) -> np.ndarray:
         offset, n = self._columns[name]

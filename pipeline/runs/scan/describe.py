@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from functools import lru_cache
 
 import orjson
 
 from pipeline.comms import ARG_KEYS, INT_ARGS, KERNEL_KIND_PATTERN, KERNEL_KINDS
-from pipeline.cost.formulas.collectives import normalize_kind
+from pipeline.cost.formulas.collectives import normalize_kind as _normalize_kind
 
 _NAME_KINDS = tuple((re.compile(KERNEL_KIND_PATTERN.format(p)), kind) for p, kind in KERNEL_KINDS)
 KEYS = tuple(ARG_KEYS)
+normalize_kind = lru_cache(maxsize=4096)(_normalize_kind)  # a trace names few kinds, thousands of times
 
 
 def kind_from_name(name: str) -> str | None:

@@ -24,6 +24,7 @@ from pipeline.runs.scan import cache
 
 IN_PROCESS_BYTES = 24 << 20  # less JSON than this in all: read here, no workers
 SEND_BACK_CALLS = 200_000  # a worker sends back Extracts of fewer calls; larger ones stay in their file
+HELD_CALLS = 1_000_000  # calls of a run's Extracts held in memory (~40 MB); the others stay in their files
 
 
 def trace_files(folder: str) -> list[str]:
@@ -132,8 +133,12 @@ def _scan_all(files: list[tuple[str, str]], store_dir: Path, use_cache: bool, jo
             out[i] = hit
         else:
             todo.append((i, (path, source, str(entry), max_inflate)))
+    held = 0  # calls of the Extracts held in memory: past HELD_CALLS, the rest are read from their files
     if todo:
         for i, (store, ex) in _run(todo, jobs):
+            if ex is not None and store and held + len(ex.calls["ts"]) > HELD_CALLS:
+                ex = None
+            held += len(ex.calls["ts"]) if ex is not None else 0
             out[i] = ex if ex is not None else cache.read(Path(store))
             if out[i] is None:  # the file went missing under us: read it again, here
                 out[i] = _scan_one((*todo[[j for j, _ in todo].index(i)][1][:2], None, max_inflate))[1]

@@ -89,13 +89,17 @@ def extract(kept: Kept, meta: dict, info: dict) -> Extract:
     if unknown:
         problems["collective_of_unknown_kind"] = unknown
     steps = sorted(kept.steps, key=lambda s: s[1])
+    starts = [s[1] for s in steps]
+    counted: dict = {}
     for r in rows:
         group = r.pop("group_size")
         r["kind"] = r["kind"] or "unknown"
         r["dtype"] = normalize_dtype(r.pop("dtype_text"))
-        r["pg_size"] = next((v for v in (group, _count_ranks(r["pg_ranks"]), world) if v is not None), None)
+        if r["pg_ranks"] not in counted:
+            counted[r["pg_ranks"]] = _count_ranks(r["pg_ranks"])
+        r["pg_size"] = next((v for v in (group, counted[r["pg_ranks"]], world) if v is not None), None)
         r["bytes"] = message_bytes(r["kind"], r["dtype"], r["in_nelems"], r["out_nelems"], group)
-        r["step"] = _step_of(r["ts_ns"], steps)
+        r["step"] = _step_of(r["ts_ns"], steps, starts)
     info["problems"] = problems
     info["n_collectives"] = len(rows)
     calls, info["pgs"], info["dtypes"], names = calls_of_rows(rows)
@@ -107,9 +111,9 @@ def _count_ranks(text: str | None) -> int | None:
     return len(re.findall(r"-?\d+", text)) or None if text else None
 
 
-def _step_of(ts: int, steps: list[tuple]) -> str | None:
+def _step_of(ts: int, steps: list[tuple], starts: list[int]) -> str | None:
     """The ProfilerStep whose interval holds `ts` (the last one started at or before it)."""
-    i = bisect_right([s[1] for s in steps], ts) - 1 if steps else -1
+    i = bisect_right(starts, ts) - 1
     return steps[i][0] if i >= 0 and ts <= steps[i][2] else None
 
 
