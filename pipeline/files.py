@@ -1,9 +1,11 @@
 """files: writing outputs whole or not at all (`atomic_file`, `atomic_dir`), with the mode the
-umask gives, and errors naming the output (`output_of`). Light: no Arrow or polars, so that a
-command that writes a small report does not import them."""
+umask gives, and errors naming the output (`output_of`); where tracepipe keeps what it read of a
+run folder (`folder_cache`). Light: no Arrow or polars, so that a command that writes a small
+report does not import them."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -99,3 +101,22 @@ def _remove_empty_dirs(top: Path):
 
 def is_flat_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / "events.parquet").is_file() and (Path(path) / "trace.parquet").is_file()
+
+
+def cache_root() -> Path:
+    """`$TRACEPIPE_CACHE_DIR`, else `$XDG_CACHE_HOME/tracepipe`, else `~/.cache/tracepipe`."""
+    env = os.environ.get("TRACEPIPE_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tracepipe"
+
+
+def path_key(path: str | os.PathLike) -> str:
+    """16 hex digits naming a path (its absolute form) in the cache."""
+    return hashlib.blake2b(os.path.abspath(str(path)).encode(), digest_size=8).hexdigest()
+
+
+def folder_cache(folder: str | os.PathLike) -> Path:
+    """Where what tracepipe read of a run folder is kept: `<cache root>/runs/<path_key(folder)>`."""
+    return cache_root() / "runs" / path_key(folder)

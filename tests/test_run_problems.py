@@ -180,3 +180,21 @@ def test_the_light_path_and_typer_agree(tmp_path, run_cli, capsys):
     assert capsys.readouterr().out == light.stdout
     typo = run_cli(["ranks", run, "--tpo", "3"], env=env)
     assert typo.returncode == 2 and "No such option: --tpo" in typo.stderr and len(typo.stderr.splitlines()) == 1
+
+
+def test_analyze_of_one_rank_of_a_folder_is_kept(tmp_path, run_cli):
+    """`analyze RUN_DIR --trace STEM` flattens that trace once into the folder's cache."""
+    run = tmp_path / "run"
+    write_run(run, 2, 8)
+    env = {"TRACEPIPE_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_cli(["analyze", run, "--trace", "rank-1", "--section", "kernels", "-w", "0"], env=env)
+    assert first.returncode == 0, first.stderr
+    assert [p.name for p in (tmp_path / "cache" / "runs").glob("*/flat/*/rank-1")] == ["rank-1"]
+    victim = run / "rank-1.json.gz"
+    st = victim.stat()
+    victim.write_bytes(b"x" * st.st_size)  # same size and time: the kept tables answer
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = run_cli(["analyze", run, "--trace", "rank-1", "--section", "kernels", "-w", "0"], env=env)
+    assert again.returncode == 0 and again.stdout == first.stdout
+    many = run_cli(["analyze", run], env=env)
+    assert many.returncode == 2 and "rank-0" in many.stderr and len(many.stderr.splitlines()) == 1

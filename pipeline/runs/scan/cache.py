@@ -16,13 +16,13 @@ version, the Extract's info, each column's dtype, offset and length), then the c
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
 import orjson
 
+from pipeline.files import folder_cache, path_key  # noqa: F401 - folder_cache: the folder of a run's entries
 from pipeline.runs.calls import CALL_COLUMNS, STEP_COLUMNS, Extract
 from pipeline.version import __version__
 
@@ -30,25 +30,8 @@ MAGIC = b"TPRANK1\n"
 FORMAT = 1
 
 
-def cache_root() -> Path:
-    env = os.environ.get("TRACEPIPE_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "tracepipe"
-
-
-def _key(path: str | Path) -> str:
-    return hashlib.blake2b(os.path.abspath(str(path)).encode(), digest_size=8).hexdigest()
-
-
-def folder_cache(folder: str | Path) -> Path:
-    """The cache folder of a run folder's Extracts."""
-    return cache_root() / "runs" / _key(folder)
-
-
 def entry(cache: Path, trace: str | Path) -> Path:
-    return cache / f"{_key(trace)}.rank"
+    return cache / f"{path_key(trace)}.rank"
 
 
 def write(path: Path, ex: Extract) -> None:
