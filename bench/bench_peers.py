@@ -229,7 +229,8 @@ def main():
     a = ap.parse_args()
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "pipeline")], capture_output=True)  # as installed
+    # tracepipe as installed: its modules compiled once (PYTHONDONTWRITEBYTECODE would compile them every run)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "pipeline")], capture_output=True)
     found = peers()
     print(f"peers: {', '.join(found) or 'none (see scripts/peers_venvs.sh)'}", file=sys.stderr)
     runs = [Path(r) for r in a.runs.split(",")] if a.runs else default_runs(work)

@@ -5,12 +5,13 @@ look at a run folder never imports polars. `to_polars()` gives the frame where o
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 
 class Rows:
     """Columns of equal length, in order; `numeric` says which hold numbers (right-aligned)."""
 
-    def __init__(self, columns: Mapping[str, Sequence], numeric: Iterable[str] | None = None):
+    def __init__(self, columns: Mapping[str, Any], numeric: Iterable[str] | None = None):
         self.data = {c: v if hasattr(v, "tolist") else list(v) for c, v in columns.items()}  # numpy arrays kept
         lengths = {len(v) for v in self.data.values()}
         assert len(lengths) <= 1, f"columns of unequal length: {lengths}"

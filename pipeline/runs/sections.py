@@ -3,6 +3,8 @@ question, each a table of the run's result (`analysis.RunResult`) with its times
 
 from __future__ import annotations
 
+from typing import Any
+
 from pipeline.render.rows import Rows
 from pipeline.render.tables import render
 
@@ -74,11 +76,13 @@ SECTIONS = (  # (name, title, the result's table, columns shown: by importance, 
 
 def in_us(rows: Rows) -> Rows:
     """ns columns (`*_ns`) as µs columns (`*_us`); columns starting with `_` left out."""
-    out, numeric = {}, []
+    out: dict[str, Any] = {}
+    numeric = []
     for c in rows.columns:
         if c.startswith("_"):
             continue
-        v, num = rows.data[c], rows.is_numeric(c)
+        v: Any = rows.data[c]
+        num = rows.is_numeric(c)
         if c.endswith("_ns"):
             us = v / 1e3 if hasattr(v, "dtype") else [None if x is None else x / 1e3 for x in v]
             c, v, num = c[:-3] + "_us", us, True

@@ -183,7 +183,7 @@ class Kept:
             elif c == LAUNCH:
                 m = _CORRELATION.search(e.args)
                 ts = us_to_ns(e.ts) if m else None
-                if ts is not None:
+                if m is not None and ts is not None:
                     corr = int(m.group(1))
                     key = (_thread(e.pid), _thread(e.tid))
                     n = self.threads.get(key)
