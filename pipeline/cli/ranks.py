@@ -122,7 +122,7 @@ def ranks_main(
     if plot:
         from pipeline.runs.plots import write_run_plots
 
-        for p in write_run_plots(rr.RunReport(res), plot):
+        for p in write_run_plots(rr.RunReport.of(res), plot):
             say(f"wrote {p}")
     problems = list(res.problems.iter_rows(named=True))
     for p in problems[:SHOWN_PROBLEMS]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -38,55 +38,35 @@ __all__ = [
 class RunReport:
     """Every frame `ranks` shows, as polars frames (times in ns; the JSON and the tables turn them
     into µs): runs, ranks, collectives (with `ranks` and `waits_ns` lists), waits (run, pg, seq,
-    rank, wait_ns), by_kind, stragglers, steps, desyncs, problems. `result` is what they are made of."""
+    rank, wait_ns), by_kind, stragglers, steps, desyncs, problems; `result`: what they are made of."""
 
-    result: RunResult
+    runs: Any
+    ranks: Any
+    collectives: Any
+    waits: Any
+    by_kind: Any
+    stragglers: Any
+    steps: Any
+    desyncs: Any
+    problems: Any
+    result: RunResult | None = field(default=None, repr=False, compare=False)
 
-    def _frame(self, name: str):
-        return getattr(self.result, name).to_polars()
-
-    @cached_property
-    def runs(self):
-        return self._frame("runs")
-
-    @cached_property
-    def ranks(self):
-        return self._frame("ranks")
-
-    @cached_property
-    def by_kind(self):
-        return self._frame("by_kind")
-
-    @cached_property
-    def stragglers(self):
-        return self._frame("stragglers")
-
-    @cached_property
-    def steps(self):
-        return self._frame("steps")
-
-    @cached_property
-    def desyncs(self):
-        return self._frame("desyncs")
-
-    @cached_property
-    def problems(self):
-        return self._frame("problems")
-
-    @cached_property
-    def collectives(self):
+    @classmethod
+    def of(cls, res: RunResult) -> RunReport:
         import polars as pl
 
-        c = self.result.collectives
-        ranks, waits = zip(*(self.result.waits.get(i) for i in c.data["_store"])) if c.height else ((), ())
-        df = c.select([x for x in c.columns if x != "_store"]).to_polars()
-        return df.with_columns(
+        c = res.collectives
+        ranks, waits = zip(*(res.waits.get(i) for i in c.data["_store"])) if c.height else ((), ())
+        colls = c.select([x for x in c.columns if x != "_store"]).to_polars()
+        colls = colls.with_columns(
             pl.Series("ranks", list(ranks), pl.List(pl.Int64)), pl.Series("waits_ns", list(waits), pl.List(pl.Float64))
         )
-
-    @cached_property
-    def waits(self):
-        return self.collectives.select("run", "pg", "seq", rank="ranks", wait_ns="waits_ns").explode("rank", "wait_ns")
+        frames = {
+            f: getattr(res, f).to_polars()
+            for f in ("runs", "ranks", "by_kind", "stragglers", "steps", "desyncs", "problems")
+        }
+        w = colls.select("run", "pg", "seq", rank="ranks", wait_ns="waits_ns").explode("rank", "wait_ns")
+        return cls(collectives=colls, waits=w, result=res, **frames)
 
 
 def is_trace_folder(path: Path) -> bool:
@@ -130,7 +110,7 @@ def measure(
 
 def analyze_runs(path: str | Path, run_by: str | None = None, align: bool = True) -> RunReport:
     """The runs of a batch dataset, a folder of flattened traces, or a run folder of trace files."""
-    return RunReport(measure(path, run_by, align))
+    return RunReport.of(measure(path, run_by, align))
 
 
 def problems_of(path: str | Path, run_by: str | None = None) -> list[dict]:
@@ -150,7 +130,10 @@ def _num(v) -> float | None:
 
 
 def _result(rep) -> RunResult:
-    return rep.result if isinstance(rep, RunReport) else rep
+    if isinstance(rep, RunReport):
+        assert rep.result is not None, "a RunReport made by RunReport.of (analyze_runs)"
+        return rep.result
+    return rep
 
 
 def runs_json(rep) -> dict:
@@ -245,7 +228,7 @@ def only_run(rep, run: str):
     keep = lambda rows: rows.filter([r == run for r in rows.data["run"]])
     tables = {f: keep(getattr(res, f)) for f in RunResult.__dataclass_fields__ if f != "waits"}
     out = RunResult(**tables, waits=res.waits)
-    return RunReport(out) if isinstance(rep, RunReport) else out
+    return RunReport.of(out) if isinstance(rep, RunReport) else out
 
 
 def format_runs(
