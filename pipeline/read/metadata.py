@@ -6,11 +6,12 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import os
+from collections.abc import Iterable
 
 import pyarrow as pa
 
 from pipeline import schema
-from pipeline.kineto import trace_stem
+from pipeline.kineto import layout_of, trace_stem
 from pipeline.read.rank import int_or_none, rank_of
 from pipeline.read.values import Problems, as_int, dumps
 from pipeline.redact import redact
@@ -62,7 +63,9 @@ def devices_table(metadata: dict, gpu_device_ids: set, problems: Problems) -> pa
     return pa.Table.from_pylist(rows, schema=schema.table("devices").arrow_schema())
 
 
-def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail) -> dict:
+def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail, cats: Iterable = ()) -> dict:
+    """The trace table's row of a trace read from `path` (`cats`: the event categories it holds,
+    which tell its layout)."""
     info = metadata.get("distributedInfo")
     dist = info if isinstance(info, dict) else {}
     rest = {k: v for k, v in metadata.items() if k != "deviceProperties"}
@@ -81,6 +84,7 @@ def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail)
         "stem": trace_stem(path),
         "schema_version": None if sv is None else str(sv),
         "trace_name": metadata.get("traceName") if isinstance(metadata.get("traceName"), str) else None,
+        "layout": layout_of(cats),
         "base_time_ns": base if type(base) is int else None,
         **dict(zip(("rank", "rank_from"), rank_of(path, dist))),
         "world_size": int_or_none(dist.get("world_size")),

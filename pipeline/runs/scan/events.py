@@ -27,7 +27,7 @@ import msgspec
 import orjson
 
 from pipeline.comms import COMM_KERNEL, COMM_OP, GLOO_WORK, NCCL_KERNEL
-from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, GPU_KINDS, LAUNCH_CATS, STEP_NAME
+from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, GPU_KINDS, LAUNCH_CATS, STEP_CATS, STEP_NAME
 from pipeline.read.values import FLOAT_EXACT_US
 
 EMPTY = msgspec.Raw(b"")
@@ -196,9 +196,9 @@ class Kept:
                 name = e.name
                 if not isinstance(name, str):
                     continue
-                kind = names.get((c, name))
+                kind = names.get((e.cat, name))
                 if kind is None:
-                    kind = names[(c, name)] = _op_kind(c, name)
+                    kind = names[(e.cat, name)] = _op_kind(e.cat, name)
                 if kind == "step":
                     ts = us_to_ns(e.ts)
                     if ts is not None:
@@ -267,9 +267,9 @@ class Kept:
         return out
 
 
-def _op_kind(c: int, name: str) -> str | None:
+def _op_kind(cat: str, name: str) -> str | None:
     """ "step", "comm" (a communication op or annotation to keep), or "" (neither)."""
-    if c == ANNOTATION and _IS_STEP.search(name):
+    if cat.lower() in STEP_CATS and _IS_STEP.search(name):  # ProfilerStep#N: an annotation (2021: an Operator)
         return "step"
     if _IS_COMM_OP.search(name) or _IS_GLOO.search(name):
         return "comm"
