@@ -85,6 +85,17 @@ def test_a_dataset_of_the_hostile_folder_says_the_same(hostile, tmp_path):
     assert set(from_ds) == {"not a trace", "truncated", "duplicate rank", "no collectives"}
 
 
+@pytest.mark.real
+def test_analyze_of_a_dataset_with_problems_says_so(hostile, tmp_path, run_cli):
+    ds = tmp_path / "ds"
+    run_batch(hostile, ds, jobs=1)
+    cut = run_cli(["analyze", ds, "--trace", "worker3_step_12.1694128201557", "--section", "devices"])
+    assert cut.returncode == 1 and "worker3_step_12.1694128201557: truncated" in cut.stderr
+    fine = run_cli(["analyze", ds, "--trace", "worker1_step_12.1694128201556", "--section", "devices"])
+    (line,) = fine.stderr.strip().splitlines()
+    assert fine.returncode == 1 and "not whole" in line and "notes.json" in line and "worker3" in line
+
+
 def test_a_rank_cut_short_counts_only_what_it_recorded(tmp_path, run_cli):
     """gloo4 (real, 4 processes) with rank 2 cut at 60%: its later collectives are not waits of 0."""
     run = tmp_path / "gloo4"

@@ -32,14 +32,35 @@ def diff_picks(a: Path, b: Path, picks: list[str]) -> tuple[Optional[str], Optio
 
 
 def flatten_problems(*flats) -> int:
-    """Report traces that were truncated when flattened for a report; EXIT_PROBLEMS if any."""
+    """Report traces that were truncated (when flattened for a report, or as a dataset or a
+    folder keeps them); EXIT_PROBLEMS if any."""
     code = EXIT_OK
     for f in flats:
         r = f.flatten_result
         if r is not None and r.truncated:
             err(f"{r.out_dir.name}: truncated ({r.truncation_reason}); analysed its {r.n_events} complete events")
             code = EXIT_PROBLEMS
+        elif r is None and (f.path / "trace.parquet").is_file():
+            import polars as pl
+
+            columns = ["stem", "truncated", "n_events"]
+            row = pl.read_parquet(f.path / "trace.parquet", columns=columns).row(0, named=True)
+            if row["truncated"]:
+                err(f"{row['stem']}: truncated; analysed its {row['n_events']:,} complete events")
+                code = EXIT_PROBLEMS
     return code
+
+
+def dataset_problems(source: Path) -> int:
+    """One line for a batch dataset whose manifest holds quarantined or truncated inputs (the
+    trace analysed may be fine: the dataset is not whole); EXIT_PROBLEMS if so."""
+    from pipeline.dataset.pick import dataset_problems as problems
+
+    said = problems(source) if source.is_dir() else None
+    if said:
+        err(said)
+        return EXIT_PROBLEMS
+    return EXIT_OK
 
 
 PLOTTED = ("kernels", "categories", "ops", "queue", "memory")  # the sections --plot draws
@@ -140,7 +161,7 @@ def analyze(
 
             for p in write_plots(f, sections, plot, queue_full=queue_full):
                 err(f"wrote {p}")
-        code = flatten_problems(f)
+        code = max(flatten_problems(f), dataset_problems(trace))
     raise typer.Exit(code)
 
 

@@ -93,6 +93,23 @@ def one_trace(path: str | Path, selector: str | None = None) -> Iterator[Path]:
         yield Path(tmp)
 
 
+def dataset_problems(path: Path) -> str | None:
+    """What a batch dataset's manifest says is not whole (inputs quarantined, traces truncated),
+    in one line naming the first few; None for a whole dataset (or no dataset)."""
+    if not is_dataset(path) or not (path / "traces").is_dir():
+        return None
+    m = tables(path, ["traces"])["traces"].filter(pl.col("status") != "ok").select("path", "status").collect()
+    if not m.height:
+        return None
+    parts = []
+    for status, what in (("quarantined", "not read (quarantined)"), ("truncated", "truncated")):
+        names = [str(p).rsplit("/", 1)[-1] for p in m.filter(pl.col("status") == status)["path"].to_list()]
+        if names:
+            more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+            parts.append(f"{len(names):,} {what}: {', '.join(names[:SHOWN])}{more}")
+    return f"{path}: the dataset is not whole: {'; '.join(parts)} (tracepipe ranks lists every problem)"
+
+
 FLAT = "flat"  # in a run folder's cache (`files.folder_cache`): its traces flattened, one folder each
 
 
