@@ -33,6 +33,7 @@ ROOT = HERE.parent
 SHARED = ROOT.parent / "shared"
 VENVS = {"tracelens": "tracelens", "hta-0.5.0": "hta050", "traceinsight-0.6.1": "hta061"}
 RANK_REGEX = r"(?:rank|worker)[\[\-_]?(?P<rank>\d+)"
+GIB = 2**30 / 1e9  # TraceLens divides bytes by 2^30 and says GB/s; nccl-tests and tracepipe by 10^9
 
 
 def peers() -> dict[str, str]:
@@ -132,7 +133,7 @@ def tracelens_run(py: str, run: Path, work: Path, repeat: int) -> dict:
                 continue
             size = round(float(r["Full msg size (MB)"]) * 2**20)
             answers["sizes"][(kind, size)] += int(r["count"])
-            answers["busbw"][(kind, size)] = float(r["bus bw (GB/s)_median"])
+            answers["busbw"][(kind, size)] = float(r["bus bw (GB/s)_median"]) * GIB  # its "GB/s" are GiB/s
     return {"tool": f"TraceLens {version(py, 'TraceLens')}", "s": t, "MB": m, **answers}
 
 
