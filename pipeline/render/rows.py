@@ -46,9 +46,16 @@ class Rows:
         return self.take([i for i, k in enumerate(keep) if k])
 
     def sort_desc(self, column: str) -> Rows:
-        """Largest first (nulls last), stable."""
-        v = _plain(self.data[column])
-        order = sorted(range(self.height), key=lambda i: (v[i] is None, -(v[i] or 0)))
+        """Largest first (nulls and NaN last), stable."""
+        v: Any = self.data[column]
+        if hasattr(v, "dtype") and v.dtype.kind in "iuf":
+            import numpy as np
+
+            by = np.argsort(-np.nan_to_num(v.astype(float), nan=-np.inf), kind="stable")
+            cols = {c: x[by] if hasattr(x, "dtype") else [x[i] for i in by] for c, x in self.data.items()}
+            return Rows(cols, self._numeric)
+        values = _plain(v)
+        order = sorted(range(self.height), key=lambda i: (values[i] is None, -(values[i] or 0)))
         return self.take(order)
 
     def to_polars(self, schema: dict | None = None):

@@ -73,9 +73,20 @@ class CachedExtract:
         return np.fromfile(self.path, dtype=dtype, count=b - a, offset=self._start + offset + a * size)
 
     def pg_slice(self, pg: int, start: int, stop: int) -> dict[str, np.ndarray]:
+        """The calls of local group `pg` with seq in [start, stop): one open, a read per column."""
         first, n = self.info["pgs"][pg]["offset"], self.info["pgs"][pg]["n"]
         a, b = first + min(start, n), first + min(stop, n)
-        return {c: self._read(f"calls.{c}", t, a, b) for c, t in CALL_COLUMNS.items()}
+        out = {}
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for c, t in CALL_COLUMNS.items():
+                offset, _ = self._columns[f"calls.{c}"]
+                size = np.dtype(t).itemsize
+                data = os.pread(fd, (b - a) * size, self._start + offset + a * size)
+                out[c] = np.frombuffer(data, dtype=t)
+        finally:
+            os.close(fd)
+        return out
 
     def column(self, name: str) -> np.ndarray:
         """A whole call column (`ts`, say): for one rank's share of a run, not for a run."""
