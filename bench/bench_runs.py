@@ -57,11 +57,66 @@ def write(src: Path, world: int, jobs: int) -> None:
         )
 
 
+def write_extracts(src: Path, cache_dir: Path, world: int) -> None:
+    """A run of `world` ranks x COLLECTIVES as the cache holds it (the Extracts the streaming pass
+    would keep, with write_run's physics), beside placeholder trace files of the sizes and times
+    they record: `ranks` of it measures the whole-run analysis alone, at a size whose traces would
+    take hours to write and read here."""
+    import numpy as np
+
+    from pipeline.files import folder_cache
+    from pipeline.runs.calls import KIND_CODE, Extract, steps_of_rows
+    from pipeline.runs.scan import cache
+
+    if (src / f"rank-{world - 1}.json").exists():
+        return
+    print(f"bench: writing {src} (Extracts) ...", file=sys.stderr)
+    src.mkdir(parents=True, exist_ok=True)
+    store = folder_cache(src)
+    n = COLLECTIVES
+    i = np.arange(n)
+    kinds = np.array([KIND_CODE[k] for k in ("allreduce", "allgather", "reducescatter")], np.int8)[i % 3]
+    size = np.array([(1 << 22) * 2, (1 << 18) * world * 2, (1 << 20) * 2], np.int64)[i % 3]
+    delayed, late = n // 2, 5000.0
+    names = [f"ProfilerStep#{k}" for k in range(n // 8)]
+    key = ",".join(map(str, range(world))) + "#0"
+    for r in range(world):
+        path = src / f"rank-{r}.json"
+        path.write_text('{"traceEvents": []}')
+        st = path.stat()
+        t = 1e9 + _offset(r) * 1e3 + i * 110e3 + np.where(i > delayed, late * 1e3, 0)
+        start = t + 20e3 + np.where((i == delayed) & (r == world // 3), late * 1e3, 0)
+        dur = 50e3 + np.where((i == delayed) & (r != world // 3), late * 1e3, 0)
+        calls = {
+            "pg": np.zeros(n, np.int32),
+            "seq": i.astype(np.int64),
+            "kind": kinds,
+            "bytes": size,
+            "dtype": np.zeros(n, np.int32),
+            "pg_size": np.full(n, world, np.int64),
+            "ts": start.astype(np.int64),
+            "dur": dur.astype(np.int64),
+            "step": (i // 8).astype(np.int32),
+        }
+        steps = [
+            (names[k], int(t[8 * k]), int(t[8 * k] + 880e3), 0, 720_000, 320_000, 400_000, 400_000)
+            for k in range(n // 8)
+        ]
+        step_cols, step_names = steps_of_rows(steps, names)
+        info = {
+            "source": str(path), "stem": f"rank-{r}", "size": st.st_size, "mtime_ns": st.st_mtime_ns, "status": "ok",
+            "reason": None, "rank": r, "rank_from": "distributedInfo", "world_size": world, "n_collectives": n,
+            "problems": {}, "pgs": [{"key": key, "name": "0", "ranks": None, "desc": None, "offset": 0, "n": n}],
+            "dtypes": ["bf16"], "steps": step_names,
+        }  # fmt: skip
+        cache.write(cache.entry(store, str(path)), Extract(info, calls, step_cols))
+
+
 def tp(*args: str) -> list[str]:
     return [sys.executable, "-m", "pipeline", *args]
 
 
-def one_world(work: Path, world: int, jobs: int, with_batch: bool) -> list[str]:
+def one_world(work: Path, world: int, jobs: int, with_batch: bool) -> None:
     src = work / f"run_{world}x{COLLECTIVES}"
     write(src, world, jobs)
     json_mb = sum(json_bytes_estimate(str(p)) for p in src.iterdir()) / 1e6
@@ -73,12 +128,13 @@ def one_world(work: Path, world: int, jobs: int, with_batch: bool) -> list[str]:
     t1, m1, _ = measure(ranks, env)  # the first look: every trace read, its Extract kept
     t2, m2, _ = measure(ranks, env)  # the cache filled: the whole-run analysis alone
     doc = orjson.loads(out.read_bytes())["runs"][0]
-    lines = [
+    print(
         f"ranks, {world:,} ranks x {COLLECTIVES:,} collectives ({json_mb:,.0f} MB of JSON): first look {t1:.1f}s "
         f"({json_mb / t1:.0f} MB/s), peak {m1:.0f} MB; cached {t2:.1f}s = {t2 / calls * 1e9:.0f} ns per call, "
         f"peak {m2:.0f} MB (all processes); straggler {doc['stragglers'][0]['rank']} (truly {world // 3}), "
-        f"{len(doc['collectives']):,} collectives"
-    ]
+        f"{len(doc['collectives']):,} collectives",
+        flush=True,
+    )
     if with_batch:
         ds = work / f"run_{world}_ds"
         shutil.rmtree(ds, ignore_errors=True)
@@ -89,12 +145,28 @@ def one_world(work: Path, world: int, jobs: int, with_batch: bool) -> list[str]:
         shutil.rmtree(work / "one_flat", ignore_errors=True)
         tf, mf, _ = measure([*tp("flatten", str(one), "-o", str(work / "one_flat"))])
         td, md, _ = measure([*tp("ranks", str(ds), "--format", "json", "-o", str(out))])
-        lines.append(
+        print(
             f"batch of that run: {tb:.1f}s = {json_mb / tb:.1f} MB/s of JSON, peak {mb:.0f} MB; flatten of one "
             f"{json_mb:,.0f} MB trace {tf:.1f}s = {json_mb / tf:.1f} MB/s (batch at {tf / tb:.2f}x its rate per byte); "
-            f"ranks of the dataset {td:.1f}s, peak {md:.0f} MB"
+            f"ranks of the dataset {td:.1f}s, peak {md:.0f} MB",
+            flush=True,
         )
-    return lines
+
+
+def extracts_world(work: Path, world: int) -> str:
+    src = work / f"extracts_{world}x{COLLECTIVES}"
+    env = {"TRACEPIPE_CACHE_DIR": str(work / "cache_extracts")}
+    os.environ.update(env)
+    write_extracts(src, work / "cache_extracts", world)
+    out = work / "ranks_extracts.json"
+    t, m, _ = measure(tp("ranks", str(src), "--format", "json", "-o", str(out)), env)
+    doc = orjson.loads(out.read_bytes())["runs"][0]
+    calls = world * COLLECTIVES
+    return (
+        f"ranks, {world:,} ranks x {COLLECTIVES:,} collectives (the whole-run analysis, from generated Extracts): "
+        f"{t:.1f}s = {t / calls * 1e9:.0f} ns per call, peak {m:.0f} MB (all processes); straggler "
+        f"{doc['stragglers'][0]['rank']} (truly {world // 3}), {len(doc['collectives']):,} collectives"
+    )
 
 
 def main():
@@ -102,12 +174,15 @@ def main():
     ap.add_argument("--worlds", default="256,1024", help="ranks of each run, comma-separated")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--workdir", default="/tmp/tracepipe-bench")
+    ap.add_argument("--no-batch", action="store_true", help="skip batch (and ranks of its dataset)")
+    ap.add_argument("--extracts", default="256,1024", help="ranks of runs measured from generated Extracts")
     a = ap.parse_args()
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    for i, world in enumerate(int(w) for w in a.worlds.split(",")):
-        for line in one_world(work, world, a.jobs, with_batch=i == 0):
-            print(line, flush=True)
+    for world in (int(w) for w in a.extracts.split(",") if w):
+        print(extracts_world(work, world), flush=True)
+    for i, world in enumerate(int(w) for w in a.worlds.split(",") if w):
+        one_world(work, world, a.jobs, with_batch=i == 0 and not a.no_batch)
 
 
 if __name__ == "__main__":
