@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.cost.formulas.collectives import KINDS
-from pipeline.cost.formulas.dtypes import DTYPE_SIZE
 
 KIND_NAMES = (*KINDS, "unknown")
 KIND_CODE = {k: i for i, k in enumerate(KIND_NAMES)}
@@ -72,22 +71,6 @@ class Extract:
 
 def _empty(columns: dict) -> dict[str, np.ndarray]:
     return {c: np.zeros(0, t) for c, t in columns.items()}
-
-
-def message_bytes(kind: str, dtype: str | None, in_n: int | None, out_n: int | None, group: int | None) -> int | None:
-    """nccl-tests' size: the gathered output of allgather, the scattered input of reducescatter,
-    the buffer of the others (group size x a shard when only it is known); None for barrier."""
-    size = DTYPE_SIZE.get(dtype) if dtype else None
-    if kind == "barrier" or size is None:
-        return None
-    times = lambda n: None if n is None or group is None else n * group
-    if kind == "allgather":
-        n = out_n if out_n is not None else times(in_n)
-    elif kind == "reducescatter":
-        n = in_n if in_n is not None else times(out_n)
-    else:
-        n = in_n if in_n is not None else out_n
-    return None if n is None else n * size
 
 
 def pg_keys(groups: list[tuple[str | None, str | None]]) -> list[str]:

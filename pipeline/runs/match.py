@@ -7,7 +7,8 @@ and, among the groups of one rank with the same ranks, by the order of their nam
 (`all#0`).
 
 Matched calls must agree: the same kind (unknown agrees with any) and the same message size (an
-unknown size agrees with any). A rank whose call differs from what most ranks did is
+unknown size agrees with any; the ranks of an alltoall may send buffers of different sizes,
+`messages.SIZE_PER_RANK`). A rank whose call differs from what most ranks did is
 desynchronised there: reported (rank, pg, seq, what it did, what the others did) and the
 collective left out of every measure rather than paired wrongly.
 
@@ -22,7 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.runs.calls import UNKNOWN
+from pipeline.cost.formulas.messages import SIZE_PER_RANK
+from pipeline.runs.calls import KIND_CODE, UNKNOWN
+
+PER_RANK = np.array([KIND_CODE[k] for k in sorted(SIZE_PER_RANK)], np.int8)  # kinds whose sizes may differ
 
 
 @dataclass
@@ -81,9 +85,9 @@ def mode(values: list, names: list | None = None):
 def desyncs(w: Window, kind_names: list[str]) -> tuple[np.ndarray, list[tuple]]:
     """Which collectives of the window are desynchronised (a bool per collective), and the
     (rank, seq, kind, bytes, expected_kind, expected_bytes) of each call that differs."""
-    _, kinds_differ = agreed(w, "kind", UNKNOWN)
+    kind, kinds_differ = agreed(w, "kind", UNKNOWN)
     _, sizes_differ = agreed(w, "bytes", -1)
-    bad = kinds_differ | sizes_differ
+    bad = kinds_differ | (sizes_differ & ~np.isin(kind, PER_RANK))
     rows = []
     ends = np.r_[w.starts[1:], len(w.cols["seq"])]
     for i in np.flatnonzero(bad):
@@ -92,9 +96,10 @@ def desyncs(w: Window, kind_names: list[str]) -> tuple[np.ndarray, list[tuple]]:
         sizes = w.cols["bytes"][a:b].tolist()
         want_kind = mode([k for k in kinds if k != UNKNOWN], kind_names)
         want_bytes = mode([s for s in sizes if s >= 0])
+        same_size = want_kind is None or want_kind not in PER_RANK
         for j, (k, s) in enumerate(zip(kinds, sizes)):
             wrong = (k != UNKNOWN and want_kind is not None and k != want_kind) or (
-                s >= 0 and want_bytes is not None and s != want_bytes
+                same_size and k not in PER_RANK and s >= 0 and want_bytes is not None and s != want_bytes
             )
             if wrong:
                 rows.append(

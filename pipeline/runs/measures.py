@@ -71,7 +71,7 @@ def measure(w: Window, good: np.ndarray, offset: np.ndarray, base: int, totals: 
     last_row = at_latest[np.r_[True, seg[at_latest][1:] != seg[at_latest][:-1]]]  # lowest rank: rows are by rank
     present = np.diff(np.r_[sub.starts, len(seg)])
     kind, _ = agreed(sub, "kind", UNKNOWN)
-    size, _ = agreed(sub, "bytes", -1)
+    size = _modes(sub, cols["bytes"], None)  # an alltoall's ranks may send different sizes: the most common
     pg_size = sub.reduce(np.maximum, cols["pg_size"])
     n_ranks = np.where(pg_size > 0, pg_size, present)
     latency = sub.reduce(np.minimum, cols["dur"])
@@ -112,7 +112,7 @@ def _subwindow(cols: dict) -> Window:
     return Window(cols, np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]]))
 
 
-def _modes(w: Window, codes: np.ndarray, names: list) -> np.ndarray:
+def _modes(w: Window, codes: np.ndarray, names: list | None) -> np.ndarray:
     """Per collective, the code most of its calls give (null -1 ignored; ties: the smallest name)."""
     value, differ = _agreed_codes(w, codes)
     ends = np.r_[w.starts[1:], len(codes)]

@@ -14,17 +14,16 @@ import re
 from bisect import bisect_right
 
 import numpy as np
-import orjson
 
 from pipeline.comms import NCCL_KERNEL, RUNLOOP_THREAD
 from pipeline.cost.formulas.collectives import normalize_kind
-from pipeline.cost.formulas.dtypes import normalize_dtype
+from pipeline.cost.formulas.messages import op_message
 from pipeline.errors import BadTrace
 from pipeline.kineto import trace_stem
 from pipeline.read.rank import int_or_none, rank_of
-from pipeline.runs.calls import Extract, calls_of_rows, message_bytes, steps_of_rows
-from pipeline.runs.scan.describe import OpsAround, describe
-from pipeline.runs.scan.events import KERNEL, OP, Kept
+from pipeline.runs.calls import Extract, calls_of_rows, steps_of_rows
+from pipeline.runs.scan.describe import OpsAround, canonical, describe, message
+from pipeline.runs.scan.events import ANNOTATION, KERNEL, OP, Kept
 
 _NCCL = re.compile(NCCL_KERNEL)
 
@@ -94,11 +93,12 @@ def extract(kept: Kept, meta: dict, info: dict) -> Extract:
     for r in rows:
         group = r.pop("group_size")
         r["kind"] = r["kind"] or "unknown"
-        r["dtype"] = normalize_dtype(r.pop("dtype_text"))
         if r["pg_ranks"] not in counted:
             counted[r["pg_ranks"]] = _count_ranks(r["pg_ranks"])
         r["pg_size"] = next((v for v in (group, counted[r["pg_ranks"]], world) if v is not None), None)
-        r["bytes"] = message_bytes(r["kind"], r["dtype"], r["in_nelems"], r["out_nelems"], group)
+        r["in_nelems"], r["out_nelems"], r["dtype"], r["bytes"], r["size_from"] = message(
+            r["kind"], r.pop("readings"), r["pg_size"]
+        )
         r["step"] = _step_of(r["ts_ns"], steps, starts)
     info["problems"] = problems
     info["n_collectives"] = len(rows)
@@ -123,11 +123,12 @@ def _kernel_rows(kept: Kept) -> list[dict]:
     if not kernels:
         return []
     launches = kept.launches_of_comm_kernels()
-    ops = OpsAround([o for o in kept.ops if o["cat"] == OP])
+    ops = OpsAround([o for o in kept.ops if o["cat"] in (OP, ANNOTATION)])
+    launch_of = [launches.get(k["correlation"]) if k["correlation"] is not None else None for k in kernels]
+    previous = _previous_launches(launch_of)
     rows = []
     for i, k in enumerate(kernels):
-        launch = launches.get(k["correlation"]) if k["correlation"] is not None else None
-        d = describe(k, launch, ops)
+        d = describe(k, launch_of[i], ops, previous[i])
         rows.append(
             {
                 **d,
@@ -141,6 +142,21 @@ def _kernel_rows(kept: Kept) -> list[dict]:
         )
     _pg_of_stream(rows)
     return rows
+
+
+def _previous_launches(launch_of: list[tuple | None]) -> list[int | None]:
+    """For each collective kernel, the launch time of the collective launched before it on its
+    launching thread (the calls of a coalesced group are those recorded in between)."""
+    out: list[int | None] = [None] * len(launch_of)
+    by_thread: dict = {}
+    for i, launch in enumerate(launch_of):
+        if launch is not None:
+            by_thread.setdefault((launch[0], launch[1]), []).append((launch[2], i))
+    for items in by_thread.values():
+        items.sort()
+        for (_, i), (prev, _) in zip(items[1:], items[:-1]):
+            out[i] = prev
+    return out
 
 
 PG = ("pg_name", "pg_desc", "pg_ranks", "group_size")
@@ -185,8 +201,7 @@ def _gloo_rows(kept: Kept, pg_config: list) -> tuple[list[dict], int]:
     for i, w in enumerate(sorted(works, key=lambda o: o["ts_ns"])):
         g = owner.get((w["pid"], w["tid"]))
         unowned += g is None
-        a = w["args"]
-        types = a.get("Input type")
+        a = canonical(w["args"])
         rows.append(
             {
                 "order": i,
@@ -195,9 +210,7 @@ def _gloo_rows(kept: Kept, pg_config: list) -> tuple[list[dict], int]:
                 "op_name": None,
                 "collective": w["name"].removeprefix("gloo:"),
                 **dict(zip(PG, _gloo_pg(g))),
-                "in_nelems": _numel(a.get("Input Dims")),
-                "out_nelems": None,
-                "dtype_text": types[0] if isinstance(types, list) and types and isinstance(types[0], str) else None,
+                "readings": [op_message(w["name"], a)],
                 "ts_ns": w["ts_ns"],
                 "dur_ns": w["end_ns"] - w["ts_ns"],
                 "device": None,
@@ -217,22 +230,6 @@ def _gloo_pg(group: dict | None) -> tuple:
         str(ranks) if isinstance(ranks, list) else None,
         size if type(size) is int else None,
     )
-
-
-def _numel(dims) -> int | None:
-    """Elements of the first input of `Input Dims` ([[2632]] -> 2632)."""
-    if isinstance(dims, str):
-        try:
-            dims = orjson.loads(dims)
-        except orjson.JSONDecodeError:
-            return None
-    first = dims[0] if isinstance(dims, list) and dims else None
-    if not isinstance(first, list) or not all(type(d) is int and d >= 0 for d in first):
-        return None
-    n = 1
-    for d in first:
-        n *= d
-    return n
 
 
 # ------------------------------------------------------------------ steps
