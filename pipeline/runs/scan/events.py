@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from array import array
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from typing import Any
 
 import msgspec
@@ -131,7 +132,6 @@ class Kept:
         self.steps: list[tuple] = []  # (name, ts_ns, end_ns)
         self.thread_names: list[tuple] = []  # (pid, tid, name)
         self._class: dict = {}
-        self._names: dict = {}
 
     def add_text(self, text: bytes) -> None:
         """Keep what a chunk of traceEvents text holds (`add_events` for what msgspec refuses)."""
@@ -168,7 +168,7 @@ class Kept:
 
     def _add(self, events: list) -> None:
         self.n_events += len(events)
-        classes, names = self._class, self._names
+        classes = self._class
         for e in events:
             c = classes.get(e.cat)
             if c is None:
@@ -179,7 +179,7 @@ class Kept:
                     self.thread_names.append((_thread(e.pid), _thread(e.tid), name if isinstance(name, str) else ""))
                 continue
             if c == KERNEL:
-                self._kernel(e, names)
+                self._kernel(e)
             elif c == LAUNCH:
                 m = _CORRELATION.search(e.args)
                 ts = us_to_ns(e.ts) if m else None
@@ -196,9 +196,7 @@ class Kept:
                 name = e.name
                 if not isinstance(name, str):
                     continue
-                kind = names.get((e.cat, name))
-                if kind is None:
-                    kind = names[(e.cat, name)] = _op_kind(e.cat, name)
+                kind = _op_kind(e.cat, name)
                 if kind == "step":
                     ts = us_to_ns(e.ts)
                     if ts is not None:
@@ -218,16 +216,13 @@ class Kept:
                             }
                         )
 
-    def _kernel(self, e: Event, names: dict) -> None:
+    def _kernel(self, e: Event) -> None:
         ts = us_to_ns(e.ts)
         if ts is None:
             return
         dur = us_to_ns(e.dur) or 0
         name = e.name if isinstance(e.name, str) else ""
-        found = names.get((KERNEL, name))
-        if found is None:
-            found = names[(KERNEL, name)] = (bool(_IS_NCCL.search(name)), bool(_IS_COMM.search(name)))
-        comm, communication = found
+        comm, communication = _kernel_flags(name)
         if comm:
             a = _args(e.args)
             dev = a.get("device")
@@ -267,6 +262,14 @@ class Kept:
         return out
 
 
+@lru_cache(maxsize=1 << 16)
+def _kernel_flags(name: str) -> tuple[bool, bool]:
+    """(a collective kernel, a communication kernel): per distinct name, once per process (the
+    libraries' regex takes ~45 µs on a long C++ name; a trace repeats a few hundred names)."""
+    return bool(_IS_NCCL.search(name)), bool(_IS_COMM.search(name))
+
+
+@lru_cache(maxsize=1 << 16)
 def _op_kind(cat: str, name: str) -> str | None:
     """ "step", "comm" (a communication op or annotation to keep), or "" (neither)."""
     if cat.lower() in STEP_CATS and _IS_STEP.search(name):  # ProfilerStep#N: an annotation (2021: an Operator)
