@@ -8,8 +8,8 @@ venvs `scripts/peers_venvs.sh` makes under `$PEERS_DIR` (default /tmp/peers): tr
 from its repository), hta050 (HolisticTraceAnalysis 0.5.0), hta061 (traceinsight 0.6.1). A peer
 that is not there is skipped.
 
-Each tool runs in a fresh process, `--repeat` times; the table gives the fastest wall time and
-the largest peak memory (summed PSS of every process of the command, sampled every 10 ms). Then
+Each tool runs in a fresh process, `--repeat` times unobserved (the fastest wall time), then once
+more for its peak memory (summed PSS of every process of the command, sampled every 10 ms). Then
 whether the answers agree with tracepipe's: on a run folder the straggler named, the message
 sizes (kind and bytes of each implicit-sync collective) and the median busbw per size (within
 5%); on one trace the kernel count, kernel time and busy time (within 1%).
@@ -68,27 +68,23 @@ def tree_pss(pgid: int) -> int:
 
 
 def measure(cmd: list[str], env: dict | None = None, repeat: int = 3) -> tuple[float, float, str]:
-    """Fastest wall seconds, largest peak summed PSS (MB) over `repeat` runs, and stdout."""
-    best, peak, out = float("inf"), 0.0, ""
+    """Fastest wall seconds of `repeat` runs (unobserved: sampling /proc every 10 ms costs a
+    core's share on a small machine), the peak summed PSS (MB) of one more run, sampled, and stdout."""
+    full_env = {**os.environ, **(env or {})}
+    best, out = float("inf"), ""
     for _ in range(repeat):
         t0 = time.perf_counter()
-        p = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
-        )
-        top = 0
-        while p.poll() is None:
-            top = max(top, tree_pss(p.pid))
-            time.sleep(0.01)
-        wall = time.perf_counter() - t0
-        o, e = p.communicate()
+        p = subprocess.run(cmd, capture_output=True, env=full_env)
         if p.returncode not in (0, 1):
-            return float("nan"), float("nan"), json.dumps({"error": e.decode()[-300:]})
-        best, peak, out = min(best, wall), max(peak, top / 2**20), o.decode()
-    return best, peak, out
+            return float("nan"), float("nan"), json.dumps({"error": p.stderr.decode()[-300:]})
+        best, out = min(best, time.perf_counter() - t0), p.stdout.decode()
+    quiet = subprocess.DEVNULL
+    p2 = subprocess.Popen(cmd, stdout=quiet, stderr=quiet, start_new_session=True, env=full_env)
+    top = 0
+    while p2.poll() is None:
+        top = max(top, tree_pss(p2.pid))
+        time.sleep(0.01)
+    return best, top / 2**20, out
 
 
 # ------------------------------------------------------------------ run folders
