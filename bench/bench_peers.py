@@ -155,15 +155,18 @@ def agree(ours: dict, theirs: dict) -> str:
         mine = Counter(
             {k: v for k, v in ours["sizes"].items() if k[0] in ("allreduce", "allgather", "reducescatter", "alltoall")}
         )
-        said.append(
-            "sizes agree" if theirs["sizes"] == mine else f"sizes differ ({len(set(theirs['sizes']) ^ set(mine))})"
-        )
+        if not theirs["sizes"]:
+            said.append("it gives no sizes")
+        else:
+            differ = len(set(theirs["sizes"]) ^ set(mine))
+            said.append("sizes agree" if theirs["sizes"] == mine else f"sizes differ ({differ})")
         off = [
             k
             for k, v in theirs["busbw"].items()
             if k in ours["busbw"] and abs(v - ours["busbw"][k]) > 0.05 * max(v, 1e-9)
         ]
-        said.append("busbw agrees" if not off else f"busbw differs at {len(off)} sizes")
+        if theirs["busbw"]:
+            said.append("busbw agrees" if not off else f"busbw differs at {len(off)} sizes")
     return "; ".join(said)
 
 
