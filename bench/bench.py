@@ -25,7 +25,7 @@ from pathlib import Path
 
 import orjson
 
-from pipeline.synthetic import write_demo, write_run
+from pipeline.synthetic import write_demo
 
 # ------------------------------------------------------------------ trace generation
 ID_ARGS = ("External id", "correlation")
@@ -106,10 +106,12 @@ def tree_pss_bytes(pgid: int) -> int:
     return total
 
 
-def measure(cmd: list[str]) -> tuple[float, float, str]:
+def measure(cmd: list[str], env: dict | None = None) -> tuple[float, float, str]:
     """Wall seconds, peak summed PSS (MB) of the process group, stdout."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env={**os.environ, **(env or {})}
+    )
     peak = 0
     while p.poll() is None:
         peak = max(peak, tree_pss_bytes(p.pid))
@@ -189,29 +191,6 @@ def bench_batch(work: Path, n: int = 24, mb: float = 8.0, jobs: int = 2) -> str:
     )
 
 
-def bench_runs(work: Path, world: int = 256, collectives: int = 10_000, jobs: int = 2) -> str:
-    """A synthetic run of `world` ranks, `collectives` each (one late rank, clocks off by up to 2 ms):
-    `batch` into a dataset, then `ranks` on it; wall time and peak memory of all processes of each."""
-    src, ds = work / f"run_{world}x{collectives}", work / f"run_{world}x{collectives}_ds"
-    if not (src / f"rank-{world - 1}.json.gz").exists():
-        print(f"bench: writing {src} ...", file=sys.stderr)
-        offsets = [((r * 7919) % 4001 - 2000) / 1.0 for r in range(world)]
-        write_run(
-            src, world, collectives, straggler=world // 3, delay_us=5000.0, delayed=collectives // 2, offsets_us=offsets
-        )
-    shutil.rmtree(ds, ignore_errors=True)
-    tb, mb, _ = measure([sys.executable, "-m", "pipeline", "batch", str(src), "-o", str(ds), "-j", str(jobs), "-q"])
-    tr, mr, out = measure(
-        [sys.executable, "-m", "pipeline", "ranks", str(ds), "--format", "json", "-o", str(work / "ranks.json")]
-    )
-    doc = orjson.loads((work / "ranks.json").read_bytes())["runs"][0]
-    return (
-        f"ranks: {world} ranks x {collectives:,} collectives: batch {tb:.1f}s (peak {mb:.0f} MB), ranks "
-        f"{tr:.1f}s (peak {mr:.0f} MB, all processes) = {tr / tb:.2f}x the batch; straggler found: "
-        f"rank {doc['stragglers'][0]['rank']} (truly {world // 3}), {len(doc['collectives']):,} collectives"
-    )
-
-
 def bench_sections(flat_dir: Path, work: Path, measure) -> str:
     """Each analysis section alone on a flattened trace (bench/bench_sections.py)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -265,8 +244,6 @@ def main():
     )
     ap.add_argument("--workdir", default="/tmp/tracepipe-bench")
     ap.add_argument("--batch-only", action="store_true", help="only measure batch throughput")
-    ap.add_argument("--runs-only", action="store_true", help="only measure whole runs (batch + ranks of 256 ranks)")
-    ap.add_argument("--world", type=int, default=256, help="ranks of the synthetic run")
     ap.add_argument("--sections-only", type=Path, help="only time each analysis section on this flattened trace")
     ap.add_argument("--html-only", type=Path, help="only measure the html page of this flattened trace")
     a = ap.parse_args()
@@ -282,9 +259,6 @@ def main():
         return
     if a.batch_only:
         print(bench_batch(work))
-        return
-    if a.runs_only:
-        print(bench_runs(work, a.world))
         return
     rows = []
     for i, mb in enumerate(float(s) for s in a.sizes.split(",")):
@@ -318,7 +292,7 @@ def main():
     print(sections)
     print(page)
     print(bench_batch(work))
-    print(bench_runs(work, a.world))
+    print("whole runs: bench/bench_runs.py (make bench runs it next)")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,12 @@ def run_cli(args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    """`tracepipe ranks` keeps a run folder's first look in a cache: the tests' own, not the user's."""
+    os.environ["TRACEPIPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+
+
 @pytest.fixture(scope="session")
 def session_tmp(tmp_path_factory) -> Path:
     """One temporary directory for the whole session (for files several tests share)."""

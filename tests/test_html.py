@@ -275,14 +275,14 @@ def test_run_page_holds_every_rank_and_a_heat_map(run_report):
 
 
 def test_a_run_section_added_to_the_run_report_appears(run_report, monkeypatch):
-    extra = ("problems", "Problems: what the run left out", "ranks", ["rank", "trace"])
+    extra = ("rank-files", "Rank files: a section the page never heard of", "ranks", ["rank", "trace"])
     monkeypatch.setattr(run_sections, "SECTIONS", (*run_sections.SECTIONS, extra))
     import pipeline.render.html.runs as runs_page
 
     monkeypatch.setattr(runs_page, "SECTIONS", run_sections.SECTIONS)
     html = runs_html(run_report)
-    assert 'data-section="problems"' in html and "Problems: what the run left out" in html
-    assert len(body_rows(html, "problems")) == 4
+    assert 'data-section="rank-files"' in html and "Rank files: a section the page never heard of" in html
+    assert len(body_rows(html, "rank-files")) == 4
 
 
 def test_diff_page_shows_the_biggest_changes(demo):
@@ -538,3 +538,14 @@ def test_comparison_and_trend_pages_from_their_documents():
 def test_a_time_per_something_is_a_time():
     assert cell(6326.31, "gpu_us_per_replay").text == "6.326 ms"
     assert cell(3.0, "tokens_per_s").text == "3.00"  # a rate, not a time
+
+
+def test_run_problems_are_said_first_and_in_their_section(tmp_path):
+    synth.write_run(tmp_path / "run", 4, 16, straggler=2, delay_us=800.0, delayed=3)
+    (tmp_path / "run" / "notes.json").write_text('{"note": "<b>not a trace</b>"}')
+    html = runs_html(analyze_runs(tmp_path / "run"))
+    assert 'data-section="problems"' in html
+    problems = body_rows(html, "problems")
+    assert any(r[0] == "notes.json" for r in problems)
+    overview = html.split('id="overview"')[1].split("</section>")[0]
+    assert "<span>problems</span><b>1</b>" in overview and "notes.json" in overview

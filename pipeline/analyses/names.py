@@ -19,8 +19,10 @@ from __future__ import annotations
 import re
 import time
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import polars as pl
+if TYPE_CHECKING:  # imported where used: the table writer reads `readable` without polars
+    import polars as pl
 
 try:
     from cpp_demangle import demangle as _demangle
@@ -54,6 +56,7 @@ def readable(name: str) -> str:
 
 def readable_names(names: pl.Expr) -> pl.Expr:
     """`readable` over a string column, once per distinct name."""
+    import polars as pl
 
     def batch(s: pl.Series) -> pl.Series:
         mangled = s.filter(s.str.starts_with("_Z") | s.str.starts_with("__Z")).unique()
@@ -130,6 +133,7 @@ def unwrapped(name: str) -> str:
 
 def normalize_op(name: pl.Expr) -> pl.Expr:
     """An op name as a cross-vendor key: overload suffix dropped, `OP_ALIASES` applied."""
+
     out = name.str.replace(OVERLOAD_SUFFIX, "$1")
     for pattern, key in OP_ALIASES:
         out = out.str.replace(pattern, key)
@@ -139,6 +143,8 @@ def normalize_op(name: pl.Expr) -> pl.Expr:
 def normalize_kernel(name: pl.Expr) -> pl.Expr:
     """A kernel name (demangled) without launch wrappers, template arguments, parameters, return
     type and hashes."""
+    import polars as pl
+
     name = readable_names(name)
     out = name
     for pattern, repl in KERNEL_NAME_RULES:

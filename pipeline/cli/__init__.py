@@ -2,14 +2,48 @@
 
 Exit codes: 0 ok, 1 finished with problems reported (truncated trace, quarantined files),
 2 bad input or usage, 3 internal error (a bug: please report it with TRACEPIPE_DEBUG=1 output).
+
+Commands register on `app` when their module is imported (`register`): all of them for help and
+for most commands; for `ranks` only its own module, and a clean `ranks` command line is parsed
+without typer at all (`cli.ranks.fast`), so that a first look at a run folder pays neither for
+every report's imports (polars, pyarrow, the analyses) nor for typer's.
 """
 
+from __future__ import annotations
+
+import sys
 from importlib import import_module
 
-from pipeline.cli.app import app
-from pipeline.cli.entry import command, main, run
+MODULES = ("trace_commands", "dataset_commands", "report_commands", "run_commands")  # in help's order
+LIGHT = {"ranks": "run_commands"}  # commands whose module alone is enough to run them
 
-for _commands in ("trace_commands", "dataset_commands", "report_commands"):  # register on app, in help's order
-    import_module(f"pipeline.cli.{_commands}")
 
-__all__ = ["app", "command", "main", "run"]
+def register(argv: list[str] | None = None) -> None:
+    """Import the command modules `argv` needs (all, unless it names a LIGHT command)."""
+    light = LIGHT.get(argv[0]) if argv else None
+    for name in (light,) if light else MODULES:
+        import_module(f"pipeline.cli.{name}")
+
+
+def main():
+    argv = sys.argv[1:]
+    if argv and argv[0] == "ranks":
+        from pipeline.cli.ranks import fast
+
+        code = fast(argv)
+        if code is not None:
+            sys.exit(code)
+    from pipeline.cli.entry import main as typer_main
+
+    typer_main()
+
+
+def __getattr__(name: str):
+    if name in ("app", "command", "run"):
+        from pipeline.cli import entry
+
+        return getattr(entry, name)
+    raise AttributeError(f"module 'pipeline.cli' has no attribute {name!r}")
+
+
+__all__ = ["app", "command", "main", "register", "run"]

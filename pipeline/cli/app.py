@@ -6,6 +6,9 @@ from typing import Literal
 
 import typer
 
+from pipeline.cli.guard import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_OK, EXIT_PROBLEMS  # noqa: F401 - the CLI's codes
+from pipeline.cli.guard import say as err  # noqa: F401 - every command's one line
+
 ReportFormat = Literal["table", "csv", "json", "md", "xlsx", "html"]
 QueryFormat = Literal["table", "csv", "json", "md", "parquet", "xlsx"]
 RunsFormat = Literal["table", "csv", "json", "md", "xlsx", "html"]
@@ -17,12 +20,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="tracepipe: PyTorch profiler traces -> Parquet tables, links, costs, reports.",
 )
-
-EXIT_OK, EXIT_PROBLEMS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-
-
-def err(msg: str):
-    typer.echo(f"tracepipe: {msg}", err=True)
 
 
 def _version(value: bool):

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import typing
 from pathlib import Path
 
 import typer
 
-from pipeline.cli.app import (
-    EXIT_BAD_INPUT,
-    EXIT_INTERNAL,
-    EXIT_OK,
-    app,
-    err,
-)
-from pipeline.errors import TracepipeError
+from pipeline.cli.app import EXIT_BAD_INPUT, app
+from pipeline.cli.guard import guarded
 
 
 def _click():
@@ -29,12 +22,17 @@ def _click():
     return click
 
 
-METAVARS = {int: "N", float: "NUM", Path: "PATH", str: "TEXT"}  # what --help shows for a value of each type
+# what --help shows for a value of each type
+METAVARS: dict[typing.Any, str] = {int: "N", float: "NUM", Path: "PATH", str: "TEXT"}
 
 
-def command():
-    """The click command of `app`, its help tidied: flags show no `<bool>`, values a name for
-    their kind (N, PATH, TEXT) unless they declare one, choices their choices."""
+def command(argv: list[str] | None = None):
+    """The click command of `app` (with the commands `argv` needs registered: all by default), its
+    help tidied: flags show no `<bool>`, values a name for their kind (N, PATH, TEXT) unless they
+    declare one, choices their choices."""
+    from pipeline.cli import register
+
+    register(argv)
     cmd = typer.main.get_command(app)
     for c in [cmd, *getattr(cmd, "commands", {}).values()]:
         for p in c.params:
@@ -60,38 +58,25 @@ def usage_line(e) -> str:
 
 def run(argv: list[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]) and return its exit code; every error
-    is one line on stderr (`TRACEPIPE_DEBUG=1`: internal errors raise)."""
-    debug = os.environ.get("TRACEPIPE_DEBUG")
+    is one line on stderr (`guard.guarded`; click's usage errors here)."""
     click = _click()
-    try:
-        rc = command()(args=argv, standalone_mode=False, prog_name="tracepipe")
-    except typer.Exit as e:
-        return e.exit_code
-    except TracepipeError as e:
-        err(str(e))
-        return e.exit_code
-    except KeyboardInterrupt:
-        err("interrupted")
-        return 130
-    except click.exceptions.NoArgsIsHelpError as e:  # `tracepipe` alone: its help
-        typer.echo(e.ctx.get_help() if getattr(e, "ctx", None) else "see 'tracepipe --help'", err=True)
-        return EXIT_BAD_INPUT
-    except click.exceptions.ClickException as e:  # usage: missing or unknown option, bad value, no such command
-        typer.echo(usage_line(e), err=True)
-        return EXIT_BAD_INPUT
-    except getattr(click.exceptions, "Abort", ()):  # click's Ctrl-C
-        return 130
-    except OSError as e:  # the environment, not a bug: a disk that filled, a permission
-        why = os.strerror(e.errno) if e.errno else " ".join(str(e).split())
-        err(f"{getattr(e, 'filename', None) or 'I/O error'}: {why}")
-        return EXIT_BAD_INPUT
-    except Exception as e:  # a bug
-        if debug:
-            raise
-        first = " ".join(str(e).split())[:300]
-        err(f"internal error: {type(e).__name__}: {first} (set TRACEPIPE_DEBUG=1 for details)")
-        return EXIT_INTERNAL
-    return rc if isinstance(rc, int) else EXIT_OK
+    args = sys.argv[1:] if argv is None else argv
+
+    def call():
+        try:
+            return command(args)(args=args, standalone_mode=False, prog_name="tracepipe")
+        except typer.Exit as e:
+            return e.exit_code
+        except click.exceptions.NoArgsIsHelpError as e:  # `tracepipe` alone: its help
+            typer.echo(e.ctx.get_help() if getattr(e, "ctx", None) else "see 'tracepipe --help'", err=True)
+            return EXIT_BAD_INPUT
+        except click.exceptions.ClickException as e:  # usage: missing or unknown option, bad value, no such command
+            typer.echo(usage_line(e), err=True)
+            return EXIT_BAD_INPUT
+        except getattr(click.exceptions, "Abort", ()):  # click's Ctrl-C
+            return 130
+
+    return guarded(call)
 
 
 def main():

@@ -6,9 +6,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from pipeline.cli.app import (
-    err,
-)
+from pipeline.cli.guard import say as err
 
 
 def write_report(text, out: Optional[Path]):
@@ -19,7 +17,7 @@ def write_report(text, out: Optional[Path]):
             sys.stdout.buffer.write(chunk)
         sys.stdout.flush()
         return
-    from pipeline.store import atomic_file, output_of
+    from pipeline.files import atomic_file, output_of
 
     with output_of(out), atomic_file(out) as tmp, open(tmp, "wb") as f:
         for chunk in chunks:
@@ -28,7 +26,7 @@ def write_report(text, out: Optional[Path]):
 
 def write_file(out: Optional[Path], write):
     """Write a binary report (xlsx) to `out` atomically: `write(tmp_path)` makes it."""
-    from pipeline.store import atomic_file, output_of
+    from pipeline.files import atomic_file, output_of
 
     assert out is not None, "checked by check_output"
     with output_of(out), atomic_file(out) as tmp:
@@ -37,8 +35,8 @@ def write_file(out: Optional[Path], write):
 
 def write_csv_folder(folder: Optional[Path], sheets, columns: Optional[list[str]]):
     """csv -o DIR: one file per section, DIR/<section>.csv, each written atomically."""
+    from pipeline.files import atomic_file, output_of
     from pipeline.render.tables import render
-    from pipeline.store import atomic_file, output_of
 
     assert folder is not None
     with output_of(folder):

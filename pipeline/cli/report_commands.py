@@ -1,4 +1,4 @@
-"""Reports: analyze and diff (one trace or two), ranks (the ranks of a run together)."""
+"""Reports: analyze and diff (one trace or two); `ranks` is in run_commands."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pipeline.cli.app import (
     EXIT_OK,
     EXIT_PROBLEMS,
     ReportFormat,
-    RunsFormat,
     app,
     columns_option,
     err,
@@ -20,65 +19,6 @@ from pipeline.cli.app import (
     width_option,
 )
 from pipeline.cli.output import check_output, column_list, fitted_width, write_csv_folder, write_file, write_report
-
-
-@app.command()
-def ranks(
-    source: Path = typer.Argument(
-        ...,
-        help="a batch dataset, a folder of flattened traces, or a folder/archive of trace files "
-        "(batched into a temporary dataset first)",
-    ),
-    fmt: RunsFormat = typer.Option(
-        "table", "--format", "-f", help="xlsx: one sheet per section (needs -o); html: one self-contained page"
-    ),
-    out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file"),
-    width: Optional[int] = width_option(),
-    top: int = typer.Option(
-        20, "--top", help="rows of each section in table and md (0: all; csv, json, xlsx, html: all)"
-    ),
-    columns: Optional[str] = columns_option(),
-    run_by: Optional[str] = typer.Option(
-        None,
-        "--run-by",
-        metavar="REGEX|col:NAME",
-        help="what makes a run: a regex on the trace's path (its first group names the run), or col:NAME, "
-        "a column of the trace table (default: the directory holding the traces)",
-    ),
-    align: Literal["median", "none"] = typer.Option(
-        "median", "--align", help="clock alignment: median (from the ends of blocking collectives) or none"
-    ),
-    run: Optional[str] = typer.Option(None, "--run", help="only this run"),
-    plot: Optional[Path] = typer.Option(
-        None,
-        "--plot",
-        help="write a rank x step heat map of waits and busbw by message size (PNG + SVG) into this directory",
-    ),
-    jobs: Optional[int] = typer.Option(
-        None, "-j", "--jobs", help="worker processes when a folder of traces is batched first"
-    ),
-):
-    """Whole runs: collectives matched across ranks, clocks aligned, waits, stragglers, bus bandwidth."""
-    from pipeline.errors import UsageError
-    from pipeline.runs import report as rr
-
-    if align not in ("median", "none"):
-        raise UsageError(f"--align must be median or none (got {align!r})")
-    check_output(fmt, out)
-    with rr.opened(source, jobs) as ds:
-        rep = rr.analyze_runs(ds, run_by=run_by, align=align == "median")
-        if run is not None:
-            rep = rr.only_run(rep, run)
-        if fmt == "xlsx":
-            write_file(out, lambda tmp: rr.write_runs_workbook(rep, tmp))
-        else:
-            write_report(rr.format_runs(rep, fmt, fitted_width(width), top, column_list(columns)), out)
-        if plot:
-            from pipeline.runs.plots import write_run_plots
-
-            for p in write_run_plots(rep, plot):
-                err(f"wrote {p}")
-    raise typer.Exit(EXIT_OK)
 
 
 def diff_picks(a: Path, b: Path, picks: list[str]) -> tuple[Optional[str], Optional[str]]:
@@ -94,8 +34,9 @@ def diff_picks(a: Path, b: Path, picks: list[str]) -> tuple[Optional[str], Optio
 
 
 def flatten_problems(*flats) -> int:
-    """Report traces that were truncated when flattened for a report (EXIT_PROBLEMS if any), and
-    graph replays left without their capture (`link.graphs.graph_hint`)."""
+    """Report traces that were truncated (when flattened for a report, or as a dataset or a
+    folder keeps them; EXIT_PROBLEMS if any), and graph replays left without their capture
+    (`link.graphs.graph_hint`)."""
     from pipeline.link.graphs import graph_hint
 
     code = EXIT_OK
@@ -106,7 +47,27 @@ def flatten_problems(*flats) -> int:
         if r is not None and r.truncated:
             err(f"{r.out_dir.name}: truncated ({r.truncation_reason}); analysed its {r.n_events} complete events")
             code = EXIT_PROBLEMS
+        elif r is None and (f.path / "trace.parquet").is_file():
+            import polars as pl
+
+            columns = ["stem", "truncated", "n_events"]
+            row = pl.read_parquet(f.path / "trace.parquet", columns=columns).row(0, named=True)
+            if row["truncated"]:
+                err(f"{row['stem']}: truncated; analysed its {row['n_events']:,} complete events")
+                code = EXIT_PROBLEMS
     return code
+
+
+def dataset_problems(source: Path) -> int:
+    """One line for a batch dataset whose manifest holds quarantined or truncated inputs (the
+    trace analysed may be fine: the dataset is not whole); EXIT_PROBLEMS if so."""
+    from pipeline.dataset.pick import dataset_problems as problems
+
+    said = problems(source) if source.is_dir() else None
+    if said:
+        err(said)
+        return EXIT_PROBLEMS
+    return EXIT_OK
 
 
 PLOTTED = ("kernels", "categories", "ops", "queue", "memory")  # the sections --plot draws
@@ -227,7 +188,7 @@ def analyze(
 
             for p in write_plots(f, sections, plot, queue_full=queue_full):
                 err(f"wrote {p}")
-        code = flatten_problems(f)
+        code = max(flatten_problems(f), dataset_problems(trace))
     raise typer.Exit(code)
 
 

@@ -11,6 +11,7 @@ trace flattened on its own.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,8 +21,10 @@ import polars as pl
 
 from pipeline import schema, store
 from pipeline.dataset.layout import KEY
-from pipeline.dataset.tables import flat_dirs, tables
+from pipeline.dataset.tables import flat_dirs, is_dataset, tables
 from pipeline.errors import UsageError
+from pipeline.files import path_key
+from pipeline.version import __version__
 
 SHOWN = 5  # candidates named in an error
 ORIGIN = "origin.json"  # in a trace copied out of a dataset: {"dataset": path, "trace_id": id}
@@ -76,6 +79,9 @@ def one_trace(path: str | Path, selector: str | None = None) -> Iterator[Path]:
         yield path
         return
     dirs = flat_dirs(path)
+    if not dirs and not is_dataset(path):  # a run folder of trace files: the one named, flattened once
+        yield cached_flat(path, selector)
+        return
     trace_id = choose(path, selector)
     if dirs:
         ids = {d: pl.read_parquet(d / "trace.parquet", columns=[KEY])[KEY][0] for d in dirs}
@@ -85,6 +91,63 @@ def one_trace(path: str | Path, selector: str | None = None) -> Iterator[Path]:
         copy_trace(path, trace_id, Path(tmp))
         (Path(tmp) / ORIGIN).write_text(json.dumps({"dataset": str(path), "trace_id": trace_id}))
         yield Path(tmp)
+
+
+def dataset_problems(path: Path) -> str | None:
+    """What a batch dataset's manifest says is not whole (inputs quarantined, traces truncated),
+    in one line naming the first few; None for a whole dataset (or no dataset)."""
+    if not is_dataset(path) or not (path / "traces").is_dir():
+        return None
+    m = tables(path, ["traces"])["traces"].filter(pl.col("status") != "ok").select("path", "status").collect()
+    if not m.height:
+        return None
+    parts = []
+    for status, what in (("quarantined", "not read (quarantined)"), ("truncated", "truncated")):
+        names = [str(p).rsplit("/", 1)[-1] for p in m.filter(pl.col("status") == status)["path"].to_list()]
+        if names:
+            more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+            parts.append(f"{len(names):,} {what}: {', '.join(names[:SHOWN])}{more}")
+    return f"{path}: the dataset is not whole: {'; '.join(parts)} (tracepipe ranks lists every problem)"
+
+
+FLAT = "flat"  # in a run folder's cache (`files.folder_cache`): its traces flattened, one folder each
+
+
+def cached_flat(folder: Path, selector: str | None) -> Path:
+    """The flattened tables of the trace file `selector` names in a run folder (its stem, else a
+    part of its path), kept in the folder's cache beside what `ranks` keeps of it: the trace is
+    read the first time, and again only once its size or modification time changes."""
+    import os
+
+    from pipeline.files import folder_cache
+    from pipeline.flatten import flatten
+    from pipeline.kineto import is_trace_name, trace_stem
+
+    files = sorted(str(p) for p in folder.rglob("*") if p.is_file() and is_trace_name(p.name))
+    found = [f for f in files if selector is None or trace_stem(f) == selector]
+    if selector is not None and not found:
+        found = [f for f in files if selector in f]
+    if len(found) != 1:
+        if not files:
+            raise UsageError(f"{folder}: holds no trace")
+        names = ", ".join(trace_stem(f) for f in (found or files)[:SHOWN])
+        more = f" and {len(found or files) - SHOWN} more" if len(found or files) > SHOWN else ""
+        what = "choose one with --trace STEM or part of its path" if selector is None or found else "none matches"
+        raise UsageError(
+            f"{folder} holds {len(files)} traces: {what} {selector or ''} ({names}{more})".replace("  ", " ")
+        )
+    trace = found[0]
+    st = os.stat(trace)
+    stamp = {"source": trace, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "version": __version__}
+    home = folder_cache(folder) / FLAT / path_key(trace)
+    done = home / "source.json"
+    if done.is_file() and json.loads(done.read_text()) == stamp:
+        return next(d for d in home.iterdir() if d.is_dir())
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    flatten(trace, home)
+    done.write_text(json.dumps(stamp))
+    return next(d for d in home.iterdir() if d.is_dir())
 
 
 def copy_trace(ds: Path, trace_id: str, out: Path) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import os
-import re
 from collections.abc import Iterable
 
 import pyarrow as pa
 
 from pipeline import schema
 from pipeline.kineto import layout_of, trace_stem
+from pipeline.read.rank import int_or_none, rank_of
 from pipeline.read.values import Problems, as_int, dumps
 from pipeline.redact import redact
 from pipeline.version import __version__
@@ -29,10 +29,6 @@ def sampled_content_id(path: str) -> str:
             f.seek(-(1 << 20), os.SEEK_END)
             h.update(f.read())
     return h.hexdigest()
-
-
-def int_or_none(v):
-    return v if type(v) is int else None
 
 
 def devices_table(metadata: dict, gpu_device_ids: set, problems: Problems) -> pa.Table:
@@ -65,26 +61,6 @@ def devices_table(metadata: dict, gpu_device_ids: set, problems: Problems) -> pa
     for d in sorted(gpu_device_ids - listed):
         rows.append({"device": d, "source": "gpu_events"})
     return pa.Table.from_pylist(rows, schema=schema.table("devices").arrow_schema())
-
-
-RANK_IN_NAME = (
-    re.compile(r"(?i)rank[-_ .]?(\d+)"),  # rank-3, rank3, rank_3
-    re.compile(r"_(\d{1,4})\."),
-)  # trace_3.json: at most 4 digits (a host_pid name is no rank)
-
-
-def rank_of(path: str, distributed: dict) -> tuple[int | None, str | None]:
-    """(rank, where it came from): `distributedInfo.rank`, else the file name (`rank-3`, `rank3`,
-    `_3.`), else (None, None)."""
-    rank = int_or_none(distributed.get("rank"))
-    if rank is not None:
-        return rank, "distributedInfo"
-    name = os.path.basename(str(path))
-    for pattern in RANK_IN_NAME:
-        m = pattern.search(name)
-        if m:
-            return int(m.group(1)), "file name"
-    return None, None
 
 
 def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail, cats: Iterable = ()) -> dict:

@@ -19,8 +19,12 @@ import re
 import shutil
 import sys
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
-import polars as pl
+from pipeline.render.rows import Rows
+
+if TYPE_CHECKING:  # imported where used: a first look at a run folder prints tables without polars
+    import polars as pl
 
 from pipeline.analyses.names import readable, unwrapped
 
@@ -34,6 +38,8 @@ ENG = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 def finite(df: pl.DataFrame) -> pl.DataFrame:
     """Float NaN / inf as null (JSON has no NaN)."""
+    import polars as pl
+
     floats = [c for c, t in df.schema.items() if t.is_float()]
     return df.with_columns(pl.when(pl.col(c).is_finite()).then(pl.col(c)).alias(c) for c in floats)
 
@@ -191,7 +197,7 @@ def terminal_width() -> int | None:
 
 
 def render(
-    df: pl.DataFrame,
+    df: pl.DataFrame | Rows,
     fmt: str,
     name_limit: int | None = None,
     width: int | None = None,
@@ -202,10 +208,10 @@ def render(
     if columns:
         df = df.select([c for c in columns if c in df.columns] or df.columns)
     if fmt == "csv":
-        return _csv(df)
+        return _rows_csv(df) if isinstance(df, Rows) else _csv(df)
     head = list(df.columns)
     body = [[cell(v, c) for v, c in zip(row, head)] for row in df.iter_rows()]
-    numeric = [df.schema[c].is_numeric() for c in head]
+    numeric = [df.is_numeric(c) if isinstance(df, Rows) else df.schema[c].is_numeric() for c in head]
     limits = [0 if numeric[i] or not name_limit else name_limit for i in range(len(head))]
     if fmt == "md":
         return _markdown(head, [[c.replace("\n", " ") for c in r] for r in _shortened(body, head, limits)])
@@ -276,10 +282,35 @@ def _hidden_note(hidden: list[str], width: int | None) -> str:
 
 def _csv(df: pl.DataFrame) -> str:
     """Every column, lists joined by ';' (structs left out), NaN / inf as empty cells."""
+    import polars as pl
+
     lists = [c for c, t in df.schema.items() if isinstance(t, pl.List) and isinstance(t.inner, pl.String | pl.Int64)]
     df = df.with_columns(pl.col(c).cast(pl.List(pl.String)).list.join(";") for c in lists)
     nested = [c for c, t in df.schema.items() if isinstance(t, (pl.List, pl.Struct))]
     return finite(df.drop(nested)).write_csv()
+
+
+def _rows_csv(rows: Rows) -> str:
+    """`_csv` of Rows: lists joined by ';', NaN / inf and null as empty cells, floats as polars
+    writes them."""
+    import csv
+    import io
+
+    def text(v) -> str:
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            return ""
+        if isinstance(v, bool):
+            return str(v).lower()
+        if isinstance(v, (list, tuple)):
+            return ";".join(str(x) for x in v)
+        return repr(v) if isinstance(v, float) else str(v)
+
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(rows.columns)
+    for row in rows.iter_rows():
+        w.writerow([text(v) for v in row])
+    return out.getvalue()
 
 
 def _markdown(head: list[str], body: list[list[str]]) -> str:

@@ -4,10 +4,10 @@ Ranks on different hosts have clocks that disagree by up to milliseconds. Ranks 
 collective (allreduce, allgather, reducescatter, alltoall, barrier) at almost the same instant, so
 the end of one collective on rank r is its true end plus r's offset. Offsets are estimated from
 such collectives that two or more ranks recorded (up to `SAMPLE` per process group, evenly
-spread), robustly: the true end of a collective is
-the median of its ranks' ends less their offsets, a rank's offset the median over its collectives
-of its end less their true ends; five rounds of this settle (all offsets start at 0). Offsets are
-then taken relative to the lowest rank (of each group of ranks that share collectives at all).
+spread), robustly: the true end of a collective is the median of its ranks' ends less their
+offsets, a rank's offset the median over its collectives of its end less their true ends; five
+rounds of this settle (all offsets start at 0). Offsets are then taken relative to the lowest
+rank (of each group of ranks that share collectives at all).
 
 A rank that is never in a blocking collective with another cannot be aligned: its offset is null
 (and taken as 0 for waits). Ranks that share a clock come out at about 0.
@@ -15,67 +15,71 @@ A rank that is never in a blocking collective with another cannot be aligned: it
 
 from __future__ import annotations
 
-import polars as pl
+import numpy as np
+
+from pipeline.runs.calls import KIND_CODE
 
 BLOCKING = ("allreduce", "allgather", "reducescatter", "alltoall", "barrier")
+BLOCKING_CODES = np.array([KIND_CODE[k] for k in BLOCKING], np.int8)
 ROUNDS = 5
 SAMPLE = 2_000  # collectives per process group used (evenly spread): a median needs no more
-KEYS = ["run", "pg", "seq"]
 
 
-def _ends(colls: pl.DataFrame) -> pl.DataFrame:
-    """(run, pg, seq, rank, end) of blocking collectives that at least two ranks recorded; ends as
-    float ns since the run's earliest end (an epoch-scale int64 would lose ns in a float)."""
-    blocking = colls.lazy().filter(pl.col("kind").is_in(BLOCKING))
-    if not blocking.select(pl.len()).collect().item():
-        blocking = colls.lazy()  # no blocking kind recorded (unknown kinds, say): the best there is
-    shared = blocking.group_by(KEYS).agg(n=pl.len()).filter(pl.col("n") > 1).select(KEYS)
-    stride = (pl.len().over("run", "pg") // SAMPLE + 1).cast(pl.Int32)
-    shared = shared.filter(pl.int_range(pl.len()).over("run", "pg", order_by="seq") % stride == 0)
-    end = pl.col("ts_ns") + pl.col("dur_ns")
-    return (
-        blocking.join(shared, on=KEYS, how="semi")
-        .select(*KEYS, "rank", end=(end - end.min().over("run")).cast(pl.Float64))
-        .collect(engine="streaming")
-    )
+def sample(shared: np.ndarray) -> np.ndarray:
+    """The seqs to use of a group's shared collectives (sorted): every k-th, at most ~SAMPLE."""
+    stride = len(shared) // SAMPLE + 1
+    return shared[::stride]
 
 
-def _components(ends: pl.DataFrame) -> pl.DataFrame:
-    """(run, rank, anchor): the lowest rank each rank is connected to through process groups whose
-    blocking collectives they share."""
-    members = ends.lazy().select("run", "pg", "rank").unique().collect(engine="streaming")
-    label = members.select("run", "rank").unique().with_columns(anchor=pl.col("rank"))
-    for _ in range(64):
-        per_pg = members.join(label, on=["run", "rank"]).group_by("run", "pg").agg(a=pl.col("anchor").min())
-        new = members.join(per_pg, on=["run", "pg"]).group_by("run", "rank").agg(anchor=pl.col("a").min())
-        if new.sort("run", "rank").equals(label.sort("run", "rank")):
-            break
-        label = new
-    return label
+def grouped_median(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """The median of `values` per group 0..n-1 (the mean of the two middle ones for an even
+    count, as polars takes it); NaN for an empty group."""
+    order = np.lexsort((values, groups))
+    g, v = groups[order], values[order]
+    counts = np.bincount(g, minlength=n)
+    first = np.r_[0, np.cumsum(counts)[:-1]]
+    out = np.full(n, np.nan)
+    has = counts > 0
+    lo = first + (counts - 1) // 2
+    hi = first + counts // 2
+    out[has] = (v[lo[has]] + v[hi[has]]) / 2
+    return out
 
 
-def clock_offsets(colls: pl.DataFrame, align: bool = True) -> pl.DataFrame:
-    """(run, rank, offset_ns): each rank's clock offset (float ns, null when it cannot be aligned);
-    all 0 without `align`."""
-    ranks = colls.select("run", "rank").unique()
-    if not align:
-        return ranks.with_columns(offset_ns=pl.lit(0.0))
-    ends = _ends(colls)
-    if not ends.height:
-        return ranks.with_columns(offset_ns=pl.lit(None, pl.Float64))
-    offsets = ends.select("run", "rank").unique().with_columns(offset=pl.lit(0.0))
-    for _ in range(ROUNDS):  # streamed: each round groups every call of the run
-        e = ends.lazy().join(offsets.lazy(), on=["run", "rank"])
-        true_end = e.group_by(KEYS).agg(true_end=(pl.col("end") - pl.col("offset")).median())
-        offsets = (
-            e.join(true_end, on=KEYS)
-            .group_by("run", "rank")
-            .agg(offset=(pl.col("end") - pl.col("true_end")).median())
-            .collect(engine="streaming")
-        )
-    anchored = offsets.join(_components(ends), on=["run", "rank"])
-    zero = anchored.filter(pl.col("rank") == pl.col("anchor")).select("run", "anchor", base=pl.col("offset"))
-    anchored = anchored.join(zero, on=["run", "anchor"]).select(
-        "run", "rank", offset_ns=pl.col("offset") - pl.col("base")
-    )
-    return ranks.join(anchored, on=["run", "rank"], how="left")
+def offsets(coll: np.ndarray, rank: np.ndarray, pg: np.ndarray, end: np.ndarray, ranks: list[int]) -> dict:
+    """rank -> offset (float ns, None when it cannot be aligned), from the ends of sampled
+    collectives: per call, its collective's number (`coll`), rank, group and end (float ns)."""
+    if not len(coll):
+        return {r: None for r in ranks}
+    seen = sorted(set(rank.tolist()))
+    ridx = {r: i for i, r in enumerate(seen)}
+    ri = np.array([ridx[r] for r in rank.tolist()], np.int64)
+    nc = int(coll.max()) + 1
+    off = np.zeros(len(seen))
+    for _ in range(ROUNDS):
+        true_end = grouped_median(coll, end - off[ri], nc)
+        off = grouped_median(ri, end - true_end[coll], len(seen))
+    anchor = _components(ri, pg, len(seen))
+    rel = off - off[anchor]
+    return {r: (float(rel[ridx[r]]) if r in ridx else None) for r in ranks}
+
+
+def _components(ri: np.ndarray, pg: np.ndarray, n: int) -> np.ndarray:
+    """For each rank (index), the lowest rank index it is connected to through groups whose
+    collectives they share (union-find over the (rank, group) pairs)."""
+    parent = list(range(n))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    first_of: dict[int, int] = {}
+    for r, g in set(zip(ri.tolist(), pg.tolist())):
+        if g in first_of:
+            a, b = find(r), find(first_of[g])
+            parent[max(a, b)] = min(a, b)
+        else:
+            first_of[g] = r
+    return np.array([find(i) for i in range(n)], np.int64)

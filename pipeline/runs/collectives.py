@@ -30,12 +30,11 @@ from typing import Any
 import orjson
 import polars as pl
 
-from pipeline.cost.comm_kernels import COLLECTIVE_KERNEL
+from pipeline.comms import ARG_KEYS, COMM_OP, GLOO_WORK, KERNEL_KINDS, NCCL_KERNEL, PG_KEYS, RUNLOOP_THREAD
 from pipeline.cost.formulas.collectives import normalize_kind
 from pipeline.cost.formulas.dtypes import DTYPE_SIZE
 from pipeline.cost.formulas.messages import (
     COMM_EVENT_ARGS,
-    COMM_EVENTS,
     DEFAULT_SIZE_RULE,
     MSG_ARGS,
     SIZE_RULE,
@@ -47,30 +46,7 @@ from pipeline.cost.formulas.messages import (
 )
 from pipeline.kineto import ANNOTATION_CATS, ARG_ALIASES, CPU_OP_CATS, STEP_CATS, STEP_NAME
 
-NCCL_KERNEL = COLLECTIVE_KERNEL  # the kernels matched across ranks (comm_kernels: NCCL, RCCL)
-COMM_OP = COMM_EVENTS  # the CPU events around a launch that say what a collective is
-GLOO_WORK = r"^gloo:"
-RUNLOOP_THREAD = "pt_gloo_runloop"
-# kernel name -> kind, for kernels whose args and CPU ops say nothing (older layouts)
-KERNEL_KINDS = (
-    ("AllReduce", "allreduce"),
-    ("AllGather", "allgather"),
-    ("ReduceScatter", "reducescatter"),
-    ("AllToAll", "alltoall"),
-    ("Broadcast", "broadcast"),
-    ("SendRecv", "sendrecv"),
-    ("Send", "sendrecv"),
-    ("Recv", "sendrecv"),
-    ("Reduce", "reduce"),
-)
-ARG_KEYS = {
-    "collective": "Collective name",
-    "pg_name": "Process Group Name",
-    "pg_desc": "Process Group Description",
-    "pg_ranks": "Process Group Ranks",
-}
 MESSAGE = tuple(f"m_{c}" for c in MSG_ARGS)  # one source's reading (m_in_nelems, ...), prefixed per source
-PG_KEYS = ["collective", "pg_name", "pg_desc", "pg_ranks"]
 
 
 def _arg(key: str) -> pl.Expr:

@@ -6,89 +6,123 @@ trace's path (its first group, else the whole match, names the run) or `col:NAME
 the `trace` table (`col:trace_name`, `col:base_time_ns`). A trace's rank is `trace.rank`
 (distributedInfo, else its file name); a run's world size is the largest its traces record.
 Ranks of a run that no trace holds are missing, reported by number, never an error; traces with
-no rank, or a rank held twice, are reported and left out.
+no rank, or a rank held twice, are reported and left out: of two traces of one rank the one kept
+is the complete one (not truncated), else the one with more collectives, else the first by path.
+Files that are no trace (quarantined) hold no rank.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from pathlib import Path
-
-import polars as pl
+from dataclasses import dataclass, field
 
 from pipeline.errors import UsageError
 
-TRACE_COLUMNS = ["trace_id", "source_path", "stem", "rank", "rank_from", "world_size", "metadata_json"]
+# trace-table column -> the Extract info key that holds it (what `--run-by col:NAME` may name)
+TRACE_FIELDS = {
+    "source_path": "source",
+    "stem": "stem",
+    "rank": "rank",
+    "rank_from": "rank_from",
+    "world_size": "world_size",
+    "backend": "backend",
+    "trace_name": "trace_name",
+    "base_time_ns": "base_time_ns",
+    "source_bytes": "size",
+}
+_DIR = re.compile(r"[/\\][^/\\!]*$")
 
 
-def run_expr(run_by: str | None) -> pl.Expr:
-    """The run of each trace row (of the `trace` table), by the rule above."""
-    path = pl.col("source_path")
-    default = path.str.replace(r"[/\\][^/\\!]*$", "")  # the directory of the trace (in its archive)
+def run_of(info: dict, run_by: str | None, pattern: re.Pattern | None) -> str:
+    """The run of one trace, by the rule above."""
+    path = str(info.get("source") or "")
+    default = _DIR.sub("", path, count=1)
     if not run_by:
         return default
     if run_by.startswith("col:"):
-        return pl.col(run_by[4:]).cast(pl.String)
+        v = info.get(TRACE_FIELDS.get(run_by[4:], run_by[4:]))
+        return "" if v is None else str(v)
+    assert pattern is not None
+    m = pattern.search(path)
+    if m is None:
+        return default
+    return m.group(1) if pattern.groups else m.group(0)
+
+
+def check_run_by(run_by: str | None, columns: list[str]) -> re.Pattern | None:
+    """The compiled --run-by regex (None for col: or none); a UsageError for a bad one."""
+    if not run_by:
+        return None
+    if run_by.startswith("col:"):
+        if run_by[4:] not in columns:
+            raise UsageError(
+                f"--run-by {run_by}: the trace table has no column {run_by[4:]!r} (columns: {', '.join(columns)})"
+            )
+        return None
     try:
-        pattern = re.compile(run_by)
+        return re.compile(run_by)
     except re.error as e:
         raise UsageError(f"--run-by: not a regex ({e})") from None
-    group = 1 if pattern.groups else 0
-    return pl.coalesce(path.str.extract(run_by, group), default)
 
 
-@dataclass(frozen=True)
-class Runs:
-    """The traces of each run with their rank (`traces`: run, rank, trace_id, stem, rank_from),
-    and per run its world size, missing ranks and the traces left out (`runs`)."""
+@dataclass
+class Run:
+    """One run: its traces by rank (`ranks`: rank -> index into the traces given), world size,
+    missing ranks, and what was left out (indices, with the reason for duplicates)."""
 
-    traces: pl.DataFrame
-    runs: pl.DataFrame
-
-
-def group_runs(trace: pl.LazyFrame, run_by: str | None = None) -> Runs:
-    """Group the traces (rows of the `trace` table) into runs and check their ranks."""
-    have = trace.collect_schema().names()
-    if run_by and run_by.startswith("col:") and run_by[4:] not in have:
-        raise UsageError(
-            f"--run-by {run_by}: the trace table has no column {run_by[4:]!r} (columns: {', '.join(have)})"
-        )
-    t = (
-        trace.select(*(c for c in TRACE_COLUMNS if c in have), run=run_expr(run_by).cast(pl.Categorical))
-        .collect()
-        .sort(pl.col("run").cast(pl.String), "rank", "source_path", nulls_last=True)
-    )
-    no_rank = t.filter(pl.col("rank").is_null())
-    ranked = t.filter(pl.col("rank").is_not_null())
-    dup = ranked.filter(pl.col("rank").is_duplicated().over("run") & (pl.int_range(pl.len()).over("run", "rank") > 0))
-    kept = ranked.join(dup.select("trace_id"), on="trace_id", how="anti")
-    runs = (
-        t.group_by("run", maintain_order=True)
-        .agg(world_size=pl.col("world_size").max(), traces=pl.len())
-        .join(kept.group_by("run").agg(ranks=pl.col("rank").sort()), on="run", how="left")
-        .join(no_rank.group_by("run").agg(no_rank=pl.col("stem").sort()), on="run", how="left")
-        .join(dup.group_by("run").agg(duplicate=pl.col("stem").sort()), on="run", how="left")
-    )
-    runs = runs.with_columns(
-        ranks=pl.col("ranks").fill_null(pl.lit([], pl.List(pl.Int64))),
-        world_size=pl.coalesce("world_size", pl.col("ranks").list.max() + 1),
-    )
-    missing = [sorted(set(range(w or 0)) - set(r)) for w, r in runs.select("world_size", "ranks").iter_rows()]
-    runs = runs.with_columns(missing_ranks=pl.Series(missing, dtype=pl.List(pl.Int64)))
-    return Runs(kept.select("run", "rank", "trace_id", "stem", "rank_from", "metadata_json"), runs)
+    name: str
+    world_size: int | None
+    traces: list[int] = field(default_factory=list)  # every trace of the run, quarantined ones too
+    ranks: dict[int, int] = field(default_factory=dict)
+    missing: list[int] = field(default_factory=list)
+    no_rank: list[int] = field(default_factory=list)
+    duplicates: list[tuple[int, int, str]] = field(default_factory=list)  # (left out, kept, why)
+    quarantined: list[int] = field(default_factory=list)
 
 
-def is_trace_folder(path: Path) -> bool:
-    """A folder (or archive) of trace files to batch, rather than tables to read."""
-    from pipeline.dataset.tables import flat_dirs
-    from pipeline.store import is_flat_dir
+def _preference(info: dict) -> tuple:
+    return (info.get("status") == "truncated", -(info.get("n_collectives") or 0), str(info.get("source")))
 
-    if path.is_file():
-        return True
-    return (
-        path.is_dir()
-        and not is_flat_dir(path)
-        and not flat_dirs(path)
-        and not any((path / t).is_dir() for t in ("traces", "trace"))
-    )
+
+def _why_kept(kept: dict, other: dict) -> str:
+    if kept.get("status") != "truncated" and other.get("status") == "truncated":
+        return "the other is truncated"
+    a, b = kept.get("n_collectives") or 0, other.get("n_collectives") or 0
+    if a != b:
+        return f"it holds more collectives ({a:,} against {b:,})"
+    return f"both hold {a:,} collectives: the first by path"
+
+
+def group_runs(infos: list[dict], run_by: str | None = None) -> list[Run]:
+    """The runs of traces (Extract infos), sorted by name."""
+    pattern = check_run_by(run_by, list(TRACE_FIELDS))
+    runs: dict[str, Run] = {}
+    for i, info in enumerate(infos):
+        name = run_of(info, run_by, pattern)
+        run = runs.setdefault(name, Run(name, None))
+        run.traces.append(i)
+        if info.get("status") == "quarantined":
+            run.quarantined.append(i)
+            continue
+        w = info.get("world_size")
+        if type(w) is int and (run.world_size is None or w > run.world_size):
+            run.world_size = w
+        rank = info.get("rank")
+        if rank is None:
+            run.no_rank.append(i)
+            continue
+        held = run.ranks.get(rank)
+        if held is None:
+            run.ranks[rank] = i
+            continue
+        keep, drop = (held, i) if _preference(infos[held]) <= _preference(info) else (i, held)
+        run.ranks[rank] = keep
+        run.duplicates = [(d, keep if k == drop else k, w) for d, k, w in run.duplicates]
+        run.duplicates.append((drop, keep, _why_kept(infos[keep], infos[drop])))
+    for run in runs.values():
+        run.ranks = dict(sorted(run.ranks.items()))
+        if run.world_size is None and run.ranks:
+            run.world_size = max(run.ranks) + 1
+        run.missing = sorted(set(range(run.world_size or 0)) - set(run.ranks))
+        run.duplicates.sort(key=lambda d: str(infos[d[0]].get("source")))
+    return [runs[k] for k in sorted(runs)]

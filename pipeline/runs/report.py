@@ -1,8 +1,10 @@
-"""report: a dataset's runs, measured (`ranks`), as polars frames and as the JSON document of
-`tracepipe ranks --format json`.
+"""report: a run's measures (`ranks`), as the JSON document of `tracepipe ranks --format json`,
+as tables, and as polars frames (`RunReport`) for Python.
 
-Only the `trace`, `collectives` and `steps` tables are read, and of them only the columns used:
-a run of 256 ranks with 10,000 collectives each is 2.6 M small rows, whatever the traces' sizes.
+A run folder (or archive) of trace files is read by `runs.scan` (one streaming pass per trace, in
+parallel, kept in a cache); a batch dataset or a folder of flattened traces by `runs.from_tables`.
+Both give Extracts, measured by `runs.analysis`. Nothing here imports polars until a frame is
+asked for: a first look at a run folder stays light.
 """
 
 from __future__ import annotations
@@ -10,150 +12,112 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
-import polars as pl
 
-from pipeline.dataset.tables import tables
-from pipeline.runs import clock, match, measures
-from pipeline.runs.group import Runs, group_runs, is_trace_folder
+from pipeline.runs.analysis import RunResult, WaitStore, analyze
 
 __all__ = [
     "RunReport",
     "analyze_runs",
-    "opened",
+    "measure",
+    "problems_of",
     "runs_json",
     "json_chunks",
     "only_run",
     "format_runs",
     "write_runs_workbook",
+    "is_trace_folder",
 ]
-
-CALL_COLUMNS = [
-    "trace_id",
-    "kind",
-    "pg_name",
-    "pg_ranks",
-    "pg_size",
-    "seq",
-    "bytes",
-    "dtype",
-    "ts_ns",
-    "dur_ns",
-    "step",
-]
-STEP_COLUMNS = ["trace_id", "step", "step_ts_ns", "step_end_ns", "device", "compute_ns", "comm_ns", "exposed_comm_ns"]
-QUANTILES = (0.5, 0.99)
 
 
 @dataclass(frozen=True)
 class RunReport:
-    """Every frame `ranks` shows; times in ns (the JSON and the tables turn them into µs)."""
+    """Every frame `ranks` shows, as polars frames (times in ns; the JSON and the tables turn them
+    into µs): runs, ranks, collectives (with `ranks` and `waits_ns` lists), waits (run, pg, seq,
+    rank, wait_ns), by_kind, stragglers, steps, desyncs, problems; `result`: what they are made of."""
 
-    runs: pl.DataFrame  # run, world_size, traces, ranks, missing_ranks, no_rank, duplicate
-    ranks: pl.DataFrame  # run, rank, trace, rank_from, offset_ns, collectives, wait_ns, wait_caused_ns, times_last
-    collectives: pl.DataFrame  # per matched collective (measures.per_collective)
-    waits: pl.DataFrame  # run, pg, seq, rank, wait_ns
-    by_kind: pl.DataFrame  # run, kind, bytes: count, latency/algbw/busbw/skew quantiles
-    stragglers: pl.DataFrame  # run, rank, wait_caused_ns, times_last
-    steps: pl.DataFrame  # run, rank, step, step_ns, compute_ns, comm_ns, exposed_comm_ns, wait_ns
-    desyncs: pl.DataFrame  # run, rank, pg, seq, kind, bytes, expected_kind, expected_bytes
+    runs: Any
+    ranks: Any
+    collectives: Any
+    waits: Any
+    by_kind: Any
+    stragglers: Any
+    steps: Any
+    desyncs: Any
+    problems: Any
+    result: RunResult | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, res: RunResult) -> RunReport:
+        import polars as pl
+
+        c = res.collectives
+        ranks, waits = zip(*(res.waits.get(i) for i in c.data["_store"])) if c.height else ((), ())
+        colls = c.select([x for x in c.columns if x != "_store"]).to_polars()
+        colls = colls.with_columns(
+            pl.Series("ranks", list(ranks), pl.List(pl.Int64)), pl.Series("waits_ns", list(waits), pl.List(pl.Float64))
+        )
+        frames = {
+            f: getattr(res, f).to_polars()
+            for f in ("runs", "ranks", "by_kind", "stragglers", "steps", "desyncs", "problems")
+        }
+        w = colls.select("run", "pg", "seq", rank="ranks", wait_ns="waits_ns").explode("rank", "wait_ns")
+        return cls(collectives=colls, waits=w, result=res, **frames)
+
+
+def is_trace_folder(path: Path) -> bool:
+    """A folder (or archive, or list) of trace files, rather than tables to read."""
+    path = Path(path)
+    if path.is_file():
+        return True
+    if not path.is_dir():
+        return False
+    if any((path / t).is_dir() for t in ("traces", "trace", "collectives")) or (path / "trace.parquet").is_file():
+        return False
+    return not any((d / "trace.parquet").is_file() for d in path.iterdir() if d.is_dir())
+
+
+def measure(
+    path: str | Path,
+    run_by: str | None = None,
+    align: bool = True,
+    jobs: int | None = None,
+    use_cache: bool = True,
+) -> RunResult:
+    """The runs of a run folder / archive of trace files, a batch dataset, or a folder of
+    flattened traces, measured (a RunResult: light tables)."""
+    path = Path(path)
+    if not path.exists():
+        from pipeline.errors import UsageError
+
+        raise UsageError(f"{path}: no such file or directory")
+    if is_trace_folder(path):
+        from pipeline.runs.scan.folder import scanned
+
+        with scanned(path, jobs, use_cache) as extracts:
+            return analyze(extracts, run_by, align)
+    from pipeline.runs.from_tables import extracts_of_tables
+
+    with tempfile.TemporaryDirectory(prefix="tracepipe-ranks-") as tmp:
+        res = analyze(extracts_of_tables(path, Path(tmp)), run_by, align)
+        res.waits.get(0) if res.collectives.height else None  # read what the files hold before they go
+        return res
 
 
 def analyze_runs(path: str | Path, run_by: str | None = None, align: bool = True) -> RunReport:
-    """The runs of a batch dataset or a folder of flattened traces (see `opened` for trace files)."""
-    t = tables(path, {"trace", "collectives", "steps"})
-    groups = group_runs(t["trace"], run_by)
-    ids = groups.traces.select("run", "rank", "trace_id")
-    repeated = [pl.col(c).cast(pl.Categorical) for c in ("kind", "pg_name", "pg_ranks", "dtype", "step")]
-    small = [pl.col(c).cast(pl.Int32) for c in ("seq", "pg_size")]
-    scanned = (
-        t["collectives"]
-        .select(CALL_COLUMNS)
-        .with_columns(*repeated, *small)
-        .join(ids.lazy(), on="trace_id")
-        .drop("trace_id")
-    )
-    calls = match.with_pg(scanned).collect()
-    bad = match.desyncs(calls)
-    good = match.consistent(calls, bad)
-    offsets = clock.clock_offsets(good, align)
-    a = measures.aligned(good, offsets)
-    colls = measures.per_collective(a)
-    waits = measures.rank_waits(colls)
-    strag = measures.stragglers(colls)
-    steps = (
-        t["steps"]
-        .select(STEP_COLUMNS)
-        .with_columns(pl.col("step").cast(pl.Categorical))
-        .join(ids.lazy(), on="trace_id")
-        .collect()
-    )
-    per_step = measures.per_step(steps, waits)
-    return RunReport(
-        groups.runs, _ranks(groups, calls, offsets, waits, strag), colls, waits, _by_kind(colls), strag, per_step, bad
-    )
+    """The runs of a batch dataset, a folder of flattened traces, or a run folder of trace files."""
+    return RunReport.of(measure(path, run_by, align))
 
 
-def _ranks(
-    groups: Runs, calls: pl.DataFrame, offsets: pl.DataFrame, waits: pl.DataFrame, strag: pl.DataFrame
-) -> pl.DataFrame:
-    n = calls.group_by("run", "rank").agg(collectives=pl.len().cast(pl.Int64))
-    w = waits.group_by("run", "rank").agg(wait_ns=pl.col("wait_ns").sum())
-    return (
-        groups.traces.select("run", "rank", trace="stem", rank_from="rank_from")
-        .join(offsets, on=["run", "rank"], how="left")
-        .join(n, on=["run", "rank"], how="left")
-        .join(w, on=["run", "rank"], how="left")
-        .join(strag, on=["run", "rank"], how="left")
-        .with_columns(
-            pl.col("collectives", "times_last").fill_null(0), pl.col("wait_ns", "wait_caused_ns").fill_null(0.0)
-        )
-        .sort("run", "rank")
-    )
-
-
-def _by_kind(colls: pl.DataFrame) -> pl.DataFrame:
-    """Per run, kind and message size: count and the quantiles of latency, bandwidths and skew."""
-    q = lambda col: [
-        pl.col(col)
-        .quantile(x, "nearest")
-        .alias(
-            f"{col.removesuffix('_ns').removesuffix('_gbps')}"
-            f"_p{round(100 * x)}{'_ns' if col.endswith('_ns') else '_gbps'}"
-        )
-        for x in QUANTILES
-    ]
-    return (
-        colls.group_by("run", "kind", "bytes")
-        .agg(
-            *q("latency_ns"),
-            *q("algbw_gbps"),
-            *q("busbw_gbps"),
-            *q("start_skew_ns"),
-            count=pl.len().cast(pl.Int64),
-            n_ranks=pl.col("n_ranks").max(),
-        )
-        .sort("run", "kind", "bytes", nulls_last=True)
-    )
-
-
-@contextmanager
-def opened(path: str | Path, jobs: int | None = None) -> Iterator[Path]:
-    """A dataset for `path`: itself when it holds tables, else (a folder or archive of trace files)
-    a temporary dataset batched from it, removed afterwards."""
-    path = Path(path)
-    if not is_trace_folder(path):
-        yield path
-        return
-    from pipeline.dataset.batch import run_batch
-
-    with tempfile.TemporaryDirectory(prefix="tracepipe-ranks-") as tmp:
-        run_batch(path, Path(tmp) / "ds", jobs=jobs)
-        yield Path(tmp) / "ds"
+def problems_of(path: str | Path, run_by: str | None = None) -> list[dict]:
+    """Every problem of the runs in `path` (run, file, problem, detail): truncated or missing
+    collectives, files that are no trace, duplicate ranks, ... (`runs.problems`)."""
+    res = measure(path, run_by)
+    return list(res.problems.iter_rows(named=True))
 
 
 # ------------------------------------------------------------------ the JSON document
@@ -165,29 +129,51 @@ def _num(v) -> float | None:
     return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
 
 
-def runs_json(rep: RunReport) -> dict:
+def _result(rep) -> RunResult:
+    if isinstance(rep, RunReport):
+        assert rep.result is not None, "a RunReport made by RunReport.of (analyze_runs)"
+        return rep.result
+    return rep
+
+
+def runs_json(rep) -> dict:
     """{"runs": [{run, world_size, ranks, missing_ranks, clock_offset_us, collectives, stragglers,
-    ...}]}: the contract of `tracepipe ranks --format json` (README, "Whole runs")."""
-    return {"runs": [{**head, "collectives": list(colls)} for head, colls in _runs(rep)]}
+    problems, ...}]}: the contract of `tracepipe ranks --format json` (README, "Whole runs")."""
+    runs = _runs(_result(rep))
+    return {"runs": [{**head, "steps": list(head["steps"]), "collectives": list(colls)} for head, colls in runs]}
 
 
-def json_chunks(rep: RunReport) -> Iterator[bytes]:
-    """`runs_json`, written a collective at a time: a run of 256 ranks x 10,000 collectives is a
-    document of ~200 MB that is never whole in memory."""
+def json_chunks(rep) -> Iterator[bytes]:
+    """`runs_json`, written a step and a collective at a time: a run of 256 ranks x 10,000
+    collectives is a document of ~200 MB that is never whole in memory."""
     dump = lambda v: orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS)
     yield b'{"runs": ['
-    for i, (head, colls) in enumerate(_runs(rep)):
-        yield (b", " if i else b"") + dump(head)[:-1] + b', "collectives": ['
+    for i, (head, colls) in enumerate(_runs(_result(rep))):
+        steps = head.pop("steps")
+        yield (b", " if i else b"") + dump(head)[:-1] + b', "steps": ['
+        for j, x in enumerate(steps):
+            yield (b",\n" if j else b"\n") + dump(x)
+        yield b'], "collectives": ['
         for j, c in enumerate(colls):
             yield (b",\n" if j else b"\n") + dump(c)
         yield b"]}"
     yield b"]}\n"
 
 
-def _runs(rep: RunReport) -> Iterator[tuple[dict, Iterator[dict]]]:
-    for r in rep.runs.iter_rows(named=True):
+def _of_run(rows, run: str) -> list[dict]:
+    return list(_iter_run(rows, run))
+
+
+def _iter_run(rows, run: str) -> Iterator[dict]:
+    return (r for r in rows.iter_rows(named=True) if r["run"] == run)
+
+
+def _runs(res: RunResult) -> Iterator[tuple[dict, Iterator[dict]]]:
+    """Per run, the document's head (its steps an iterator: a run of 1,024 ranks x 1,250 steps
+    is 1.3 M of them) and its collectives."""
+    for r in res.runs.iter_rows(named=True):
         run = r["run"]
-        ranks = rep.ranks.filter(pl.col("run") == run)
+        ranks = _of_run(res.ranks, run)
         head = {
             "run": run,
             "world_size": r["world_size"],
@@ -195,24 +181,22 @@ def _runs(rep: RunReport) -> Iterator[tuple[dict, Iterator[dict]]]:
             "missing_ranks": list(r["missing_ranks"] or []),
             "traces_without_rank": list(r["no_rank"] or []),
             "duplicate_rank_traces": list(r["duplicate"] or []),
-            "clock_offset_us": {str(k): _us(v) for k, v in ranks.select("rank", "offset_ns").iter_rows()},
+            "problems": [_row(x, ("run",)) for x in _of_run(res.problems, run)],
+            "clock_offset_us": {str(x["rank"]): _us(x["offset_ns"]) for x in ranks},
             "stragglers": [
                 {"rank": s["rank"], "wait_caused_us": _us(s["wait_caused_ns"]), "times_last": s["times_last"]}
-                for s in rep.stragglers.filter(pl.col("run") == run).iter_rows(named=True)
+                for s in _of_run(res.stragglers, run)
             ],
-            "ranks_detail": [_row(x, ("run",)) for x in ranks.iter_rows(named=True)],
-            "by_kind": [_row(x, ("run",)) for x in rep.by_kind.filter(pl.col("run") == run).iter_rows(named=True)],
-            "steps": [
-                _row(x, ("run", "step_ts_ns", "step_end_ns"))
-                for x in rep.steps.filter(pl.col("run") == run).iter_rows(named=True)
-            ],
-            "desyncs": [_row(x, ("run",)) for x in rep.desyncs.filter(pl.col("run") == run).iter_rows(named=True)],
+            "ranks_detail": [_row(x, ("run",)) for x in ranks],
+            "by_kind": [_row(x, ("run",)) for x in _of_run(res.by_kind, run)],
+            "steps": (_row(x, ("run", "step_ts_ns", "step_end_ns")) for x in _iter_run(res.steps, run)),
+            "desyncs": [_row(x, ("run",)) for x in _of_run(res.desyncs, run)],
         }
-        colls = rep.collectives.filter(pl.col("run") == run)
-        yield head, (_collective(c) for c in colls.iter_rows(named=True))
+        yield head, (_collective(c, res.waits) for c in res.collectives.iter_rows(named=True) if c["run"] == run)
 
 
-def _collective(c: dict) -> dict:
+def _collective(c: dict, waits: WaitStore) -> dict:
+    ranks, w = waits.get(c["_store"])
     return {
         "pg": c["pg"],
         "seq": c["seq"],
@@ -227,15 +211,15 @@ def _collective(c: dict) -> dict:
         "latency_us": _us(c["latency_ns"]),
         "algbw_gbps": _num(c["algbw_gbps"]),
         "busbw_gbps": _num(c["busbw_gbps"]),
-        "wait_us": {str(k): _us(w) for k, w in zip(c["ranks"], c["waits_ns"])},
+        "wait_us": {str(k): _us(x) for k, x in zip(ranks, w)},
     }
 
 
 def _row(x: dict, drop: tuple[str, ...]) -> dict:
-    """A frame row for JSON: ns columns as µs (`*_us`), NaN as null."""
+    """A table row for JSON: ns columns as µs (`*_us`), NaN as null."""
     out = {}
     for k, v in x.items():
-        if k in drop:
+        if k in drop or k.startswith("_"):
             continue
         if k.endswith("_ns"):
             out[k[:-3] + "_us"] = _us(v)
@@ -244,19 +228,22 @@ def _row(x: dict, drop: tuple[str, ...]) -> dict:
     return out
 
 
-def only_run(rep: RunReport, run: str) -> RunReport:
+def only_run(rep, run: str):
     """The report of one run (UsageError naming the runs when there is no such run)."""
     from pipeline.errors import UsageError
 
-    names = rep.runs["run"].to_list()
+    res = _result(rep)
+    names = res.runs.data["run"]
     if run not in names:
         raise UsageError(f"no run {run!r}; runs: {', '.join(map(str, names)) or 'none'}")
-    keep = lambda df: df.filter(pl.col("run") == run)
-    return RunReport(*(keep(getattr(rep, f)) for f in RunReport.__dataclass_fields__))
+    keep = lambda rows: rows.filter([r == run for r in rows.data["run"]])
+    tables = {f: keep(getattr(res, f)) for f in RunResult.__dataclass_fields__ if f != "waits"}
+    out = RunResult(**tables, waits=res.waits)
+    return RunReport.of(out) if isinstance(rep, RunReport) else out
 
 
 def format_runs(
-    rep: RunReport, fmt: str, width: int | None = None, top: int | None = 20, columns: list[str] | None = None
+    rep, fmt: str, width: int | None = None, top: int | None = 20, columns: list[str] | None = None
 ) -> str | Iterator[bytes]:
     """`tracepipe ranks` output: the JSON document, the sections as tables (text fitted to
     `width`, `top` rows each; md; csv; `columns`: only these where a section has them), or an
@@ -268,16 +255,16 @@ def format_runs(
     if fmt == "html":
         from pipeline.render.html import runs_html
 
-        return runs_html(rep)
+        return runs_html(rep if isinstance(rep, RunReport) else RunReport.of(rep))
     if fmt not in ("table", "md", "csv"):
         raise UsageError(f"--format must be one of table, md, csv, json, html (got {fmt!r})")
     from pipeline.runs.sections import render_sections
 
-    return render_sections(rep, fmt, width, top, columns)
+    return render_sections(_result(rep), fmt, width, top, columns)
 
 
-def write_runs_workbook(rep: RunReport, path) -> None:
+def write_runs_workbook(rep, path) -> None:
     """`tracepipe ranks --format xlsx`: one sheet per section (`pipeline.runs.sections`)."""
     from pipeline.runs.sections import write_runs_workbook as write
 
-    write(rep, path)
+    write(_result(rep), path)

@@ -1,19 +1,38 @@
-"""sections: `tracepipe ranks` as tables (text, Markdown, CSV): one section per question, each a
-frame of the `RunReport` with its times in µs."""
+"""sections: `tracepipe ranks` as tables (text, Markdown, CSV, xlsx sheets): one section per
+question, each a table of the run's result (`analysis.RunResult`) with its times in µs."""
 
 from __future__ import annotations
 
-import polars as pl
+from typing import Any
 
+from pipeline.render.rows import Rows
 from pipeline.render.tables import render
 
-SECTIONS = (  # (name, title, the report's frame, columns shown: by importance, a narrow terminal drops the last)
+SECTIONS = (  # (name, title, the result's table, columns shown: by importance, a narrow terminal drops the last)
     ("runs", "Runs: ranks present and missing", "runs", ["run", "world_size", "traces", "ranks", "missing_ranks"]),
+    (
+        "problems",
+        "Problems: what the run left out or could not see (exit status 1)",
+        "problems",
+        ["run", "file", "problem", "detail"],
+    ),
     (
         "ranks",
         "Ranks: clock offset, collectives, time waited, wait caused",
         "ranks",
-        ["run", "rank", "trace", "rank_from", "offset_us", "collectives", "wait_us", "wait_caused_us", "times_last"],
+        [
+            "run",
+            "rank",
+            "trace",
+            "status",
+            "offset_us",
+            "collectives",
+            "missing",
+            "wait_us",
+            "wait_caused_us",
+            "times_last",
+            "rank_from",
+        ],
     ),
     (
         "stragglers",
@@ -55,10 +74,22 @@ SECTIONS = (  # (name, title, the report's frame, columns shown: by importance, 
 )
 
 
-def in_us(df: pl.DataFrame) -> pl.DataFrame:
-    """ns columns (`*_ns`, offset_ns) as µs columns (`*_us`)."""
-    ns = [c for c in df.columns if c.endswith("_ns")]
-    return df.with_columns((pl.col(c) / 1e3).alias(c[:-3] + "_us") for c in ns).drop(ns)
+def in_us(rows: Rows) -> Rows:
+    """ns columns (`*_ns`) as µs columns (`*_us`); columns starting with `_` left out."""
+    out: dict[str, Any] = {}
+    numeric = []
+    for c in rows.columns:
+        if c.startswith("_"):
+            continue
+        v: Any = rows.data[c]
+        num = rows.is_numeric(c)
+        if c.endswith("_ns"):
+            us = v / 1e3 if hasattr(v, "dtype") else [None if x is None else x / 1e3 for x in v]
+            c, v, num = c[:-3] + "_us", us, True
+        out[c] = v
+        if num:
+            numeric.append(c)
+    return Rows(out, numeric)
 
 
 TOP = 20  # rows of a section in the table and md views (csv, json and xlsx hold every row)
@@ -66,14 +97,14 @@ SLOWEST_FIRST = {"steps": "step_us"}  # sections whose table view puts the large
 
 
 def render_sections(
-    rep, fmt: str, width: int | None = None, top: int | None = TOP, columns: list[str] | None = None
+    res, fmt: str, width: int | None = None, top: int | None = TOP, columns: list[str] | None = None
 ) -> str:
     """The sections as text tables, md or csv; table and md show `top` rows of each (None or 0:
     all) and say how many more there are; `columns`: only these, where a section has them."""
-    one_run = fmt != "csv" and rep.runs.height == 1  # its name once, above the tables, not in every row
-    out = [f"run: {rep.runs['run'][0]}\n"] if one_run else []
-    for name, title, frame, shown in SECTIONS:
-        df = in_us(getattr(rep, frame))
+    one_run = fmt != "csv" and res.runs.height == 1  # its name once, above the tables, not in every row
+    out = [f"run: {res.runs.data['run'][0]}\n"] if one_run else []
+    for name, title, table, shown in SECTIONS:
+        df = in_us(getattr(res, table))
         if not df.height:
             continue
         df = df.select([c for c in shown if c in df.columns and not (one_run and c == "run")])
@@ -83,7 +114,7 @@ def render_sections(
             out.append(f"# {name}\n" + render(df, "csv", columns=columns))
             continue
         if name in SLOWEST_FIRST:
-            df = df.sort(SLOWEST_FIRST[name], descending=True, nulls_last=True, maintain_order=True)
+            df = df.sort_desc(SLOWEST_FIRST[name])
         more = df.height - top if top and df.height > top else 0
         text = render(df.head(top) if top and more else df, fmt, width=width, columns=columns)
         if more:
@@ -93,9 +124,11 @@ def render_sections(
     return "\n".join(out)
 
 
-def section_frames(rep) -> dict[str, pl.DataFrame]:
-    """Every section's rows (all of its columns, times in µs), by name: the sheets of xlsx."""
-    return {name: in_us(getattr(rep, frame)) for name, _, frame, _ in SECTIONS}
+def section_frames(rep) -> dict:
+    """Every section's rows (all of its columns, times in µs) as polars frames, by name: the
+    sheets of xlsx (and what an html page shows)."""
+    res = getattr(rep, "result", rep)
+    return {name: in_us(getattr(res, table)).to_polars() for name, _, table, _ in SECTIONS}
 
 
 def write_runs_workbook(rep, path) -> None:
@@ -103,4 +136,5 @@ def write_runs_workbook(rep, path) -> None:
     from pipeline.render.workbook import write_workbook
     from pipeline.version import __version__
 
-    write_workbook(path, section_frames(rep), {"runs": rep.runs.height, "tracepipe": __version__})
+    res = getattr(rep, "result", rep)
+    write_workbook(path, section_frames(res), {"runs": res.runs.height, "tracepipe": __version__})

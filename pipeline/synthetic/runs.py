@@ -102,6 +102,45 @@ def run_rank_events(
         ext += 1
 
 
+def write_rank(
+    out_dir: Path,
+    rank: int,
+    world: int,
+    collectives: int,
+    straggler: int | None = None,
+    delay_us: float = 0.0,
+    delayed: int = -1,
+    offset_us: float = 0.0,
+    per_step: int = 8,
+) -> Path:
+    """Write rank `rank` of a synthetic NCCL run (`write_run`) as OUT/rank-R.json.gz."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    head = {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world},
+        "deviceProperties": [
+            {
+                "id": rank,
+                "name": "NVIDIA H100 80GB HBM3",
+                "totalGlobalMem": 85018279936,
+                "computeMajor": 9,
+                "computeMinor": 0,
+                "numSms": 132,
+            }
+        ],
+    }
+    path = out_dir / f"rank-{rank}.json.gz"
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(orjson.dumps(head)[:-1] + b',"traceEvents":[')
+        first = True
+        for e in run_rank_events(rank, world, collectives, per_step, straggler, delay_us, delayed, offset_us):
+            f.write((b"" if first else b",") + orjson.dumps(e))
+            first = False
+        f.write(b"]}")
+    return path
+
+
 def write_run(
     out_dir: Path,
     world: int,
@@ -118,31 +157,9 @@ def write_run(
     starts collective `delayed` `delay_us` late; every other rank's kernel lasts that much longer,
     and everything after shifts on every rank. `offsets_us[r]` is added to rank r's clock.
     Returns the truth: {world_size, straggler, delay_us, delayed, offsets_us}."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     offsets = offsets_us or [0.0] * world
     for r in range(world):
-        head = {
-            "schemaVersion": 1,
-            "distributedInfo": {"backend": "nccl", "rank": r, "world_size": world},
-            "deviceProperties": [
-                {
-                    "id": r,
-                    "name": "NVIDIA H100 80GB HBM3",
-                    "totalGlobalMem": 85018279936,
-                    "computeMajor": 9,
-                    "computeMinor": 0,
-                    "numSms": 132,
-                }
-            ],
-        }
-        with gzip.open(out_dir / f"rank-{r}.json.gz", "wb", compresslevel=1) as f:
-            f.write(orjson.dumps(head)[:-1] + b',"traceEvents":[')
-            first = True
-            for e in run_rank_events(r, world, collectives, per_step, straggler, delay_us, delayed, offsets[r]):
-                f.write((b"" if first else b",") + orjson.dumps(e))
-                first = False
-            f.write(b"]}")
+        write_rank(out_dir, r, world, collectives, straggler, delay_us, delayed, offsets[r], per_step)
     return {
         "world_size": world,
         "straggler": straggler,

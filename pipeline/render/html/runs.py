@@ -12,11 +12,12 @@ import polars as pl
 from pipeline.render.html import charts as ch
 from pipeline.render.html.cells import duration, engineering_bytes
 from pipeline.render.html.frames import frames_page
-from pipeline.render.html.model import Chart, Note, Part, Tile
+from pipeline.render.html.model import Chart, Note, Part, Table, Tile
 from pipeline.render.html.page import render_page
 from pipeline.runs.sections import SECTIONS, SLOWEST_FIRST, section_frames
 
 STEP_PREFIX = "ProfilerStep#"  # said once, as the columns' label, rather than in every column
+SHOWN_PROBLEMS = 5  # problems said in the overview (the problems section holds them all)
 LOG_SPREAD = 50  # bus bandwidths spread wider than this are drawn on a log axis
 NARROW_HEAT_STEPS = 8  # a heat map of fewer steps takes half the overview's width
 MAX_HEAT_STEPS = 400  # steps in a heat map (the slowest-ranked columns beyond are left out, and said)
@@ -69,6 +70,7 @@ def overview(rep, run: str, name: str | None) -> list[Part]:
             "bad" if missing else "good",
         )
     )
+    parts += _problems(rep, run)
     strag = _of(rep.stragglers, run).sort("wait_caused_ns", descending=True)
     if strag.height and (strag["wait_caused_ns"][0] or 0) > 0:
         s = strag.row(0, named=True)
@@ -101,6 +103,25 @@ def overview(rep, run: str, name: str | None) -> list[Part]:
     parts += [Chart(c, wide=len(c["cols"]) > NARROW_HEAT_STEPS) for c in (wait_heatmap(rep, run, at),) if c]
     parts += [Chart(c) for c in (step_split(rep, run, at), waited_by_rank(rep, run, at), bandwidth(rep, run, at)) if c]
     return parts
+
+
+def _problems(rep, run: str) -> list[Part]:
+    """A tile counting the run's problems (a truncated rank, a file that is no trace, ...) and a
+    table of the first, when the report has a problems table."""
+    probs = getattr(rep, "problems", None)
+    if probs is None or not hasattr(probs, "filter") or "run" not in probs.columns:
+        return []
+    mine = _of(probs, run)
+    if not mine.height:
+        return []
+    kinds = mine["problem"].value_counts(sort=True) if "problem" in mine.columns else None
+    said = ", ".join(f"{k} ({n})" for k, n in kinds.iter_rows()) if kinds is not None else ""
+    cols = [c for c in ("file", "problem", "detail") if c in mine.columns]
+    first = (
+        f"The first {SHOWN_PROBLEMS} problems (all in Problems below)" if mine.height > SHOWN_PROBLEMS else "Problems"
+    )
+    table = [Table(mine.head(SHOWN_PROBLEMS).select(cols), first, compact=True)] if cols else []
+    return [Tile("problems", f"{mine.height:,}", said, "bad"), *table]
 
 
 def wait_heatmap(rep, run: str, at: str) -> dict | None:
