@@ -9,7 +9,12 @@ from importlib import import_module
 from pipeline.cli.app import app
 from pipeline.cli.entry import command, main, run
 
-for _commands in ("trace_commands", "dataset_commands", "report_commands"):  # register on app, in help's order
+for _commands in (
+    "trace_commands",
+    "dataset_commands",
+    "report_commands",
+    "compare_commands",
+):  # register on app, in help's order
     import_module(f"pipeline.cli.{_commands}")
 
 __all__ = ["app", "command", "main", "run"]
