@@ -87,6 +87,7 @@ def flatten_into(
     problems = Problems()
     corrupt: list[str] = []
     device_ids: set = set()
+    cats: set = set()  # the event categories held, which tell the layout
     with ExitStack() as cleanup:  # undone in reverse, whatever happens (a full disk included)
         cleanup.callback(src.close)
         shm = SHARED_MEMORY if os.access(SHARED_MEMORY, os.W_OK) else tmp
@@ -121,6 +122,7 @@ def flatten_into(
             offset += ct.events.num_rows
             problems.merge(ct.problems)
             device_ids |= ct.device_ids
+            cats.update(pc.unique(ct.events.column("cat")).to_pylist())
             if progress:
                 progress(src.file_bytes_read)
         for w in writers.values():
@@ -141,7 +143,7 @@ def flatten_into(
         "n_flows": writers["flows"].rows,
         "n_devices": devices.num_rows,
     }
-    row = trace_row(path, src.metadata, counts, problems, tail)
+    row = trace_row(path, src.metadata, counts, problems, tail, cats)
     return row, problems, tail
 
 

@@ -8,6 +8,10 @@ the annotations tracepipe understands (`ProfilerStep#N`, `nn.Module: X`, compile
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pipeline.resources import find_dir, read_toml
 
 # cat -> kind of GPU/accelerator activity (case as written; old layouts capitalise)
 GPU_KINDS = {
@@ -34,12 +38,73 @@ LAUNCH_CATS = (
     "hip_driver",
     "mtia_runtime",
     "xpu_runtime",
+    "xpu_driver",
     "privateuse1_runtime",
+    "privateuse1_driver",
 )
 CPU_OP_CATS = ("cpu_op", "operator")
 ANNOTATION_CATS = ("user_annotation",)
 MODULE_CATS = ("python_function",)
-LINK_FLOW_CATS = ("ac2g", "async_cpu_to_gpu", "async_gpu")  # launch -> GPU activity flows
+
+
+# ---------------------------------------------------------------- layouts (data/kineto_layouts.toml)
+@dataclass(frozen=True)
+class Layout:
+    """One Kineto trace layout: its id, the torch versions that write it, since when, the categories
+    that mark it, what distinguishes it, and the real traces that taught it."""
+
+    id: str
+    torch: str
+    since: str
+    cats: tuple[str, ...]
+    marks: str
+    traces: tuple[str, ...]
+
+
+_LAYOUT_FILE = read_toml(find_dir("data") / "kineto_layouts.toml")
+LAYOUTS = tuple(
+    Layout(x["id"], x["torch"], x["since"], tuple(x["cats"]), x["marks"], tuple(x["traces"]))
+    for x in _LAYOUT_FILE["layouts"]
+)
+NO_LAUNCH_FLOWS, CPU_ONLY = "no launch flows", "cpu only"  # the layouts no category marks
+assert {NO_LAUNCH_FLOWS, CPU_ONLY} <= {x.id for x in LAYOUTS if not x.cats}
+# string thread ids naming a number: regexes with a group `n` (`"1890023232"`, `"stream 7"`)
+THREAD_ID_FORMS = tuple(x["pattern"] for x in _LAYOUT_FILE["thread_ids"])
+# launch -> GPU activity flows: (cat, name) pairs, name None for any
+LAUNCH_FLOWS = tuple((x["cat"], x.get("name")) for x in _LAYOUT_FILE["launch_flows"])
+LINK_FLOW_CATS = tuple(dict.fromkeys(cat for cat, _ in LAUNCH_FLOWS))
+ARG_ALIASES = {x["alias"]: x["key"] for x in _LAYOUT_FILE["arg_aliases"]}  # alias -> the usual key
+
+
+def layout_of(cats: Iterable[str | None]) -> str:
+    """The layout of a trace from the event categories it holds (`Layout.id`, else NO_LAUNCH_FLOWS
+    when it has GPU activity, else CPU_ONLY)."""
+    held = {c for c in cats if c}
+    for layout in LAYOUTS:
+        if held.intersection(layout.cats):
+            return layout.id
+    return NO_LAUNCH_FLOWS if held.intersection(GPU_KINDS) else CPU_ONLY
+
+
+def layouts_markdown() -> str:
+    """The layout table for the README (`make readme`)."""
+    rows = ["| layout | torch | since | what distinguishes it | real traces that test it |", "|---|---|---|---|---|"]
+    for x in LAYOUTS:
+        traces = ", ".join(f"`{t}`" for t in x.traces)
+        rows.append(f"| `{x.id}` | {x.torch} | {x.since} | {' '.join(x.marks.split())} | {traces} |")
+    return "\n".join(rows)
+
+
+def canonical_args(args: dict) -> dict:
+    """Event args with the keys of older layouts renamed to today's (`Input dims` -> `Input Dims`),
+    where today's key is absent."""
+    if not any(a in args for a in ARG_ALIASES):
+        return args
+    out = dict(args)
+    for alias, key in ARG_ALIASES.items():
+        if alias in out and key not in out:
+            out[key] = out.pop(alias)
+    return out
 
 
 def cat_regex(*cats: str) -> str:
@@ -52,6 +117,10 @@ OP_CAT = cat_regex(*CPU_OP_CATS, *ANNOTATION_CATS)  # cpu ops and user annotatio
 FRAME_CAT = cat_regex(*CPU_OP_CATS, *ANNOTATION_CATS, *MODULE_CATS)  # what a stack is made of
 
 STEP_NAME = r"^ProfilerStep#(\d+)$"
+# the categories a ProfilerStep#N slice has: a user annotation, or in the 2021 layout an `Operator`
+# (record_function ranges were written as ops then)
+STEP_CATS = (*ANNOTATION_CATS, "operator")
+STEP_CAT = cat_regex(*STEP_CATS)
 MODULE_PREFIX = "nn.Module: "
 # torch.compile regions (CPU side); gaps between them hint at graph breaks
 COMPILED_REGION = r"^(?:CompiledFunction|CompiledFunctionBackward|Torch-Compiled Region.*|## Call CompiledFxGraph.*)$"

@@ -6,19 +6,13 @@ A column may name the `stage` that fills it (`flatten` by default, else `link` o
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import pyarrow as pa
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10
-    import tomli as tomllib
+from pipeline.resources import find_dir, read_toml
 
-_HERE = Path(__file__).resolve().parent
 TABLES = ("events", "gpu_ops", "flows", "devices", "trace", "collectives", "steps")  # of one flattened trace
 MANIFEST = "traces"  # a batch dataset's manifest (`pipeline.dataset.layout`)
 DOCUMENTED = (*TABLES, MANIFEST)
@@ -33,16 +27,8 @@ ARROW_TYPES = {
 }
 
 
-def _find_dir(name: str) -> Path:
-    """`schemas/` and `data/` sit beside the package in a checkout, inside it in a wheel."""
-    for cand in (_HERE / f"_{name}", _HERE.parent / name):
-        if cand.is_dir():
-            return cand
-    raise FileNotFoundError(f"tracepipe cannot find its {name}/ folder")
-
-
-SCHEMA_DIR = _find_dir("schemas")
-DATA_DIR = _find_dir("data")
+SCHEMA_DIR = find_dir("schemas")
+DATA_DIR = find_dir("data")
 
 
 @dataclass(frozen=True)
@@ -79,7 +65,7 @@ class Table:
 
 @cache
 def table(name: str) -> Table:
-    raw = tomllib.loads((SCHEMA_DIR / f"{name}.toml").read_text())
+    raw = read_toml(SCHEMA_DIR / f"{name}.toml")
     cols = tuple(Column(**c) for c in raw["columns"])
     for c in cols:
         if c.type not in ARROW_TYPES:

@@ -4,6 +4,7 @@ Sections between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers:
 - schema: every table's declaration (schemas/*.toml)
 - formulas: the cost formula table (pipeline/cost/formulas/)
 - devices: the device-spec table (data/device_specs.csv)
+- layouts: the Kineto layouts tracepipe reads (data/kineto_layouts.toml)
 tests/test_docs.py fails when the README is not current.
 """
 
@@ -18,9 +19,12 @@ sys.path.insert(0, str(ROOT))
 
 
 def sections() -> dict[str, str]:
-    from pipeline import schema
+    from pipeline import kineto, schema
 
-    out = {"schema": "\n\n".join(schema.markdown(t) for t in schema.DOCUMENTED)}
+    out = {
+        "schema": "\n\n".join(schema.markdown(t) for t in schema.DOCUMENTED),
+        "layouts": kineto.layouts_markdown(),
+    }
     try:
         from pipeline.cost import formulas
 

@@ -34,7 +34,7 @@ def problems(t) -> dict:
 
 
 # ------------------------------------------------------------------ events
-@pytest.mark.parametrize("layout", ["new", "old", "oldest"])
+@pytest.mark.parametrize("layout", ["new", "old", "oldest", "2021"])
 def test_events_rows_and_event_idx(tmp_path, layout):
     trace = synth.make_trace(n_steps=3, layout=layout, tricky=True)
     r, t = flat(trace, tmp_path, chunk_bytes=2048)
@@ -103,7 +103,7 @@ def test_unknown_keys_kept(tmp_path):
 
 
 # ------------------------------------------------------------------ gpu_ops
-@pytest.mark.parametrize("layout", ["new", "old", "oldest"])
+@pytest.mark.parametrize("layout", ["new", "old", "oldest", "2021"])
 def test_gpu_ops_rows_for_each_gpu_cat(tmp_path, layout):
     trace = synth.make_trace(n_steps=2, ops_per_step=3, layout=layout, gpu_devices=(0, 1))
     r, t = flat(trace, tmp_path)
@@ -126,7 +126,7 @@ def test_gpu_ops_rows_for_each_gpu_cat(tmp_path, layout):
         assert x["kind"] == kinds[e["cat"]] and x["cat"] == e["cat"] and x["name"] == e["name"]
         assert (x["device"], x["stream"], x["correlation"]) == (a["device"], a["stream"], a["correlation"])
         assert x["external_id"] == a.get("External id", a.get("external id"))
-        assert (x["pid"], x["tid"]) == (e["pid"], e["tid"])
+        assert (x["pid"], x["tid"]) == (e["pid"], synth.tid(e["tid"]))
         assert (x["ts_ns"], x["dur_ns"]) == (synth.ns(e["ts"]), synth.ns(e["dur"]))
         if x["kind"] == "kernel":
             assert [x["grid_x"], x["grid_y"], x["grid_z"]] == a["grid"]
@@ -180,7 +180,7 @@ def test_mtia_and_lowercase_copy_cats(tmp_path):
 
 
 # ------------------------------------------------------------------ flows
-@pytest.mark.parametrize("layout", ["new", "old", "oldest"])
+@pytest.mark.parametrize("layout", ["new", "old", "oldest", "2021"])
 def test_flows_rows(tmp_path, layout):
     trace = synth.make_trace(n_steps=2, layout=layout)
     r, t = flat(trace, tmp_path)
@@ -190,9 +190,9 @@ def test_flows_rows(tmp_path, layout):
     for x, (i, e) in zip(f, want):
         assert x["event_idx"] == i
         assert (x["id"], x["cat"], x["ph"], x["name"]) == (e["id"], e["cat"], e["ph"], e["name"])
-        assert (x["pid"], x["tid"], x["ts_ns"]) == (e["pid"], e["tid"], synth.ns(e["ts"]))
+        assert (x["pid"], x["tid"], x["ts_ns"]) == (e["pid"], synth.tid(e["tid"]), synth.ns(e["ts"]))
         assert x["bp"] == e.get("bp")
-    cat = {"new": "ac2g", "old": "async_cpu_to_gpu", "oldest": "async_gpu"}[layout]
+    cat = {"new": "ac2g", "old": "async_cpu_to_gpu", "oldest": "async_gpu", "2021": "async"}[layout]
     s = {x["id"] for x in f if x["ph"] == "s" and x["cat"] == cat}
     fi = {x["id"] for x in f if x["ph"] == "f" and x["cat"] == cat}
     assert s == fi and len(s) == 2 * (3 + 1)  # every launch flow has both ends

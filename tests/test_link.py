@@ -43,7 +43,7 @@ def _enrich(flat_dir: Path, dst: Path, monkeypatch, **sizes) -> tuple[pl.DataFra
     return pl.read_parquet(dst / "gpu_ops.parquet"), row
 
 
-@pytest.mark.parametrize("layout", ["new", "old", "oldest"])
+@pytest.mark.parametrize("layout", ["new", "old", "oldest", "2021"])
 def test_batches_and_time_cells_give_the_same_tables(tmp_path, monkeypatch, layout):
     flat = _flat(tmp_path, synth.make_trace(n_steps=6, ops_per_step=5, layout=layout))
     whole, whole_row = _enrich(flat, tmp_path / "whole", monkeypatch)
@@ -52,7 +52,8 @@ def test_batches_and_time_cells_give_the_same_tables(tmp_path, monkeypatch, layo
     )
     assert whole["launch_event_idx"].is_not_null().sum() > 0 and whole["cpu_op_event_idx"].is_not_null().sum() > 0
     assert whole["flops"].is_not_null().sum() > 0
-    assert layout == "oldest" or whole["step"].is_not_null().sum() > 0  # its steps are Operator events
+    # every launch is inside its ProfilerStep (an Operator event in the oldest layouts)
+    assert whole["step"].is_not_null().sum() == whole["launch_event_idx"].is_not_null().sum()
     assert parts.equals(whole)
     assert parts_row == whole_row
 

@@ -252,7 +252,7 @@ def test_ns_digit_timestamps_are_exact(tmp_path):
     assert [x["ts_ns"] for x in g] == [synth.ns(e["ts"]) for _, e in synth.gpu_events(t)]
 
 
-@pytest.mark.parametrize("layout", ["new", "old", "oldest"])
+@pytest.mark.parametrize("layout", ["new", "old", "oldest", "2021"])
 def test_float_and_int_timestamps_are_exact(tmp_path, layout):
     t = synth.make_trace(layout=layout)
     p = synth.write_trace(t, tmp_path / "t.json")

@@ -19,6 +19,7 @@ import pytest
 
 from pipeline import report as rp
 from pipeline import store
+from pipeline.analyses import names
 from pipeline.analyses.intervals import covered_overlap, nesting
 from pipeline.analyses.sweep import interval_union
 from pipeline.errors import UsageError
@@ -380,6 +381,92 @@ def test_normalise_ops_and_kernels():
         "triton_poi_fused_add_cos_sin",
         "Memcpy HtoD",
         "vllm::rms_norm_kernel",
+    ]
+
+
+# ------------------------------------------------------------------ readable (demangled) names
+# A kernel of mi300x_vllm_graph_replay (ck_tile's RMSNorm, as ROCm writes it: mangled).
+CK_RMSNORM = (
+    "_ZN7ck_tile6kentryILi1ENS_12Rmsnorm2dFwdINS_27Rmsnorm2dFwdPipelineOnePassINS_27Rmsnorm2dFw"
+    "dPipelineProblemIDF16bDF16bfDF16bDF16bDF16bffNS_19Generic2dBlockShapeINS_8sequenceIJLi1ELi"
+    "3072EEEENS5_IJLi1ELi128EEEENS5_IJLi1ELi8EEEEEENS_18Rmsnorm2dFwdTraitsILb1ELb0ELb0ELb0ELNS_"
+    "21Rmsnorm2dFusedAddEnumE0ELNS_23Rmsnorm2dFusedQuantEnumE0ELNS_22Rmsnorm2dSensitiveEnumE0EE"
+    "EEENS_33Rmsnorm2dFwdPipelineDefaultPolicyEEENS_17Default2DEpilogueINS_24Default2DEpilogueP"
+    "roblemIfDF16bLb0ELb1ELb0EEEvEEEEJNSM_5KargsEEEEvDpT1_"
+)
+
+
+def test_readable_demangles_itanium_names():
+    pytest.importorskip("cpp_demangle")
+    assert names.readable("_Z3fooi") == "foo(int)"
+    out = names.readable(CK_RMSNORM)
+    assert out.startswith("void ck_tile::kentry<1, ck_tile::Rmsnorm2dFwd<ck_tile::Rmsnorm2dFwdPipelineOnePass<")
+    assert "std::bfloat16_t" in out  # DF16b: newer than libstdc++ 12's __cxa_demangle knows
+    for plain in ("aten::mm", "Memcpy HtoD (Pinned -> Device)", "triton_poi_fused_add_0", "Cijk_Alik_Bljk_HHS_BH"):
+        assert names.readable(plain) == plain
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "_Zgarbage",
+        "_Z",
+        "_Z3foo\x00i",
+        "_Z" + "N" * 200_000 + "1aE",  # nesting deeper than any recursion limit
+        "_Z1fP" + "A1_" * 100_000 + "i",
+        "_Z1f" + "P" * 500_000 + "i",
+        "_Z" + "\u00e9\u2603" * 1000,
+        "_Z" + "3foo" * 20_000,  # longer than MAX_MANGLED
+    ],
+)
+def test_readable_never_raises_on_hostile_names(hostile):
+    assert names.readable(hostile) == hostile  # not demangled, not crashed, not hung
+
+
+def exponential_name(k: int) -> str:
+    """f(a, b<a,a>, b<b<a,a>,b<a,a>>, ...): each parameter doubles the last by substitutions, so
+    a 300-character name spells 2**k characters."""
+    digits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    params, sub = "1a1bIS_S_E", 2
+    for _ in range(k):
+        ref = (
+            "S" + digits[(sub - 1) % 36] + "_"
+            if sub < 37
+            else "S" + digits[(sub - 1) // 36] + digits[(sub - 1) % 36] + "_"
+        )
+        params, sub = params + "S0_I" + ref + ref + "E", sub + 1
+    return "_Z1f" + params
+
+
+@pytest.mark.slow
+def test_readable_bounds_an_exponential_expansion(monkeypatch):
+    pytest.importorskip("cpp_demangle")
+    monkeypatch.setattr(names, "_spent", [0.0])  # its own budget: this test spends seconds of it
+    small = names.readable(exponential_name(6))
+    assert small.startswith("f(a, b<a, a>, b<b<a, a>, b<a, a> >")
+    for k in (17, 30):  # 2**17 chars: over MAX_DEMANGLED; 2**30: over the demangler's own limit
+        assert names.readable(exponential_name(k)) == exponential_name(k)
+
+
+def test_readable_falls_back_without_the_package_or_budget(monkeypatch):
+    monkeypatch.setattr(names, "_demangle", None)
+    names.readable.cache_clear()
+    assert names.readable("_Z3fooi") == "_Z3fooi"
+    monkeypatch.undo()
+    names.readable.cache_clear()
+    monkeypatch.setattr(names, "_spent", [names.DEMANGLE_BUDGET_S])
+    assert names.readable("_Z3bari") == "_Z3bari"  # the process's time for demangling is spent
+    names.readable.cache_clear()
+
+
+def test_normalize_kernel_demangles_and_unwraps_launch_wrappers():
+    pytest.importorskip("cpp_demangle")
+    cutlass = "void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_f16_64x64_32x6_nn_align8>(Params)"
+    kernels = pl.Series([CK_RMSNORM, CK_RMSNORM.replace("Li1ELi3072E", "Li1ELi4096E"), cutlass])
+    assert kernels.to_frame("n").select(rp.normalize_kernel(pl.col("n")))["n"].to_list() == [
+        "ck_tile::Rmsnorm2dFwd",
+        "ck_tile::Rmsnorm2dFwd",  # another block shape: the same kernel across builds
+        "cutlass_80_tensorop_s16816gemm_f16_64x64_32x6_nn_align8",
     ]
 
 

@@ -16,7 +16,8 @@ import pytest
 import pipeline
 from conftest import PROJECT, TESTS
 from pipeline import report as rp
-from pipeline.render.tables import compact, render, shorten
+from pipeline.analyses.names import readable
+from pipeline.render.tables import cell, compact, render, shorten
 from pipeline.synthetic import write_demo
 
 GOLDEN = TESTS / "data" / "golden"
@@ -109,6 +110,29 @@ def test_shorten_keeps_names_apart_with_stable_ids():
     assert compact(a, 69) == "vectorized_elementwise_kernel<4,AddFunctor<float>,Array<char*,3>>(…)"
     assert compact(a, 40) == "vectorized_elementwise_kernel<…>"
     assert compact("Memcpy DtoD (Device -> Device)", 10) == "Memcpy DtoD (Device -> Device)"  # not C++
+
+
+def test_mangled_names_are_shown_demangled():
+    pytest.importorskip("cpp_demangle")
+    ck = "_ZN7ck_tile6kentryILi1ENS_12Rmsnorm2dFwdIfEEJiEEEvDpT1_"  # as ROCm writes ck_tile's kernels
+    assert cell(ck, "name") == "void ck_tile::kentry<1, ck_tile::Rmsnorm2dFwd<float>, int>(int)"
+    short = shorten(ck, 26)  # a launch wrapper shown as the kernel it launches
+    assert short.startswith("Rmsnorm2dFwd #") and short == shorten(readable(ck), 26)
+    assert shorten("_Z3fooi", 60) == "foo(int)"  # also when the raw name would fit
+    assert cell(["_Z3fooi", "aten::mm"], "kernels") == "foo(int)\n→ aten::mm"  # a kernel sequence
+    assert shorten("_Zgarbage", 60) == "_Zgarbage"
+
+
+@pytest.mark.real
+def test_vllm_trace_kernels_readable_at_80_columns(shared_traces, run_cli):
+    pytest.importorskip("cpp_demangle")
+    trace = shared_traces / "tracelens" / "mi300x_vllm_graph_replay.json.gz"
+    p = run_cli(["analyze", trace, "--width", "80", "--section", "kernels", "--section", "devices"])
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and not any("_ZN" in ln for ln in lines)
+    assert sum(ln.startswith("Rmsnorm2dFwd") for ln in lines) == 2  # two ck_tile RMSNorm kernels, apart
+    assert "device 2: AMD Instinct MI300X" in lines  # its name is empty: recognised by its properties
 
 
 def test_one_number_style_per_unit():

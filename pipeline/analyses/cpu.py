@@ -32,7 +32,7 @@ from pipeline.analyses.sweep import (
 )
 from pipeline.cost.categories import CategoryMemo, with_category
 from pipeline.errors import UsageError
-from pipeline.kineto import ANNOTATION_CAT, COMPILED_REGION, FRAME_CAT, OP_CAT, STEP_NAME
+from pipeline.kineto import COMPILED_REGION, FRAME_CAT, OP_CAT, STEP_CAT, STEP_NAME
 
 if TYPE_CHECKING:
     from pipeline.analyses.flat import Flat
@@ -224,7 +224,7 @@ class CpuTally:
     def add_owned(self, ops: pl.DataFrame):
         """Ops (and annotations) starting in the window."""
         self.steps.append(
-            ops.filter(pl.col("cat").str.contains(ANNOTATION_CAT) & IS_STEP).select(
+            ops.filter(pl.col("cat").str.contains(STEP_CAT) & IS_STEP).select(
                 step=pl.col("name").str.extract(STEP_NAME, 1).cast(pl.Int64), ts_ns="ts_ns", end_ns="end_ns"
             )
         )

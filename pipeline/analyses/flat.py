@@ -178,11 +178,12 @@ class Flat:
 
     @cached_property
     def device_names(self) -> pl.DataFrame:
-        """(device, name): the trace's name for the device, else the spec matched, else unknown."""
+        """(device, name): the trace's name for the device, else (no name, or an empty one: a
+        device recognised by its properties) the spec matched, else unknown."""
         devs = self.scan("devices").collect()
         model = one_model(devs)  # unlisted ids of a one-model machine are of that model
-        only = model["name"] if model else None
-        devs = devs.select("device", pl.col("name").alias("dev_name"))
+        only = model["name"] if model and (model["name"] or "").strip() else None
+        devs = devs.select("device", dev_name=pl.when(pl.col("name").str.strip_chars() != "").then(pl.col("name")))
         ids = self.activity.runs["device"].select("device")
         ids = ids.join(self.activity.specs, on="device", how="left")
         return (

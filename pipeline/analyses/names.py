@@ -1,12 +1,69 @@
-"""names: op and kernel names as keys that match across vendors, libraries and builds (`diff`).
+"""names: kernel names made readable (demangled), and op and kernel names as keys that match
+across vendors, libraries and builds (`diff`).
 
-Both are declarative rule tables applied in order: `OP_ALIASES` maps vendor-specific ops to one
-key, `KERNEL_NAME_RULES` strips what changes from build to build (templates, hashes, suffixes).
+`readable` turns an Itanium-mangled C++ name (`_ZN7ck_tile6kentryILi1E...`, as ROCm and some CUDA
+libraries write kernel names) into its C++ form for display and grouping; the tables keep the raw
+name. It uses the `cpp_demangle` package (the `demangle` extra: the Rust crate of the gimli project,
+fuzzed, with recursion limits) and falls back to the raw name when the package is absent or a name
+does not demangle. A trace is untrusted, so demangling is bounded: names over MAX_MANGLED
+characters are not tried, results over MAX_DEMANGLED are dropped, and once a process has spent
+DEMANGLE_BUDGET_S seconds demangling, further names stay raw (a crafted 300-character name can
+take a second and a hundred megabytes to expand).
+
+Both key tables are declarative rules applied in order: `OP_ALIASES` maps vendor-specific ops to
+one key, `KERNEL_NAME_RULES` strips what changes from build to build (templates, hashes, suffixes).
 """
 
 from __future__ import annotations
 
+import re
+import time
+from functools import lru_cache
+
 import polars as pl
+
+try:
+    from cpp_demangle import demangle as _demangle
+except ImportError:  # optional: raw names are shown
+    _demangle = None
+
+MANGLED_PREFIXES = ("_Z", "__Z")  # Itanium C++ ABI (`__Z` on Mach-O)
+MAX_MANGLED = 32_768  # characters: longer names are not demangled
+MAX_DEMANGLED = 65_536  # characters: a longer result is dropped (the raw name is kept)
+DEMANGLE_BUDGET_S = 2.0  # seconds per process; then names stay raw
+_spent = [0.0]
+
+
+@lru_cache(maxsize=1 << 16)
+def readable(name: str) -> str:
+    """The C++ form of an Itanium-mangled name (`_Z3fooi` -> `foo(int)`); any other name, one that
+    does not demangle, or any name when `cpp_demangle` is absent or the budget is spent: as it is."""
+    if _demangle is None or not name.startswith(MANGLED_PREFIXES) or len(name) > MAX_MANGLED:
+        return name
+    if _spent[0] >= DEMANGLE_BUDGET_S:
+        return name
+    start = time.perf_counter()
+    try:
+        out = _demangle(name)
+    except Exception:  # ValueError on a malformed name; never let a trace's name stop a report
+        out = name
+    finally:
+        _spent[0] += time.perf_counter() - start
+    return out if 0 < len(out) <= MAX_DEMANGLED else name
+
+
+def readable_names(names: pl.Expr) -> pl.Expr:
+    """`readable` over a string column, once per distinct name."""
+
+    def batch(s: pl.Series) -> pl.Series:
+        mangled = s.filter(s.str.starts_with("_Z") | s.str.starts_with("__Z")).unique()
+        if mangled.is_empty():
+            return s
+        table = {m: readable(m) for m in mangled.to_list()}
+        return s.replace(table)
+
+    return names.map_batches(batch, return_dtype=pl.String)
+
 
 # Op names that mean the same operation across vendors and libraries, applied in order to the
 # name (after an optional overload suffix `.Tensor`, `.out`, ... is dropped) as (regex, key).
@@ -37,9 +94,20 @@ OP_ALIASES: tuple[tuple[str, str], ...] = (
 )
 OVERLOAD_SUFFIX = r"^(\w[\w.]*::\w+)\.\w+$"
 
-# Kernel names reduced to what survives across builds: template arguments, parameter lists,
-# return types, hex hashes and Inductor's numeric suffixes dropped, as (regex, replacement).
+# Launch wrappers: kernels whose name is a generic entry point, the kernel being its template
+# argument; as (regex, replacement) giving that argument's name (mi300x_vllm_graph_replay's
+# `ck_tile::kentry<1, ck_tile::Rmsnorm2dFwd<...>, ...>`, a100_nccl's
+# `cutlass_cudnn_train::Kernel<cutlass_cudnn_train::conv::kernel::ImplicitGemmConvolution<...>>`).
+LAUNCH_WRAPPERS: tuple[tuple[str, str], ...] = (
+    (r"^(?:void\s+)?ck_tile::kentry<\d+,\s*([\w:]+).*$", "$1"),
+    (r"^(?:void\s+)?cutlass\w*::Kernel2?<([\w:]+).*$", "$1"),
+)
+
+# Kernel names reduced to what survives across builds: launch wrappers, template arguments,
+# parameter lists, return types, hex hashes and Inductor's numeric suffixes dropped, as (regex,
+# replacement).
 KERNEL_NAME_RULES: tuple[tuple[str, str], ...] = (
+    *LAUNCH_WRAPPERS,
     (r"\(anonymous namespace\)::", ""),
     (r"^(?:void\s+)?std::enable_if<.*?>::type\s+", ""),  # SFINAE return type (may hold `(8)>(0)`)
     *((r"<[^<>]*>", ""),) * 8,  # template arguments, innermost first (nesting up to 8 deep)
@@ -51,6 +119,15 @@ KERNEL_NAME_RULES: tuple[tuple[str, str], ...] = (
 )
 
 
+def unwrapped(name: str) -> str:
+    """The kernel a launch wrapper's name (`LAUNCH_WRAPPERS`) launches; other names as they are."""
+    for pattern, repl in LAUNCH_WRAPPERS:
+        out = re.sub(pattern, repl.replace("$1", r"\1"), name)
+        if out != name:
+            return out
+    return name
+
+
 def normalize_op(name: pl.Expr) -> pl.Expr:
     """An op name as a cross-vendor key: overload suffix dropped, `OP_ALIASES` applied."""
     out = name.str.replace(OVERLOAD_SUFFIX, "$1")
@@ -60,7 +137,9 @@ def normalize_op(name: pl.Expr) -> pl.Expr:
 
 
 def normalize_kernel(name: pl.Expr) -> pl.Expr:
-    """A kernel name without template arguments, parameters, return type and hashes."""
+    """A kernel name (demangled) without launch wrappers, template arguments, parameters, return
+    type and hashes."""
+    name = readable_names(name)
     out = name
     for pattern, repl in KERNEL_NAME_RULES:
         out = out.str.replace_all(pattern, repl)

@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.errors import UsageError
-from pipeline.kineto import ANNOTATION_CATS, STEP_NAME
+from pipeline.kineto import ANNOTATION_CATS, STEP_CATS, STEP_NAME
 from pipeline.store import scalar_int
 
 Intervals = list[tuple[int, int]]  # [start, end) in ns, sorted, disjoint
@@ -48,7 +48,7 @@ class Window:
             return None
         lo, hi = parse_steps(self.steps)
         n = pl.col("name").str.extract(STEP_NAME, 1).cast(pl.Int64)
-        s = _annotations(events, pl.col("name").str.contains(STEP_NAME)).with_columns(n=n)
+        s = _annotations(events, pl.col("name").str.contains(STEP_NAME), STEP_CATS).with_columns(n=n)
         lo, hi = -1 if lo is None else lo, 1 << 62 if hi is None else hi
         s = s.filter((pl.col("n") >= lo) & (pl.col("n") <= hi))
         if not s.height:
@@ -85,10 +85,10 @@ def parse_steps(text: str) -> tuple[int | None, int | None]:
     return lo, hi
 
 
-def _annotations(events: Path, which: pl.Expr) -> pl.DataFrame:
+def _annotations(events: Path, which: pl.Expr, cats: tuple[str, ...] = ANNOTATION_CATS) -> pl.DataFrame:
     return (
         pl.scan_parquet(events)
-        .filter(pl.col("cat").str.to_lowercase().is_in(ANNOTATION_CATS) & which & pl.col("ts_ns").is_not_null())
+        .filter(pl.col("cat").str.to_lowercase().is_in(cats) & which & pl.col("ts_ns").is_not_null())
         .select("name", "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0))
         .collect(engine="streaming")
     )

@@ -5,11 +5,16 @@ Peaks are dense datasheet figures (no 2:4 sparsity): the denominators of every a
 on AMD Instinct (where FP32 GEMMs run on it). `peak_fp64_tflops` uses FP64 tensor/matrix cores
 where the device has them. A blank peak means the device has no such path.
 
-A device is matched by (first that applies): `force` (a spec name, or a name the rows' regexes
-recognise), the trace's device name against `name_regex` (first row in table order wins; among
-several matching rows one whose SM count / memory / compute capability fit the device's
-properties is preferred, e.g. "AMD Instinct MI250X / MI250" with 104 CUs is an MI250 GCD), then
-the properties alone (for names like "AMD Radeon Graphics").
+Matching is data: each row's `name_regex`, `arch` and properties (`sm_count`, `memory_gb`,
+`compute_major`/`compute_minor`). A device is matched by (first that applies):
+1. `force`: a spec name, or a name the rows' regexes recognise;
+2. its name, against `name_regex`: among the rows that match, the first whose properties fit the
+   device's (`_fit`) wins, else the first in table order (e.g. "AMD Instinct MI250X / MI250" with
+   104 CUs is an MI250 GCD);
+3. its properties alone (an empty or generic name such as "" or "AMD Radeon Graphics"), among
+   the rows whose `arch` the name spells (`gfx942`) or else all rows: the rows whose SM count,
+   memory and compute capability fit; when they are not one device (their peaks differ, e.g. an
+   RTX A6000 and an A40 have the same SMs and memory), none is chosen: `unknown`, never a guess.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ OUT_SCHEMA = {
     **{c: pl.Float64 for c in PEAK_COLS},
     "spec_source": pl.String,
 }
-MEM_TOLERANCE = 0.10  # relative, totalGlobalMem (GiB) against memory_gb
+MEM_TOLERANCE = 0.10  # relative, totalGlobalMem (GiB) against memory_gb (datasheets give GB or GiB)
+PEAK_TOLERANCE = 0.02  # relative: rows whose peaks all agree within it are one device for matching
 
 DTYPE_PEAK = {
     "fp8": "peak_fp8_tflops",
@@ -138,21 +144,50 @@ def _cell(v) -> str:
 # ---- matching
 
 
-def _props_fit(row: dict, props: dict) -> bool:
-    """numSms equal, totalGlobalMem within MEM_TOLERANCE, and compute capability when given."""
+def _fit(row: dict, props: dict) -> int | None:
+    """How many of the device's properties the row was checked against (SM count, memory within
+    MEM_TOLERANCE, compute capability), or None when one of them disagrees."""
+    checks = 0
     sms, mem = props.get("numSms"), props.get("totalGlobalMem")
-    if sms is None or mem is None or row["sm_count"] is None or row["memory_gb"] is None:
-        return False
-    if sms != row["sm_count"] or abs(mem / 2**30 - row["memory_gb"]) > MEM_TOLERANCE * row["memory_gb"]:
-        return False
+    if sms is not None and row["sm_count"] is not None:
+        if sms != row["sm_count"]:
+            return None
+        checks += 1
+    if mem is not None and row["memory_gb"] is not None:
+        if abs(mem / 2**30 - row["memory_gb"]) > MEM_TOLERANCE * row["memory_gb"]:
+            return None
+        checks += 1
     major, minor = props.get("computeMajor"), props.get("computeMinor")
-    if major is None or minor is None:
-        return True
-    return (major, minor) == (row["compute_major"], row["compute_minor"])
+    if major is not None and minor is not None and row["compute_major"] is not None:
+        if (major, minor) != (row["compute_major"], row["compute_minor"]):
+            return None
+    return checks
+
+
+def _props_fit(row: dict, props: dict) -> bool:
+    """Enough to recognise a device without its name: SM count and memory both agree (and the
+    compute capability where both give it)."""
+    return _fit(row, props) == 2
+
+
+def _same_peaks(a: dict, b: dict) -> bool:
+    """Two rows are one device for matching when every peak agrees within PEAK_TOLERANCE."""
+
+    def close(x, y) -> bool:
+        return x is None and y is None or (x is not None and y is not None and abs(x - y) <= PEAK_TOLERANCE * max(x, y))
+
+    return all(close(a[c], b[c]) for c in PEAK_COLS)
 
 
 def _by_name(name: str | None, rows: list[dict]) -> list[dict]:
     return [r for r in rows if name and re.search(r["name_regex"], name, re.IGNORECASE)]
+
+
+def _by_arch(name: str | None, rows: list[dict]) -> list[dict]:
+    """The rows whose arch the name spells as a word (`gfx942`, `gfx90a:sramecc+:xnack-`)."""
+    return [
+        r for r in rows if name and r["arch"] and re.search(rf"(?<![\w]){re.escape(r['arch'])}(?![\w])", name, re.I)
+    ]
 
 
 def _forced(force: str, rows: list[dict]) -> dict:
@@ -176,15 +211,18 @@ def _result(row: dict | None, how: str) -> dict:
 
 
 def match_device(name: str | None, props: dict, specs: pl.DataFrame, force: str | None = None) -> dict:
-    """{"spec_name", "match" (forced/name/properties/unknown), "spec_source", peak columns...}."""
+    """{"spec_name", "match" (forced/name/properties/unknown), "spec_source", peak columns...,
+    "ambiguous" (the spec names whose properties fit when they are not one device)}."""
     rows = specs.to_dicts()
     if force is not None:
         return _result(_forced(force, rows), "forced")
     named = _by_name(name, rows)
     if named:
-        return _result(next((r for r in named if _props_fit(r, props)), named[0]), "name")
-    fit = next((r for r in rows if _props_fit(r, props)), None)
-    return _result(fit, "properties" if fit else "unknown")
+        return _result(next((r for r in named if _fit(r, props)), named[0]), "name")
+    fits = [r for r in _by_arch(name, rows) or rows if _props_fit(r, props)]
+    if fits and all(_same_peaks(fits[0], r) for r in fits[1:]):
+        return _result(fits[0], "properties")
+    return {**_result(None, "unknown"), "ambiguous": [r["spec_name"] for r in fits]}
 
 
 def one_model(devices: pl.DataFrame) -> dict | None:
@@ -208,10 +246,12 @@ def match_specs(devices: pl.DataFrame, specs: pl.DataFrame, force: str | None = 
             "computeMinor": d.get("compute_minor"),
         }
         m = match_device(d.get("name"), props, specs, force)
+        ambiguous = m.pop("ambiguous", None)
         if m["match"] == "unknown":
+            what = f"its properties fit {' and '.join(ambiguous)}" if ambiguous else "not in the device-spec table"
             warnings.append(
-                f"device {d['device']} ({d.get('name') or 'no name'}): not in the device-spec "
-                "table, achieved-% left empty (use --device or --device-specs)"
+                f"device {d['device']} ({d.get('name') or 'no name'}): {what}, achieved-% left empty "
+                "(use --device or --device-specs)"
             )
         matches.append({**m, "spec_match": m.pop("match")})
     out = pl.DataFrame(matches, schema=OUT_SCHEMA)

@@ -22,6 +22,7 @@ from pipeline import schema, store
 from pipeline.cost import devices as device_specs_mod
 from pipeline.cost import formulas, roofline
 from pipeline.cost.categories import CategoryMemo, with_category
+from pipeline.kineto import canonical_args
 from pipeline.link import links as link
 
 SIGNATURE_KEYS = formulas.ARGS_READ
@@ -118,7 +119,7 @@ def _json_value(text: str):
 
 
 def _evaluate(sig: dict, dtype: str | None) -> dict:
-    args = {k: _json_value(sig[k]) for k in SIGNATURE_KEYS if sig[k] is not None}
+    args = canonical_args({k: _json_value(sig[k]) for k in SIGNATURE_KEYS if sig[k] is not None})
     c = formulas.op_cost(sig["name"] or "", args, dtype_fallback=dtype)
     if c is None:
         return {

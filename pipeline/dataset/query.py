@@ -38,7 +38,8 @@ EXAMPLES: dict[str, tuple[str, str]] = {
         WITH steps AS (
             SELECT {_RUN} AS run, e.name AS step, t.rank, t.stem, e.trace_id, e.dur_ns
             FROM events e JOIN trace t ON e.trace_id = t.trace_id
-            WHERE e.name LIKE 'ProfilerStep#%' AND e.cat = 'user_annotation' AND e.dur_ns IS NOT NULL),
+            WHERE e.name LIKE 'ProfilerStep#%' AND lower(e.cat) IN ('user_annotation', 'operator')
+                  AND e.dur_ns IS NOT NULL),
         worst AS (
             SELECT run, step, MAX(dur_ns) AS slowest_ns, MIN(dur_ns) AS fastest_ns, COUNT(DISTINCT trace_id) AS ranks
             FROM steps GROUP BY run, step)

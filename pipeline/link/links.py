@@ -54,9 +54,11 @@ from pipeline.kineto import (
     ANNOTATION_CATS,
     CPU_OP_CATS,
     LAUNCH_CATS,
+    LAUNCH_FLOWS,
     LINK_FLOW_CATS,
     MODULE_CATS,
     MODULE_PREFIX,
+    STEP_CATS,
     STEP_NAME,
     cat_regex,
 )
@@ -155,6 +157,11 @@ class LinkSources:
             cells=TimeCells.of(histogram, bins, CELL_SLICES),
         )
 
+    @property
+    def step_cats(self) -> tuple[str, ...]:
+        """The trace's categories of context slices that can be ProfilerStep#N (`kineto.STEP_CATS`)."""
+        return tuple(c for k in CONTEXT_KINDS for c in self.cats[k] if c.lower() in STEP_CATS)
+
     def is_slice(self, *kinds: int) -> pl.Expr:
         """Events that are CPU slices of these kinds (complete events with a thread and a start)."""
         cats = [c for k in kinds for c in self.cats[k]]
@@ -179,6 +186,15 @@ class LinkSources:
         for k in reversed(KIND_CATS):
             out = pl.when(_one_of("cat", self.cats[k])).then(pl.lit(k, pl.Int8)).otherwise(out)
         return out
+
+
+def _is_launch_flow() -> pl.Expr:
+    """Flow endpoints of the launch -> GPU activity flows of every layout (`kineto.LAUNCH_FLOWS`:
+    a category, and the name where the category alone says too little, as the 2021 `async`)."""
+    out = pl.lit(False)
+    for cat, name in LAUNCH_FLOWS:
+        out |= (pl.col("cat") == cat) if name is None else (pl.col("cat") == cat) & (pl.col("name") == name)
+    return out
 
 
 def _one_of(column: str, values) -> pl.Expr:
@@ -319,7 +335,7 @@ def _flows(src: LinkSources, gpu: pl.DataFrame, corrs: pl.Series) -> pl.DataFram
     times and ids only, the exact ones are picked from what it returns (measured cheaper than
     looking each row's value up while reading). `s` endpoints with other ids are read after."""
     at = gpu.select(_THREAD_TIME).drop_nulls().unique()
-    link_flow = pl.col("cat").is_in(LINK_FLOW_CATS) & pl.col("id").is_not_null()
+    link_flow = _is_launch_flow() & pl.col("id").is_not_null()
     is_end, is_start = pl.col("ph") == "f", pl.col("ph") == "s"
     found = _read(
         src.flows,
@@ -417,15 +433,15 @@ NESTS = (("cpu_op", 0, False), ("step", 1, False), ("annotation", 2, True), ("mo
 def _context_in_cell(points: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame:
     """(event_idx, cpu_op_event_idx, cpu_op_link, cpu_op_name, step_name, annotation, module) of the
     launch points (point_id, pid, tid, t) of a time cell, from the slices running around them."""
-    annotations = slices.filter(pl.col("kind") == ANNOTATION)  # few: only their names are matched
-    steps = annotations.filter(pl.col("name").cast(pl.String).str.contains(STEP_NAME))["event_idx"]
+    candidates = slices.filter("maybe_step")  # few (annotations): only their names are matched
+    steps = candidates.filter(pl.col("name").cast(pl.String).str.contains(STEP_NAME))["event_idx"]
     nest = (
-        pl.when(pl.col("kind") == CPU_OP)
+        pl.when(pl.col("event_idx").is_in(steps.implode()))
+        .then(1)
+        .when(pl.col("kind") == CPU_OP)
         .then(0)
         .when(pl.col("kind") == MODULE)
         .then(3)
-        .when(pl.col("event_idx").is_in(steps.implode()))
-        .then(1)
         .otherwise(2)
         .cast(pl.Int8)
     )
@@ -488,6 +504,7 @@ def _context_slices(src: LinkSources, where: pl.Expr, threads: pl.DataFrame) -> 
             "tid",
             "ts_ns",
             end.alias("end_ns"),
+            _one_of("cat", src.step_cats).alias("maybe_step"),
         ],
     )
     return slices.join(threads, on=["pid", "tid"], how="semi")

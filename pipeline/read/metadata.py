@@ -7,11 +7,12 @@ import datetime as _dt
 import hashlib
 import os
 import re
+from collections.abc import Iterable
 
 import pyarrow as pa
 
 from pipeline import schema
-from pipeline.kineto import trace_stem
+from pipeline.kineto import layout_of, trace_stem
 from pipeline.read.values import Problems, as_int, dumps
 from pipeline.redact import redact
 from pipeline.version import __version__
@@ -86,7 +87,9 @@ def rank_of(path: str, distributed: dict) -> tuple[int | None, str | None]:
     return None, None
 
 
-def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail) -> dict:
+def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail, cats: Iterable = ()) -> dict:
+    """The trace table's row of a trace read from `path` (`cats`: the event categories it holds,
+    which tell its layout)."""
     info = metadata.get("distributedInfo")
     dist = info if isinstance(info, dict) else {}
     rest = {k: v for k, v in metadata.items() if k != "deviceProperties"}
@@ -105,6 +108,7 @@ def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail)
         "stem": trace_stem(path),
         "schema_version": None if sv is None else str(sv),
         "trace_name": metadata.get("traceName") if isinstance(metadata.get("traceName"), str) else None,
+        "layout": layout_of(cats),
         "base_time_ns": base if type(base) is int else None,
         **dict(zip(("rank", "rank_from"), rank_of(path, dist))),
         "world_size": int_or_none(dist.get("world_size")),

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import schema
-from pipeline.kineto import FLOW_PHASES, GPU_KINDS
+from pipeline.kineto import FLOW_PHASES, GPU_KINDS, THREAD_ID_FORMS
 from pipeline.read.arrays import coerced_ints
 from pipeline.read.values import Problems
 
@@ -41,7 +41,19 @@ _GPU_CATS_ARRAY = pa.array(sorted(GPU_KINDS), pa.string())
 
 def events_table(cols: dict) -> pa.Table:
     n = len(cols["ph"])
-    return pa.table({"event_idx": pa.array(range(n), pa.int64()), **cols})
+    return pa.table({"event_idx": pa.array(range(n), pa.int64()), **cols, "tid": numbered_tids(cols)})
+
+
+def numbered_tids(cols: dict) -> pa.Array:
+    """`tid`, with the threads that a layout writes as strings naming a number (`"1890023232"`,
+    `"stream 7"`: `kineto.THREAD_ID_FORMS`) given that number; the string stays in `tid_str`."""
+    tid, text = cols["tid"], cols["tid_str"]
+    if text.null_count == len(text):
+        return tid
+    for form in THREAD_ID_FORMS:
+        number = pc.struct_field(pc.extract_regex(text, form), "n")  # null where the form does not match
+        tid = pc.coalesce(tid, pc.cast(number, pa.int64()))
+    return tid
 
 
 EVENT_COLUMNS = (

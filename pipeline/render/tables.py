@@ -22,6 +22,8 @@ from decimal import Decimal
 
 import polars as pl
 
+from pipeline.analyses.names import readable, unwrapped
+
 MIN_NAME = 18  # a shortened name keeps at least this many characters
 GAP = 2  # spaces between columns
 SEQUENCE = "kernels"  # a column of kernel sequences (lists of names): one name per line
@@ -87,12 +89,12 @@ def cell(v, column: str = "", name_limit: int | None = None) -> str:
     if isinstance(v, (int, float)):
         return number(v, column)
     if isinstance(v, (list, tuple)) and column == SEQUENCE:  # one kernel per line, whole (shortened later)
-        return "\n".join((THEN if i else "") + str(k) for i, k in enumerate(v))
+        return "\n".join((THEN if i else "") + readable(str(k)) for i, k in enumerate(v))
     if isinstance(v, (list, tuple)):
         return ",".join(cell(x, column, None) for x in v)
     if isinstance(v, dict):
         return str(v.get("name", v))
-    s = str(v)
+    s = readable(str(v))
     return shorten(s, name_limit) if name_limit else s
 
 
@@ -101,7 +103,9 @@ def shorten(s: str, limit: int, names: bool = True) -> str:
     does not fit keeps its start and end around an ellipsis. A shortened name ends in ` #` and four
     hex digits of the whole name's hash: the same name always gets the same id, and two names that
     differ only where they were cut stay apart (under MIN_NAME characters there is no room for it).
-    `names`: False for text that is not one name (a kernel sequence): cut, never made compact."""
+    `names`: False for text that is not one name (a kernel sequence): cut, never made compact.
+    A mangled C++ name is shown demangled (`names.readable`)."""
+    s = readable(s) if names else s
     if len(s) <= limit:
         return s
     if limit < MIN_NAME:
@@ -122,11 +126,13 @@ _SPACES = re.compile(r"\s*([<>,*&])\s*")
 
 
 def compact(name: str, room: int) -> str:
-    """A C++ kernel name made shorter step by step, until it fits `room`: without the return type
-    `void` and the parameter list, then without namespace qualifiers, then without spaces around
-    template punctuation, then without `(…)`, then with its template arguments as `<…>`. Other
-    names come back as they are."""
+    """A C++ kernel name made shorter step by step, until it fits `room`: a launch wrapper's name
+    as the kernel it launches (`names.LAUNCH_WRAPPERS`), without the return type `void` and the
+    parameter list, then without namespace qualifiers, then without spaces around template
+    punctuation, then without `(…)`, then with its template arguments as `<…>`. Other names come
+    back as they are."""
     steps = (
+        unwrapped,
         lambda n: _without_params(n.removeprefix("void ")),
         lambda n: _SCOPE.sub("", n),
         lambda n: _SPACES.sub(r"\1", n),

@@ -26,7 +26,7 @@ import polars as pl
 
 from pipeline.cost.formulas.collectives import normalize_kind
 from pipeline.cost.formulas.dtypes import DTYPE_SIZE, normalize_dtype
-from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, STEP_NAME
+from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, STEP_CATS, STEP_NAME
 
 NCCL_KERNEL = r"(?i)nccl|rccl"
 COMM_OP = r"^(?:c10d::|_c10d_functional::|nccl:|rccl:|record_param_comms$)"
@@ -286,7 +286,7 @@ def profiler_steps(flat_dir: Path) -> pl.DataFrame:
     """ProfilerStep#N intervals (step, step_ts_ns, step_end_ns) in start order."""
     return _events(
         flat_dir,
-        pl.col("cat").str.to_lowercase().is_in(ANNOTATION_CATS)
+        pl.col("cat").str.to_lowercase().is_in(STEP_CATS)
         & pl.col("name").str.contains(STEP_NAME)
         & pl.col("ts_ns").is_not_null(),
         [

@@ -3,7 +3,7 @@ every layout (`traces`), the demo and benchmark template (`demo`), and runs of m
 known physics (`runs`)."""
 
 from pipeline.synthetic.demo import kineto_text, write_demo
-from pipeline.synthetic.expectations import complete_events, flow_events, gpu_events, ns
+from pipeline.synthetic.expectations import complete_events, flow_events, gpu_events, ns, tid
 from pipeline.synthetic.runs import run_rank_events, write_run
 from pipeline.synthetic.traces import (
     DEVICE_PROPS,
@@ -36,6 +36,7 @@ __all__ = [
     "ns",
     "run_rank_events",
     "step_events",
+    "tid",
     "top_metadata",
     "write_big_trace",
     "write_demo",

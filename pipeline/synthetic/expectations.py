@@ -24,6 +24,15 @@ def ns(v) -> int | None:
     raise TypeError(type(v))
 
 
+def tid(v):
+    """Independent expectation: the integer thread id a `tid` value names (the 2021 layout writes
+    `"1670242"` and `"stream 7"`); None for a name that is no number."""
+    if type(v) is int:
+        return v
+    text = str(v).removeprefix("stream ")
+    return int(text) if text.isdigit() else None
+
+
 def gpu_events(trace: dict) -> list[tuple[int, dict]]:
     return [
         (i, e)

@@ -5,7 +5,7 @@ bundled demo and the benchmark.
 ProfilerStep#N annotations, nested cpu_ops (aten::linear -> aten::addmm / aten::mm) with
 shapes, cudaLaunchKernel runtime calls with correlation ids, launch flows, kernels with
 device/stream/grid/block, a memcpy and a memset per step, `M` metadata (string pids
-included) and the usual top-level metadata, in three layouts ("new", "old", "oldest").
+included) and the usual top-level metadata, in four layouts ("new", "old", "oldest", "2021").
 Timestamps are built as `Decimal`s with three decimals (what Kineto prints); they are stored
 as floats (layout "new"), ints (layouts "old"/"oldest") or, with `ns_digits=True`, as Decimals
 too long for a float64 (`1712195495519695.812`). `write_trace` writes Decimals as their exact
@@ -36,7 +36,9 @@ GPU_CATS_BY_LAYOUT = {
     "new": {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"},
     "old": {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"},
     "oldest": {"kernel": "Kernel", "memcpy": "Memcpy", "memset": "Memset"},
+    "2021": {"kernel": "Kernel", "memcpy": "Memcpy", "memset": "Memset"},
 }
+CAPITALISED = ("oldest", "2021")  # layouts whose CPU cats are Operator / Runtime
 ALL_GPU_CATS = {
     "kernel",
     "gpu_memcpy",
@@ -118,14 +120,18 @@ def step_events(
     """The events of one ProfilerStep: annotation, ops, launches, flows, kernels, memcpy, memset."""
     clk = _Clock(layout, ns_digits)
     cats = GPU_CATS_BY_LAYOUT[layout]
-    op_cat = "Operator" if layout == "oldest" else "cpu_op"
-    rt_cat = "Runtime" if layout == "oldest" else "cuda_runtime"
-    ann_cat = "Operator" if layout == "oldest" else "user_annotation"
-    ext_key = "external id" if layout == "oldest" else "External id"
+    op_cat = "Operator" if layout in CAPITALISED else "cpu_op"
+    rt_cat = "Runtime" if layout in CAPITALISED else "cuda_runtime"
+    ann_cat = "Operator" if layout in CAPITALISED else "user_annotation"
+    ext_key = "external id" if layout in CAPITALISED else "External id"
+    op_ext_key = "External id" if layout == "2021" else ext_key  # the 2021 layout capitalises it on ops only
+    dims_key = "Input dims" if layout == "2021" else "Input Dims"
+    own_ext = layout in ("new", "2021")  # GPU events carry their op's External id, not the correlation
     flow_cat, flow_name = {
         "new": ("ac2g", "ac2g"),
         "old": ("async_cpu_to_gpu", "async_gpu"),
         "oldest": ("async_gpu", "cudaLaunchKernel"),
+        "2021": ("async", "launch"),
     }[layout]
     k = step if step_index is None else step_index
     t0 = STEP_US * k
@@ -134,6 +140,12 @@ def step_events(
     out: list[dict] = []
 
     def x(cat, name, pid, tid, ts, dur, args):
+        if layout == "2021":  # threads as strings, GPU streams as "stream N"; op args keyed as then
+            tid = str(tid) if pid == PID else f"stream {tid}"
+            if cat == op_cat:
+                args = {
+                    (op_ext_key if k == ext_key else dims_key if k == "Input Dims" else k): v for k, v in args.items()
+                }
         out.append(
             {
                 "ph": "X",
@@ -163,7 +175,7 @@ def step_events(
             "ph": "f",
             "id": c,
             "pid": gpu_pid,
-            "tid": STREAM,
+            "tid": f"stream {STREAM}" if layout == "2021" else STREAM,
             "ts": clk.t(gpu_ts),
             "cat": flow_cat,
             "name": flow_name if layout != "oldest" else launch_name,
@@ -236,7 +248,7 @@ def step_events(
             {ext_key: inner_ext, "cbid": 211, "correlation": corr},
         )
         k_ts = s + Decimal("40.007") + Decimal(i)
-        kext = inner_ext if layout == "new" else corr  # old layouts: External id == correlation
+        kext = inner_ext if own_ext else corr  # old layouts: External id == correlation
         x(
             cats["kernel"],
             "ampere_sgemm_32x32_sliced1x4_tn" if i % 2 == 0 else "sm80_xmma_gemm_bf16bf16_bf16f32",
@@ -300,7 +312,7 @@ def step_events(
         m_ts,
         Decimal("4.096"),
         {
-            ext_key: cext if layout == "new" else corr,
+            ext_key: cext if own_ext else corr,
             "device": dev,
             "context": 1,
             "stream": STREAM,
@@ -322,7 +334,7 @@ def step_events(
         z_ts,
         Decimal("1.024"),
         {
-            ext_key: 0 if layout == "new" else corr,
+            ext_key: 0 if own_ext else corr,
             "device": dev,
             "context": 1,
             "stream": STREAM,
@@ -439,13 +451,14 @@ def top_metadata(layout: str = "new", device_props=True, prop_ids=(0,)) -> tuple
     after: dict[str, object] = {}
     if layout != "oldest":
         before["schemaVersion"] = 1
+    if layout not in CAPITALISED:
         if device_props:
             before["deviceProperties"] = [{"id": i, **DEVICE_PROPS} for i in prop_ids]
         before["cupti_version"] = 18
         before["cuda_runtime_version"] = 12000
         before["record_shapes"] = 1
     before["distributedInfo"] = {"backend": "nccl", "rank": 1, "world_size": 4}
-    if layout != "oldest":
+    if layout not in CAPITALISED:
         after["traceName"] = "/tmp/tmpu3g3sevh/synth.json"
         after["displayTimeUnit"] = "ms"
         after["baseTimeNanoseconds"] = 1727743122000000000
@@ -470,7 +483,9 @@ def make_trace(
 
     layout: "new" (ac2g flows, float µs), "old" (async_cpu_to_gpu flows, int µs, kernel External id
     = correlation), "oldest" (cats Kernel/Memcpy/Memset/Runtime/Operator, `external id`, async_gpu
-    flows, no schemaVersion/deviceProperties). metadata_after: deviceProperties, distributedInfo and
+    flows, no schemaVersion/deviceProperties), "2021" (torch 1.8: as "oldest" but threads as strings,
+    GPU streams as `"stream 7"`, flows of cat `async` named `launch`, `Input dims`, and kernels' lower-case
+    `external id` their op's). metadata_after: deviceProperties, distributedInfo and
     the rest follow traceEvents (as in newer Kineto). tricky: add events whose strings and args
     contain `}, {"` and nested lists of objects. extra_metadata: added at the top level (after
     traceEvents when metadata_after). extra_events: appended to traceEvents.

@@ -8,6 +8,8 @@ on import. They are imported below in a fixed order: the order of `FORMULAS` and
 
 from __future__ import annotations
 
+from pipeline.kineto import ARG_ALIASES
+
 from .dtypes import normalize_dtype
 from .inputs import OpInputs
 from .literal import parse_literal
@@ -23,9 +25,11 @@ FAMILIES = (gemm, conv, attention, norms, embedding, elementwise, copies, reduct
 """The family modules in registration order."""
 
 MODELLED_OPS: tuple[str, ...] = tuple(sorted(FORMULAS))
-# Every event arg a formula reads: the four input args, and the ones record_param_comms carries
-# (without them a record_param_comms event has no cost).
+# Every event arg a formula reads: the four input args (and older layouts' names for them:
+# `kineto.ARG_ALIASES`), and the ones record_param_comms carries (without them a
+# record_param_comms event has no cost).
 ARGS_READ: tuple[str, ...] = (
+    *ARG_ALIASES,
     "Input Dims",
     "Input type",
     "Input Strides",

@@ -140,6 +140,10 @@ def finish_read(members: list[Member], t: Tables, memo: dict):
         pairs = pl.DataFrame({"m": t.owner["gpu_ops"], "device": store.series_from_arrow(gpu.column("device"))})
         for k, d in pairs.drop_nulls().unique().iter_rows():
             device_ids[k].add(d)
+    cats: list[set] = [set() for _ in members]  # the event categories each holds (its layout)
+    held = pl.DataFrame({"m": t.owner["events"], "cat": store.series_from_arrow(t.tables["events"].column("cat"))})
+    for k, c in held.drop_nulls().unique().iter_rows():
+        cats[k].add(c)
     counts = {n: t.counts(n) for n in READ_TABLES}
     for k, m in enumerate(members):
         if m.raw_metadata is None or _SURROGATE_ESCAPE.search(m.raw_metadata):
@@ -162,7 +166,7 @@ def finish_read(members: list[Member], t: Tables, memo: dict):
             "n_flows": int(counts["flows"][k]),
             "n_devices": devices.num_rows,
         }
-        m.row = trace_row(m.path, m.metadata, n, m.problems, Tail())
+        m.row = trace_row(m.path, m.metadata, n, m.problems, Tail(), cats[k])
         m.metadata = {}
 
 

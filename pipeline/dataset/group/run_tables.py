@@ -25,7 +25,7 @@ def run_tables(members: list[Member], t: Tables, work: Path) -> tuple[pa.Table, 
     `write_run_tables` writes them per trace: a member with NCCL/RCCL kernels or gloo work gets
     them from `write_run_tables` itself (over a scratch directory of its tables); the others have
     no collectives, and their steps come from one query keyed by member (`runs.steps.steps`)."""
-    from pipeline.kineto import ANNOTATION_CATS, STEP_NAME
+    from pipeline.kineto import ANNOTATION_CATS, STEP_CATS, STEP_NAME
     from pipeline.runs.collectives import GLOO_WORK, NCCL_KERNEL
     from pipeline.runs.steps import SCHEMA as STEPS_SCHEMA
     from pipeline.runs.steps import union_ns
@@ -62,7 +62,12 @@ def run_tables(members: list[Member], t: Tables, work: Path) -> tuple[pa.Table, 
     for k in rest:
         members[k].row["n_collectives"] = 0
     intervals = (
-        events.filter(pl.col("_m").is_in(rest) & annotation & pl.col("name").str.contains(STEP_NAME))
+        events.filter(
+            pl.col("_m").is_in(rest)
+            & pl.col("cat").str.to_lowercase().is_in(STEP_CATS)
+            & pl.col("ts_ns").is_not_null()
+            & pl.col("name").str.contains(STEP_NAME)
+        )
         .select("_m", step="name", step_ts_ns="ts_ns", step_end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0))
         .sort("_m", "step_ts_ns")
     )
