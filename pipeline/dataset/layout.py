@@ -91,7 +91,8 @@ def held_stage(ds: Path, prefix: str = "append"):
 
 
 def clear_staging(ds: Path):
-    """Remove staging leftovers (of runs that were killed), but the folders writers hold (`held_stage`)."""
+    """Remove staging leftovers (of runs that were killed), but the folders writers hold
+    (`held_stage`); called under the dataset's lock, as every folder is made under it."""
     root = ds / STAGING
     if not root.is_dir():
         return
@@ -109,6 +110,8 @@ def clear_staging(ds: Path):
             finally:
                 os.close(fd)
         shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
+    with suppress(OSError):  # empty now, unless a writer holds a folder in it
+        root.rmdir()
 
 
 # ------------------------------------------------------------------ commits and parts
