@@ -109,13 +109,14 @@ def _verdicts(base, new, instances, fdr=0.01, min_effect=5.0):
     lb, ln = np.log(base), np.log(new)
     n_b, n_n = np.full(base.shape[1], base.shape[0]), np.full(new.shape[1], new.shape[0])
     vb, vn = lb.var(0, ddof=1), ln.var(0, ddof=1)
-    prior = fit_prior(*pooled(n_b, vb, n_n, vn), np.log(instances))
+    prior = fit_prior(*pooled(n_b, vb, n_n, vn), instances)
     t = moderated(n_b, lb.mean(0), vb, n_n, ln.mean(0), vn, prior, level=None)
     q = bh_qvalues(t.p)
     delta = (new.mean(0) / base.mean(0) - 1) * 100
     return np.where((q <= fdr) & (delta >= min_effect), 1, np.where((q <= fdr) & (delta <= -min_effect), -1, 0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heavy", [False, True])
 def test_no_false_alarms_between_unchanged_runs(heavy):
     """200 A/A comparisons of 170 names over 8 ranks: at most a few flag anything (bound: fdr 1%)."""

@@ -216,9 +216,8 @@ def _tested(out: pl.DataFrame, across_runs: bool = False) -> pl.DataFrame:
         pick("new_lvar", "new_var"),
     )
     level = out["level"].to_numpy()
-    with np.errstate(divide="ignore", invalid="ignore"):  # the trend of the variances: log instances per unit
-        per_unit = (out["base_count"].fill_null(0) + out["new_count"].fill_null(0)).to_numpy() / 2
-        instances = np.where(per_unit > 0, np.log(per_unit), np.nan)
+    per_unit = (out["base_count"].fill_null(0) + out["new_count"].fill_null(0)).to_numpy() / 2
+    instances = np.where(per_unit > 0, per_unit, np.nan)  # the trend of the variances
     cols = {k: np.full(out.height, np.nan) for k in ("p", "diff", "low", "high")}
     prior_d0 = np.zeros(out.height)
     between = np.full(out.height, np.nan)

@@ -10,8 +10,9 @@ freedom: a noisy estimate, and a t-test built on it must ask for a large t befor
 discovery correction over 300 names lets a change through. But the names of one level share
 their noise (the same ranks, the same machine): `moderated` estimates from all names a prior
 for the variances (a scaled inverse chi-square: s0^2 with d0 degrees of freedom, fitted to the
-spread of the log variances by the method of moments, Smyth 2004) and shrinks each name's
-variance towards it. The moderated t has d0 + d degrees of freedom: more power at the same
+spread of the log variances by the method of moments, Smyth 2004; its variance following A +
+B / instances per unit, as the mean of a unit's instances does) and shrinks each name's variance
+towards it. The moderated t has d0 + d degrees of freedom: more power at the same
 false alarm rate, and a name whose own variance is odd keeps most of it when the names' variances
 differ a lot (then d0 comes out small). Why not the alternatives:
 
@@ -189,30 +190,41 @@ NO_PRIOR = Prior(0.0, 0.0)
 MIN_NAMES = 10  # names with a variance needed to fit a prior
 
 
-def fit_prior(var: np.ndarray, df: np.ndarray, trend: np.ndarray | None = None) -> Prior:
+def _trend(var: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Each name's expected variance from its instances per unit: A + B / count, fitted by least
+    squares with A, B >= 0 (the rank's own offset, and the mean of `count` instances' noise)."""
+    both = np.column_stack([np.ones(count.size), 1 / count])
+    coef, *_ = np.linalg.lstsq(both, var, rcond=None)
+    if coef[1] < 0:  # no noise that averages out: one variance for all
+        return np.full(count.size, float(var.mean()))
+    if coef[0] < 0:  # no offset of its own: all of it averages out (A held at 0)
+        return both[:, 1] * max(float(both[:, 1] @ var / (both[:, 1] @ both[:, 1])), 0.0)
+    return both @ coef
+
+
+def fit_prior(var: np.ndarray, df: np.ndarray, count: np.ndarray | None = None) -> Prior:
     """The prior of sample variances `var` (each on `df` degrees of freedom) by the method of
-    moments on their logarithms (Smyth 2004, limma's fitFDist); with `trend` (a value per name,
-    such as log instances per unit: a kernel run 6 times a step varies more than one run 60
-    times), the log variances' mean follows a straight line in it (limma-trend, linear), and the
-    prior variance differs per name. NO_PRIOR from fewer than MIN_NAMES positive variances."""
+    moments on their logarithms (Smyth 2004, limma's fitFDist). With `count` (instances per unit:
+    a kernel run once a step varies more than one run 60 times, whose noise averages out), the
+    prior's variance follows A + B / count (fitted to the variances by least squares), scaled as
+    the moments say. NO_PRIOR from fewer than MIN_NAMES positive variances."""
     var, df = np.asarray(var, dtype=float), np.asarray(df, dtype=float)
-    ok = np.isfinite(var) & (var > 0) & (df > 0)
-    x = np.zeros(var.shape) if trend is None else np.asarray(trend, dtype=float)
-    ok &= np.isfinite(x)
+    c = np.ones(var.shape) if count is None else np.asarray(count, dtype=float)
+    ok = np.isfinite(var) & (var > 0) & (df > 0) & np.isfinite(c) & (c > 0)
     if ok.sum() < MIN_NAMES:
         return NO_PRIOR
-    v, d = var[ok], df[ok]
+    shape = np.ones(var.shape)
+    if count is not None:
+        fitted = _trend(var[ok], c[ok])
+        if (fitted > 0).all():
+            shape[ok] = fitted / np.exp(np.mean(np.log(fitted)))  # the trend's shape; its scale from the moments
+    v, d = var[ok] / shape[ok], df[ok]
     e = np.log(v) - digamma(d / 2) + np.log(d / 2)
-    design = np.column_stack([np.ones(ok.sum()), x[ok]]) if np.ptp(x[ok]) > 0 else np.ones((ok.sum(), 1))
-    coef, *_ = np.linalg.lstsq(design, e, rcond=None)
-    full = np.column_stack([np.ones(var.shape), np.nan_to_num(x)])[:, : design.shape[1]]
-    fitted = full @ coef
-    resid = e - design @ coef
-    spread = float(np.sum(resid**2) / (resid.size - design.shape[1]) - np.mean(trigamma(d / 2)))
+    spread = float(np.var(e, ddof=1) - np.mean(trigamma(d / 2)))
     if spread <= 0:  # no more spread than sampling alone makes: the prior's variance alone
-        return Prior(math.inf, np.exp(fitted))
+        return Prior(math.inf, shape * float(np.exp(e.mean())))
     d0 = 2 * trigamma_inverse(spread)
-    return Prior(d0, np.exp(fitted + digamma(d0 / 2) - math.log(d0 / 2)))
+    return Prior(d0, shape * float(np.exp(e.mean() + digamma(d0 / 2) - math.log(d0 / 2))))
 
 
 @dataclass(frozen=True)
