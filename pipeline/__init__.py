@@ -6,6 +6,7 @@ Public API (everything else is internal):
     scan(path, table, trace=None)  -> polars.LazyFrame    a table of a flattened trace or a batch dataset
     report.*(trace)                -> polars.DataFrame    kernel_table, busy, op_table, idle, critical_path, ...
     augment(trace, out)            -> AugmentResult       the trace with cost fields in kernel args
+    load_formulas(path)            -> UserFormulas        a formula file, checked (for formulas=...)
     combine(paths, out)            -> CombineResult       one trace from several
     run_batch(src, out)            -> BatchResult         many traces -> one dataset (`tracepipe batch`)
     analyze_runs(dataset)          -> RunReport           ranks of a run together (`tracepipe ranks`)
@@ -30,6 +31,7 @@ from pipeline.version import __version__
 
 if TYPE_CHECKING:  # imported on first use: `tracepipe query` does not pay for the reader or reports
     from pipeline import report
+    from pipeline.cost.formulas.user import load as load_formulas
     from pipeline.dataset.batch import run_batch
     from pipeline.dataset.tables import scan
     from pipeline.flatten import FlattenResult, flatten
@@ -46,6 +48,7 @@ _LAZY = {
     "augment": ("pipeline.rewrite.augment", "augment"),
     "combine": ("pipeline.rewrite.combine", "combine"),
     "analyze_runs": ("pipeline.runs.report", "analyze_runs"),
+    "load_formulas": ("pipeline.cost.formulas.user", "load"),
 }
 
 
@@ -78,6 +81,7 @@ __all__ = [
     "combine",
     "run_batch",
     "analyze_runs",
+    "load_formulas",
     "FlattenResult",
     "TracepipeError",
     "BadTrace",

@@ -168,17 +168,23 @@ def flatten(
     progress: Callable[[int], None] | None = None,
     max_inflate: float | None = None,
     stage: Callable[[str], None] | None = None,
+    formulas=None,
 ) -> FlattenResult:
     """Flatten one trace into OUT/<stem>/{events,gpu_ops,flows,devices,trace}.parquet.
 
     The directory appears complete or not at all. With `link` (default) GPU ops are linked to
-    their launches and CPU ops and costed (see `pipeline.link` and `pipeline.cost`).
+    their launches and CPU ops and costed (see `pipeline.link` and `pipeline.cost`); `formulas`, a
+    formula file (its path, or as `pipeline.load_formulas` loaded it), costs the ops it names.
 
     For a progress display: `progress(n)` is called as reading goes on, n the bytes of the file
     read so far (compressed bytes for .gz and .zst: the file's size is the total); `stage(name)`
     as each of STAGES begins.
     """
     say_stage = stage or (lambda name: None)
+    if formulas is not None:
+        from pipeline.cost.formulas.user import as_formulas
+
+        formulas = as_formulas(formulas)  # a path is loaded (and checked) before any work
     path = str(path)
     why = not_regular(path)
     if why:
@@ -196,7 +202,7 @@ def flatten(
 
             t0 = time.perf_counter()
             say_stage("link+cost")
-            warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype)
+            warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype, formulas=formulas)
             write_run_tables(tmp, row)
             seconds["link_cost"] = time.perf_counter() - t0
         else:

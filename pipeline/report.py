@@ -27,6 +27,7 @@ from pipeline.analyses.busy import busy
 from pipeline.analyses.categories import categories
 from pipeline.analyses.communication import communication
 from pipeline.analyses.compiled import compile_view, compiled_regions
+from pipeline.analyses.coverage import coverage
 from pipeline.analyses.cpu import GROUPINGS, CpuOps
 from pipeline.analyses.critical_path import critical_path, critical_path_items
 from pipeline.analyses.diff import SIDE_COLS, diff, diff_side
@@ -131,6 +132,7 @@ __all__ = [
     "compile_view",
     "compiled_regions",
     "communication",
+    "coverage",
     "idle",
     "queue",
     "sequences",

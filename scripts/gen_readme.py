@@ -4,7 +4,10 @@ Sections between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers:
 - schema: every table's declaration (schemas/*.toml)
 - formulas: the cost formula table (pipeline/cost/formulas/)
 - devices: the device-spec table (data/device_specs.csv)
+- causes: why a kernel has no cost, and the remedies (pipeline/cost/coverage.py)
 - layouts: the Kineto layouts tracepipe reads (data/kineto_layouts.toml)
+- commlibs: the communication libraries' kernels (pipeline/cost/comm_kernels.py)
+- sizesources: where collective sizes are read (pipeline/cost/formulas/messages.py)
 tests/test_docs.py fails when the README is not current.
 """
 
@@ -32,9 +35,23 @@ def sections() -> dict[str, str]:
     except ImportError:
         pass
     try:
+        from pipeline.cost import coverage
+
+        out["causes"] = coverage.causes_markdown()
+    except ImportError:
+        pass
+    try:
         from pipeline.cost import devices
 
         out["devices"] = devices.specs_markdown(devices.load_specs())
+    except ImportError:
+        pass
+    try:
+        from pipeline.cost import comm_kernels
+        from pipeline.cost.formulas import messages
+
+        out["commlibs"] = comm_kernels.libraries_markdown()
+        out["sizesources"] = messages.sources_markdown()
     except ImportError:
         pass
     return out

@@ -133,6 +133,7 @@ def fake_costs(trace: Path, tmp: Path) -> tuple[Path, dict]:
         achieved_bw_pct=pl.lit(12.25),
         arithmetic_intensity=pl.lit(0.5),
         roofline_bound=pl.lit("memory"),
+        cost_source=pl.lit("formula"),
     )
     g.write_parquet(flat / "gpu_ops.parquet")
     costed = g.filter(pl.col("kind") == "kernel")
@@ -152,7 +153,7 @@ def assert_augmented(src: dict, out: dict, flops_by_idx: dict, keep_secrets: boo
         assert set(gained) == set(COST_ARGS)
         assert gained["kernel_flop"] == flops_by_idx[i]
         assert gained["kernel_num_gb"] == pytest.approx(3e6 / 1e9)
-        assert gained["kernel_roofline_bound"] == "memory"
+        assert gained["kernel_roofline_bound"] == "memory" and gained["kernel_cost_source"] == "formula"
         assert {**a, "args": b.get("args", {})} == {**b, "args": b.get("args", {})}
         assert {k: a["args"][k] for k in b.get("args", {})} == b.get("args", {})
 
@@ -230,6 +231,15 @@ def test_augment_bare_list(tmp_path):
     flat, flops = fake_costs(trace, tmp_path)
     augment(trace, tmp_path / "aug.json", flat_dir=flat)
     assert_augmented({"traceEvents": events()}, load(tmp_path / "aug.json"), flops)
+
+
+def test_augment_of_tables_flattened_before_cost_source(tmp_path):
+    trace = write_trace(tmp_path / "t.json", events())
+    flat, flops = fake_costs(trace, tmp_path)
+    pl.read_parquet(flat / "gpu_ops.parquet").drop("cost_source").write_parquet(flat / "gpu_ops.parquet")
+    augment(trace, tmp_path / "aug.json", flat_dir=flat)
+    kernels = [e for e in load(tmp_path / "aug.json")["traceEvents"] if e.get("cat") == "kernel"]
+    assert kernels and all("kernel_flop" in e["args"] and "kernel_cost_source" not in e["args"] for e in kernels)
 
 
 def test_augment_rejects_another_traces_tables(tmp_path):

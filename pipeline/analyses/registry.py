@@ -18,6 +18,7 @@ from pipeline.analyses.busy import busy
 from pipeline.analyses.categories import categories
 from pipeline.analyses.communication import communication
 from pipeline.analyses.compiled import compile_view, compiled_regions
+from pipeline.analyses.coverage import coverage
 from pipeline.analyses.cpu import GROUPINGS, check_grouping
 from pipeline.analyses.critical_path import critical_path_frame, critical_path_views
 from pipeline.analyses.flat import Flat, as_flat
@@ -143,6 +144,16 @@ REGISTRY: tuple[Section, ...] = (
         json=IN_DEVICE,
         top_per_device=True,
         columns=("device", "category", "count", "dur_us", "pct"),
+    ),
+    Section(
+        "coverage",
+        lambda f, o: coverage(f),
+        "Cost coverage: kernel time costed, by source, and why the rest is not",
+        "share of kernel time costed, and each cause of the rest with its remedy",
+        json=IN_DEVICE,
+        top_per_device=True,
+        sweeps=False,
+        columns=("device", "cause", "pct", "top", "remedy", "kernels"),
     ),
     Section(
         "ops",

@@ -56,3 +56,22 @@ def columns_option():
         metavar="COL,COL",
         help="show these columns, comma-separated, in the sections that have them (table/md/csv)",
     )
+
+
+def formulas_option():
+    """--formulas FILE.toml, as every command that costs traces takes it (see `load_formulas`)."""
+    return typer.Option(
+        None,
+        "--formulas",
+        metavar="FILE.toml",
+        help="cost custom ops by this formula file (op name -> FLOPs and bytes; it wins over built-in formulas)",
+    )
+
+
+def load_formulas(path):
+    """The formula file of --formulas, checked (a bad one is a usage error: exit 2), or None."""
+    if path is None:
+        return None
+    from pipeline.cost.formulas.user import load
+
+    return load(path)

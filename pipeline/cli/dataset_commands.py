@@ -12,6 +12,8 @@ from pipeline.cli.app import (
     EXIT_OK,
     QueryFormat,
     app,
+    formulas_option,
+    load_formulas,
     width_option,
 )
 from pipeline.cli.output import fitted_width
@@ -33,6 +35,7 @@ def batch(
         help="a compressed trace or archive member may inflate to this many times its size, at least 1 GiB "
         "(default 200; 0: no limit)",
     ),
+    formulas: Optional[Path] = formulas_option(),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
     """Flatten many traces into one dataset of few, large Parquet files.
@@ -48,6 +51,7 @@ def batch(
     from pipeline.dataset.batch import run_batch
     from pipeline.progress import BatchProgress
 
+    user = load_formulas(formulas)
     with BatchProgress(quiet) as shown:  # done/total, traces/s, bytes/s, quarantined so far, ETA
 
         def report(kind: str, source: str, msg: str, nbytes: int):
@@ -55,7 +59,16 @@ def batch(
                 shown.echo(f"tracepipe: {source}: {kind}" + (f": {msg}" if msg else ""))
             shown.finished(kind, nbytes)
 
-        r = run_batch(src, out, jobs=jobs, engine=engine, report=report, max_inflate=max_inflate, started=shown.start)
+        r = run_batch(
+            src,
+            out,
+            jobs=jobs,
+            engine=engine,
+            report=report,
+            max_inflate=max_inflate,
+            started=shown.start,
+            formulas=user,
+        )
     if not quiet:
         typer.echo(
             f"batch: {r.added} traces added ({r.truncated} truncated), {r.quarantined} quarantined, "

@@ -15,6 +15,8 @@ from pipeline.cli.app import (
     app,
     columns_option,
     err,
+    formulas_option,
+    load_formulas,
     width_option,
 )
 from pipeline.cli.output import check_output, column_list, fitted_width, write_csv_folder, write_file, write_report
@@ -160,6 +162,7 @@ def analyze(
     start_us: Optional[float] = typer.Option(None, "--start-us", help="only from this µs after the trace starts"),
     end_us: Optional[float] = typer.Option(None, "--end-us", help="only up to this µs after the trace starts"),
     annotation: Optional[str] = typer.Option(None, "--annotation", help="only inside the user_annotations so named"),
+    formulas: Optional[Path] = formulas_option(),
 ):
     """Per-device kernel table and summaries: busy/idle, categories, CPU ops, launch overhead,
     torch.compile, communication, idle breakdown, launch queue, kernel sequences, memory, critical path."""
@@ -176,7 +179,13 @@ def analyze(
         raise rp.UsageError("--seq-len must be at least 2, --queue-full at least 1, --kernel-wait-us not negative")
     options = rp.Options(kernel_wait_us=kernel_wait_us, queue_full=queue_full, seq_len=seq_len)
     window = Window(steps=steps, start_us=start_us, end_us=end_us, annotation=annotation)
-    with rp.opened(trace, window=window, trace=pick) as f:
+    if formulas is not None and trace.is_dir():
+        raise rp.UsageError(
+            f"{trace} is already costed: --formulas applies where costs are computed "
+            "(analyze the trace file, or flatten or batch it again with --formulas)"
+        )
+    user = load_formulas(formulas)
+    with rp.opened(trace, window=window, trace=pick, **({"formulas": user} if user else {})) as f:
         needed = None if not section else [*section, *(PLOTTED if plot else ())]
         sections = rp.analyze(f, group_by=group_by, sort=sort, only=needed, options=options)
         shown = {k: v for k, v in sections.items() if not section or k in section}
@@ -220,6 +229,7 @@ def diff_cmd(
     top: Optional[int] = typer.Option(None, "--top", help="only the N rows with the most time"),
     label_a: Optional[str] = typer.Option(None, "--label-a", help="name of A in the output (default: its file stem)"),
     label_b: Optional[str] = typer.Option(None, "--label-b", help="name of B in the output (default: its file stem)"),
+    formulas: Optional[Path] = formulas_option(),
 ):
     """Compare two traces side by side, matched by CPU op (names normalised across vendors), else by kernel name."""
     from pipeline import report as rp
@@ -228,7 +238,12 @@ def diff_cmd(
     check_output(fmt, out)
     b = a if b is None else b
     picks = diff_picks(a, b, list(pick or []))
-    with rp.opened(a, trace=picks[0]) as fa, rp.opened(b, trace=picks[1]) as fb:
+    if formulas is not None and (a.is_dir() or b.is_dir()):
+        raise rp.UsageError(
+            "--formulas applies where costs are computed: diff two trace files, or flatten them with it"
+        )
+    cost = {"formulas": load_formulas(formulas)} if formulas else {}
+    with rp.opened(a, trace=picks[0], **cost) as fa, rp.opened(b, trace=picks[1], **cost) as fb:
         d = rp.diff(fa, fb)
         la, lb = label_a or fa.stem, label_b or fb.stem
         if fmt == "xlsx":

@@ -12,6 +12,8 @@ from pipeline.cli.app import (
     EXIT_PROBLEMS,
     app,
     err,
+    formulas_option,
+    load_formulas,
 )
 from pipeline.errors import TracepipeError
 
@@ -27,6 +29,7 @@ def flatten(
     device_specs: Optional[Path] = typer.Option(None, "--device-specs", help="CSV of extra/overriding device specs"),
     device: Optional[str] = typer.Option(None, "--device", help="force this device spec for every GPU"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype for ops whose trace records none (e.g. bf16)"),
+    formulas: Optional[Path] = formulas_option(),
     max_inflate: Optional[float] = typer.Option(
         None,
         "--max-inflate",
@@ -38,6 +41,7 @@ def flatten(
     from pipeline.flatten import flatten as run
     from pipeline.progress import FileProgress
 
+    user = load_formulas(formulas)
     code = EXIT_OK
     for t in traces:
         try:
@@ -54,6 +58,7 @@ def flatten(
                     device_specs=str(device_specs) if device_specs else None,
                     device=device,
                     dtype=dtype,
+                    formulas=user,
                 )
         except TracepipeError as e:
             err(str(e) if str(t) in str(e) else f"{t}: {e}")
@@ -81,6 +86,7 @@ def augment(
     device_specs: Optional[Path] = typer.Option(None, "--device-specs", help="CSV of extra/overriding device specs"),
     device: Optional[str] = typer.Option(None, "--device", help="force this device spec for every GPU"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype for ops whose trace records none (e.g. bf16)"),
+    formulas: Optional[Path] = formulas_option(),
     keep_secrets: bool = typer.Option(
         False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"
     ),
@@ -90,6 +96,7 @@ def augment(
     from pipeline.progress import FileProgress
     from pipeline.rewrite.augment import augment as run
 
+    user = load_formulas(formulas)
     # flatten's stages (read, link+cost); then `write` lasts while the augmented trace is written
     with FileProgress(trace.name, trace.stat().st_size if trace.is_file() else None, quiet) as shown:
         r = run(
@@ -99,6 +106,7 @@ def augment(
             device_specs=str(device_specs) if device_specs else None,
             device=device,
             dtype=dtype,
+            formulas=user,
             progress=shown.advance_to if shown.on else None,
             stage=shown.stage,
         )

@@ -2,7 +2,8 @@
 
 Rows are tried in order: the first whose `kind` (memcpy/memset) or kernel-name regex matches
 wins; only when none does is the CPU op name tried. Used by `cost` (the `gpu_ops.category`
-column) and `report` (time by category).
+column) and `report` (time by category). The kernels of `communication` are those of the
+communication libraries' table (`comm_kernels`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import polars as pl
+
+from pipeline.cost.comm_kernels import COMM_KERNEL
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ CATEGORIES: tuple[Category, ...] = (
     Category("memset", kind="memset"),
     Category(
         "communication",
-        kernel=r"(?i)nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv|cross_device_reduce",
+        kernel=COMM_KERNEL,  # every communication library's kernels (comm_kernels.LIBRARIES)
         op=r"(?i)^(?:nccl|rccl|gloo|c10d)[:]|record_param_comms|all_?reduce|all_?gather|reduce_scatter|all_?to_?all|broadcast",
     ),
     Category("triton_persistent_reduction", kernel=r"^triton_per_"),

@@ -1,10 +1,13 @@
 """cost: FLOPs and bytes per GPU kernel, achieved FLOP/s and bandwidth against the device's peak.
 
-An op's cost comes from the formula table (`pipeline.cost.formulas`), evaluated once per distinct
-(op name, Input Dims, Input type, Input Strides, Concrete Inputs) signature, and is split over
-the kernels that op launched in proportion to their durations (a split-K GEMM's kernels share
-its FLOPs; nothing is counted once per kernel). memcpy/memset carry their own byte counts.
-Kernels whose op has no formula keep null cost with a reason (`unmodelled_reason`).
+An op's cost comes, in this order, from the user's formula file (`--formulas`, `formulas.user`),
+the formula table (`pipeline.cost.formulas`), each evaluated once per distinct (op name, Input
+Dims, Input type, Input Strides, Concrete Inputs) signature, or Inductor's own estimate on the
+record of a Triton launch (`kernel_flop`, `kernel_num_gb`); it is split over the kernels that op
+launched in proportion to their durations (a split-K GEMM's kernels share its FLOPs; nothing is
+counted once per kernel). memcpy/memset carry their own byte counts. Each costed kernel says where
+its cost came from (`cost_source`), every other one why it has none (`unmodelled_reason`, the
+causes of `pipeline.cost.coverage`).
 """
 
 from __future__ import annotations
@@ -19,59 +22,132 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline import schema, store
+from pipeline.cost import coverage, formulas, roofline
 from pipeline.cost import devices as device_specs_mod
-from pipeline.cost import formulas, roofline
 from pipeline.cost.categories import CategoryMemo, with_category
-from pipeline.kineto import canonical_args
+from pipeline.cost.formulas.expression import FormulaError
+from pipeline.cost.formulas.user import UserFormulas
+from pipeline.kineto import ARG_ALIASES, COMPILED_REGION, canonical_args
 from pipeline.link import links as link
 
 SIGNATURE_KEYS = formulas.ARGS_READ
 PEAK_COLS = device_specs_mod.PEAK_COLS
 
 
-def op_costs(events: pl.LazyFrame, op_idx: pl.Series, dtype: str | None, evaluated: dict | None = None) -> pl.DataFrame:
-    """(cpu_op_event_idx, op_flops, op_bytes, cost_family, cost_dtype, op_reason) for the given ops.
+class Evaluated(dict):
+    """The costs of the op signatures evaluated so far (batches of one trace share most), and the
+    first error of each formula-file entry that failed on an op (`errors`: label -> message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: dict[str, str] = {}
+
+
+# Inductor's launch record of a Triton kernel (`CachingAutotuner.run`) names its backend; with
+# TORCHINDUCTOR_BENCHMARK_KERNEL=1 it also carries the kernel's estimated FLOPs and GB
+_INDUCTOR_LAUNCH = '"kernel_backend"'
+_ESTIMATES = ('"kernel_flop"', '"kernel_num_gb"')
+# an op recorded shapes: Input Dims, as older layouts spell it too (the 2021 one: Input dims)
+_SHAPES = tuple(f'"{k}"' for k in ("Input Dims", *(a for a, key in ARG_ALIASES.items() if key == "Input Dims")))
+
+
+def _modelled(user: UserFormulas | None) -> pl.Expr:
+    """Whether an op (`name`) has a formula: built-in, or in the user's file."""
+    name, key = pl.col("name"), pl.col("name").str.split(" ").list.first()
+    names = [*formulas.MODELLED_OPS, *(user.names if user else ())]
+    modelled = name.is_in(names) | key.is_in(names)
+    if user is not None and user.pattern_regex is not None:
+        modelled = modelled | name.str.contains(user.pattern_regex)
+    return modelled
+
+
+def _estimate(key: str, scale: float = 1.0) -> pl.Expr:
+    """An Inductor estimate from the args of a launch record that has one (`estimate_args`; null
+    elsewhere, and unless a finite number at least 0)."""
+    v = pl.col("estimate_args").str.json_path_match(f"$.{key}").cast(pl.Float64, strict=False) * scale
+    return pl.when(v.is_finite() & (v >= 0)).then(v)
+
+
+def op_costs(
+    events: pl.LazyFrame,
+    op_idx: pl.Series,
+    dtype: str | None,
+    evaluated: Evaluated | None = None,
+    user: UserFormulas | None = None,
+) -> pl.DataFrame:
+    """(cpu_op_event_idx, *OP_COST_COLUMNS) for the given ops: FLOPs, bytes, family, dtype, where
+    the cost came from (`op_source`), why there is none (`op_reason`, one of coverage.OP_REASONS)
+    and whether the op recorded shapes (`op_shapes`).
 
     The events are read with the streaming engine, only the given ops' rows decoded. Only ops
-    whose name has a formula have their shape args extracted, once per distinct `_shape` of
-    their args (a trace's ops repeat a few hundred shapes), and each distinct signature is
-    evaluated once (`evaluated` keeps the results across calls: batches of one trace share most
-    signatures).
+    with a formula (or an Inductor launch record) have their shape args extracted, once per
+    distinct `_shape` of their args (a trace's ops repeat a few hundred shapes), and each distinct
+    signature is evaluated once (`evaluated` keeps the results across calls: batches of one trace
+    share most signatures). Inductor's estimates are read in polars, op by op.
     """
-    evaluated = {} if evaluated is None else evaluated
-    key = pl.col("name").str.split(" ").list.first()
+    evaluated = Evaluated() if evaluated is None else evaluated
     wanted = op_idx.unique().drop_nulls()
     in_range = pl.col("event_idx").is_between(wanted.min(), wanted.max()) if wanted.len() else pl.lit(False)
+    args = pl.col("args_json")
+    inductor = args.str.contains(_INDUCTOR_LAUNCH, literal=True)
+    estimated = inductor & pl.any_horizontal(args.str.contains(k, literal=True) for k in _ESTIMATES)
     # a predicate rather than a semi-join: the Parquet reader filters each row group by event_idx
     # (skipping those outside the range) before it decodes the other columns
     ops = (
         events.select("event_idx", "name", "args_json")
         .filter(in_range & pl.col("event_idx").is_in(wanted.implode()))
-        .with_columns(modelled=pl.col("name").is_in(formulas.MODELLED_OPS) | key.is_in(formulas.MODELLED_OPS))
+        .with_columns(modelled=_modelled(user), inductor=inductor)
         .select(
             pl.col("event_idx").alias("cpu_op_event_idx"),
             "modelled",
-            pl.col("name").cast(pl.Categorical),
-            args=pl.when("modelled").then(pl.col("args_json")),
+            "inductor",
+            compiled=pl.col("name").str.contains(COMPILED_REGION),
+            op_shapes=pl.any_horizontal(args.str.contains(k, literal=True) for k in _SHAPES),
+            estimate_args=pl.when(estimated).then(args),
+            name=pl.col("name").cast(pl.Categorical),
+            args=pl.when(pl.col("modelled") | pl.col("inductor")).then(args),
         )
         .collect(engine="streaming")
+    )  # JSON is parsed below only where it is needed: the args of ops with formulas or estimates
+    ops = ops.with_columns(est_flops=_estimate("kernel_flop"), est_bytes=_estimate("kernel_num_gb", 1e9))
+    evaluate = ops.filter(pl.col("modelled") | pl.col("inductor"))
+    evaluate = evaluate.select(pl.exclude("args"), shape=_shape(pl.col("args")), args="args")
+    shapes = evaluate.group_by("name", "shape").agg(pl.col("args").first())
+    costed = evaluate.join(
+        _shape_costs(shapes, dtype, evaluated, user), on=["name", "shape"], how="left", nulls_equal=True
     )
-    modelled = ops.filter("modelled").select("cpu_op_event_idx", "name", shape=_shape(pl.col("args")), args="args")
-    shapes = modelled.group_by("name", "shape").agg(pl.col("args").first())
-    costed = modelled.join(_shape_costs(shapes, dtype, evaluated), on=["name", "shape"], how="left", nulls_equal=True)
-    unmodelled = ops.filter(~pl.col("modelled")).select("cpu_op_event_idx", op_reason=pl.lit("no_formula"))
+    use = pl.col("op_source").is_null() & (pl.col("est_flops").is_not_null() | pl.col("est_bytes").is_not_null())
+    costed = costed.with_columns(
+        op_flops=pl.when(use).then("est_flops").otherwise("op_flops"),
+        op_bytes=pl.when(use).then("est_bytes").otherwise("op_bytes"),
+        cost_family=pl.when(use).then(pl.lit("inductor")).otherwise("cost_family"),
+        op_source=pl.when(use).then(pl.lit("inductor")).otherwise("op_source"),
+        op_reason=pl.when(use)
+        .then(None)
+        .when(pl.col("inductor") & (pl.col("op_reason") == "no_formula"))
+        .then(pl.lit("inductor_no_estimate"))
+        .otherwise("op_reason"),
+    ).with_columns(cost_dtype=pl.when(pl.col("op_source").is_not_null()).then("cost_dtype"))  # of costed ops only
+    unmodelled = ops.filter(~pl.col("modelled") & ~pl.col("inductor")).select(
+        "cpu_op_event_idx",
+        "op_shapes",
+        op_reason=pl.when("compiled").then(pl.lit("compiled_region")).otherwise(pl.lit("no_formula")),
+    )
     return pl.concat([costed.select("cpu_op_event_idx", *OP_COST_COLUMNS), unmodelled], how="diagonal")
 
 
-def _shape_costs(shapes: pl.DataFrame, dtype: str | None, evaluated: dict) -> pl.DataFrame:
-    """(name, shape, *OP_COST_COLUMNS) of ops (name, shape, args: the args of one op of that shape)."""
+def _shape_costs(
+    shapes: pl.DataFrame, dtype: str | None, evaluated: Evaluated, user: UserFormulas | None
+) -> pl.DataFrame:
+    """(name, shape, op_flops, op_bytes, cost_family, cost_dtype, op_reason, op_source) of ops
+    (name, shape, args: the args of one op of that shape)."""
     keys = ["name", *SIGNATURE_KEYS]
     rows = []
     for sig in shapes.select("name", "shape", *_signature(pl.col("args"))).iter_rows(named=True):
         shape = sig.pop("shape")
         known = tuple(sig.values())
         if known not in evaluated:
-            evaluated[known] = _evaluate(sig, dtype)
+            evaluated[known] = _evaluate(sig, dtype, user, evaluated.errors)
         rows.append({"shape": shape, **evaluated[known]})
     schema = {
         "shape": pl.String,
@@ -81,8 +157,11 @@ def _shape_costs(shapes: pl.DataFrame, dtype: str | None, evaluated: dict) -> pl
         "cost_family": pl.String,
         "cost_dtype": pl.String,
         "op_reason": pl.String,
+        "op_source": pl.String,
     }
-    return pl.DataFrame(rows, schema=schema).select(pl.col("name").cast(pl.Categorical), "shape", *OP_COST_COLUMNS)
+    return pl.DataFrame(rows, schema=schema).select(
+        pl.col("name").cast(pl.Categorical), "shape", *[c for c in schema if c.startswith(("op_", "cost_"))]
+    )
 
 
 def _signature(args: pl.Expr) -> list[pl.Expr]:
@@ -118,26 +197,40 @@ def _json_value(text: str):
         return text
 
 
-def _evaluate(sig: dict, dtype: str | None) -> dict:
+def _evaluate(sig: dict, dtype: str | None, user: UserFormulas | None, errors: dict) -> dict:
+    """The cost of one op signature: by the user's entry for its name, else the built-in formula;
+    else no cost, with the reason (coverage.OP_REASONS) and the dtype of its inputs."""
     args = canonical_args({k: _json_value(sig[k]) for k in SIGNATURE_KEYS if sig[k] is not None})
-    c = formulas.op_cost(sig["name"] or "", args, dtype_fallback=dtype)
+    name = sig["name"] or ""
+    none = {"op_flops": None, "op_bytes": None, "cost_family": None, "cost_dtype": None, "op_source": None}
+    entry = user.find(name) if user is not None else None
+    if entry is not None:
+        try:
+            by_user = entry.cost(formulas.OpInputs.from_args(args, dtype))
+        except (FormulaError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as e:
+            errors.setdefault(entry.label, str(e))
+            return {**sig, **none, "op_reason": "user_formula_error"}
+        return {**sig, **_cost_row(by_user), "op_source": "user_formula"}
+    if not formulas.has_formula(name):
+        inputs_dtype = formulas.OpInputs.from_args(args, dtype).compute_dtype()
+        return {**sig, **none, "cost_dtype": inputs_dtype, "op_reason": "no_formula"}
+    c = formulas.op_cost(name, args, dtype_fallback=dtype)
     if c is None:
-        return {
-            **sig,
-            "op_flops": None,
-            "op_bytes": None,
-            "cost_family": None,
-            "cost_dtype": None,
-            "op_reason": "no_shapes" if not args.get("Input Dims") else "shapes_not_modelled",
-        }
-    flops, nbytes = _finite(c.flops), _finite(c.bytes)  # unknown dtype sizes come back as NaN bytes
+        return {**sig, **none, "op_reason": "no_shapes" if not args.get("Input Dims") else "shapes_not_modelled"}
+    row = _cost_row(c)
+    if row["op_flops"] is None:
+        return {**sig, **none, "op_reason": "shapes_not_modelled"}
+    return {**sig, **row, "op_source": "formula"}
+
+
+def _cost_row(c: formulas.Cost) -> dict:
+    """A Cost as op cost columns (unknown dtype sizes come back as NaN bytes: null)."""
     return {
-        **sig,
-        "op_flops": flops,
-        "op_bytes": nbytes,
+        "op_flops": _finite(c.flops),
+        "op_bytes": _finite(c.bytes),
         "cost_family": c.family,
         "cost_dtype": c.dtype,
-        "op_reason": None if flops is not None else "shapes_not_modelled",
+        "op_reason": None,
     }
 
 
@@ -171,13 +264,19 @@ def matched_devices(flat_dir: Path, extra_specs: str | None, force: str | None) 
     return out, warnings
 
 
-OP_COST_COLUMNS = ["op_flops", "op_bytes", "cost_family", "cost_dtype", "op_reason"]  # of `op_costs`, per op
+# of `op_costs`, per op: its cost, where it came from, why there is none, whether it recorded shapes
+OP_COST_COLUMNS = ["op_flops", "op_bytes", "cost_family", "cost_dtype", "op_reason", "op_source", "op_shapes"]
+OP_COST_TYPES = {"op_flops": pa.float64(), "op_bytes": pa.float64(), "op_shapes": pa.bool_()}  # others: string
+# what `kernel_costs` reads besides KERNEL_INPUTS and OP_COST_COLUMNS: the link columns the causes read
+CAUSE_LINKS = ["launch_event_idx", "launch_name", "cpu_op_event_idx"]
 
 
 def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame) -> pl.DataFrame:
-    """Add flops/bytes/achieved columns to linked gpu_ops (columns used: kind, device, dur_ns,
-    copy_bytes, cpu_op_event_idx and their op's OP_COST_COLUMNS from `op_costs`; the others, such
-    as `category` (`categories.with_category`), are carried along).
+    """Add flops/bytes/achieved columns, `cost_source` and `unmodelled_reason` to linked gpu_ops
+    (columns used: kind, device, dur_ns, copy_bytes, CAUSE_LINKS, their op's OP_COST_COLUMNS from
+    `op_costs`, and `trace_shapes` / `trace_launches`: whether the trace recorded shapes / any
+    launch at all; the others, such as
+    `category` (`categories.with_category`), are carried along).
 
     `op_kernels` is the count and time of each op's kernels over the whole trace (`OpKernels`):
     `g` may be one batch of the GPU ops, and an op's FLOPs and bytes are split over all its
@@ -201,12 +300,8 @@ def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame) 
         flops=pl.when(is_kernel).then(pl.col("op_flops") * share).otherwise(pl.lit(0.0)),
         bytes=pl.when(is_kernel).then(pl.col("op_bytes") * share).otherwise(pl.col("copy_bytes").cast(pl.Float64)),
         cost_family=pl.when(is_kernel).then(pl.col("cost_family")).otherwise(pl.col("kind")),
-        unmodelled_reason=pl.when(~is_kernel)
-        .then(None)
-        .when(pl.col("cpu_op_event_idx").is_null())
-        .then(pl.lit("no_cpu_op"))
-        .otherwise(pl.col("op_reason")),
-    )
+        cost_source=pl.when(is_kernel).then(pl.col("op_source")).otherwise(pl.lit("transfer")),
+    ).with_columns(unmodelled_reason=coverage.unmodelled_reason(pl.col("cost_source").is_not_null()))
     peaks = devs.select(pl.col("device"), "spec_name", *PEAK_COLS).unique("device", keep="first")
     g = g.join(peaks, on="device", how="left", maintain_order="left")
     g = g.with_columns(peak_tflops=roofline.dtype_peak(pl.col("cost_dtype")))
@@ -219,7 +314,9 @@ def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame) 
         achieved_bw_pct=100 * pl.col("achieved_gbps") / pl.col("peak_bw_gbps"),
         roofline_bound=roofline.bound(pl.col("arithmetic_intensity"), pl.col("peak_tflops"), pl.col("peak_bw_gbps")),
     )
-    return g.drop("op_flops", "op_bytes", "op_reason", "op_dur_ns", *[c for c in PEAK_COLS if c != "peak_bw_gbps"])
+    dropped = [*OP_COST_COLUMNS, "op_dur_ns", "trace_shapes", "trace_launches"]
+    kept = ("cost_family", "cost_dtype", "peak_bw_gbps")
+    return g.drop(*[c for c in [*dropped, *PEAK_COLS] if c not in kept], strict=False)
 
 
 class OpKernels:
@@ -233,6 +330,8 @@ class OpKernels:
 
     def __init__(self) -> None:
         self._parts: list[pl.DataFrame] = []
+        self.shapes_recorded = False  # whether any op the kernels link to recorded Input Dims
+        self.launches_recorded = False  # whether any GPU op links to its launch
 
     def add(self, links: pl.DataFrame):
         """Count a batch of linked GPU ops (kind, dur_ns, cpu_op_event_idx)."""
@@ -263,13 +362,15 @@ class OpKernels:
 
 class Tally:
     """Counts summed over batches: link counts (`link.link_counts`), linked ops, and what the cost
-    model covered (kernels, costed kernels, kernel time modelled, why the rest is not)."""
+    model covered (kernels, costed kernels, kernel time modelled, why the rest is not, the first
+    error of each formula-file entry that failed)."""
 
     def __init__(self) -> None:
         self.links: Counter = Counter()
         self.n_launch_linked = self.n_cpu_op_linked = 0
         self.n_kernels = self.n_costed = self.kernel_ns = self.modelled_ns = 0
         self.unmodelled: Counter = Counter()
+        self.formula_errors: dict[str, str] = {}  # formula-file entry -> its first error
 
     def add_links(self, links: pl.DataFrame):
         self.links.update(link.link_counts(links))
@@ -278,7 +379,7 @@ class Tally:
 
     def add_costs(self, g: pl.DataFrame):
         k = g.filter(pl.col("kind") == "kernel")
-        costed = pl.col("flops").is_not_null()
+        costed = pl.col("cost_source").is_not_null()
         self.n_kernels += k.height
         self.n_costed += k.filter(costed).height
         self.kernel_ns += int(k["dur_ns"].fill_null(0).sum())  # int64 ns
@@ -312,22 +413,24 @@ COST_BLOCK_ROWS = 1 << 15
 WRITE_BATCH_ROWS = 1 << 13
 
 
-def link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally | None = None) -> OpKernels:
+def link_pass(
+    flat_dir: Path, spill: Path, dtype: str | None, tally: Tally | None = None, user: UserFormulas | None = None
+) -> OpKernels:
     """Link the GPU ops batch by batch, cost their ops (everything that reads the events) and
     categorise them into `spill`: event_idx, the link columns, OP_COST_COLUMNS and KERNEL_INPUTS
-    (pass 2 then reads no GPU op column but to copy it); link counts go to `tally` if given (batch
-    groups count per trace themselves). Returns the per-op kernel counts (`OpKernels`). This runs
-    beside the launch lookup of the next batch (`link.link_batches`): a third stage in a thread of
-    its own measured slower on two cores, and held more memory."""
+    (pass 2 then reads no GPU op column but to copy it); link counts and the formula file's
+    errors go to `tally` if given (batch groups count per trace themselves). Returns the per-op
+    kernel counts (`OpKernels`). This runs beside the launch lookup of the next batch
+    (`link.link_batches`): a third stage in a thread of its own measured slower on two cores, and
+    held more memory."""
     op_kernels, memo = OpKernels(), CategoryMemo()
-    evaluated: dict = {}  # shapes' costs, shared by the batches (`op_costs`)
+    evaluated = Evaluated()  # shapes' costs, shared by the batches (`op_costs`)
     events = pl.scan_parquet(flat_dir / "events.parquet")
     declared = {f.name: f for f in schema.table("gpu_ops").arrow_schema(schema.ALL_STAGES)}
-    op_cost_types = {"op_flops": pa.float64(), "op_bytes": pa.float64()}
     fields = [
         pa.field("event_idx", pa.int64()),
         *schema.table("gpu_ops").arrow_schema(("link",)),
-        *(pa.field(c, op_cost_types.get(c, pa.string())) for c in OP_COST_COLUMNS),
+        *(pa.field(c, OP_COST_TYPES.get(c, pa.string())) for c in OP_COST_COLUMNS),
         *(declared[c] for c in KERNEL_INPUTS),
     ]
     with store.SpillWriter(spill, fields) as out:
@@ -335,10 +438,14 @@ def link_pass(flat_dir: Path, spill: Path, dtype: str | None, tally: Tally | Non
             if tally is not None:
                 tally.add_links(links)
             op_kernels.add(links)
-            ops = op_costs(events, links["cpu_op_event_idx"], dtype, evaluated)
+            ops = op_costs(events, links["cpu_op_event_idx"], dtype, evaluated, user)
+            op_kernels.shapes_recorded |= bool(ops["op_shapes"].any())
+            op_kernels.launches_recorded |= bool(links["launch_event_idx"].is_not_null().any())
             out.write(
                 with_category(links.join(ops, on="cpu_op_event_idx", how="left", maintain_order="left"), memo=memo)
             )
+    if tally is not None:
+        tally.formula_errors.update(evaluated.errors)
     return op_kernels
 
 
@@ -373,16 +480,24 @@ class BatchCoster:
             yield self._cost(spilled)
 
     def _cost(self, spilled: pl.DataFrame) -> pl.DataFrame:
-        g = spilled.select(*KERNEL_INPUTS, "cpu_op_event_idx", *OP_COST_COLUMNS)
+        recorded = pl.lit(self.op_kernels.shapes_recorded).alias("trace_shapes")
+        launched = pl.lit(self.op_kernels.launches_recorded).alias("trace_launches")
+        g = spilled.select(*KERNEL_INPUTS, *CAUSE_LINKS, *OP_COST_COLUMNS, recorded, launched)
         costed = kernel_costs(g, self.op_kernels.of(g["cpu_op_event_idx"]), self.devs)
         self.tally.add_costs(costed)
         return spilled.select("event_idx", *link.LINK_COLUMNS).hstack(costed.select(COST_COLUMNS))
 
 
 def enrich(
-    flat_dir, row: dict, device_specs: str | None = None, device: str | None = None, dtype: str | None = None
+    flat_dir,
+    row: dict,
+    device_specs: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    formulas: UserFormulas | None = None,
 ) -> list[str]:
-    """Link and cost a freshly flattened directory in place; update the trace row. Returns warnings.
+    """Link and cost a freshly flattened directory in place; update the trace row. Returns warnings
+    (devices without specs, formula-file entries that failed on this trace's ops).
 
     Two passes over the GPU ops, batch by batch, so that memory does not grow with the trace:
     1. link them (`link.link_batches`) and cost their CPU ops (`op_costs`) into a temporary Arrow
@@ -398,10 +513,10 @@ def enrich(
     store.sort_by_key(gpu_ops, "gpu_ops")  # flatten writes it sorted already
     tally = Tally()
     with store.arrow_memory_returned_promptly(), store.spill_file(flat_dir, LINK_SPILL) as spill:
-        op_kernels = link_pass(flat_dir, spill, dtype, tally)
+        op_kernels = link_pass(flat_dir, spill, dtype, tally, formulas)
         with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
             coster = BatchCoster(links, op_kernels, devs, tally)
             store.write_extended(gpu_ops, tmp, "gpu_ops", coster, inputs=["event_idx"], batch_rows=WRITE_BATCH_ROWS)
     store.write_table(devs.to_arrow(), flat_dir / "devices.parquet", "devices")
     tally.row_update(row)
-    return warnings
+    return warnings + [f"{where}: failed on this trace's ops: {why}" for where, why in tally.formula_errors.items()]

@@ -145,6 +145,7 @@ def run_batch(
     started: Callable[[int | None], None] | None = None,
     compact: bool = True,
     group_bytes: int | None = None,
+    formulas=None,
 ) -> BatchResult:
     """Flatten every trace of SRC into DATASET (see the module docstring), skipping known content.
 
@@ -154,8 +155,13 @@ def run_batch(
     called once before that, with how many inputs SRC holds (`count_inputs`; None when unknown):
     a progress display's total. `compact`: merge the dataset's small parts at the end.
     `group_bytes`: JSON bytes of small traces per task (default GROUP_BYTES, less towards the end).
+    `formulas`: a formula file (its path, or as `pipeline.load_formulas` loaded it), for the traces added.
     """
     check_engine(engine)
+    if formulas is not None:
+        from pipeline.cost.formulas.user import as_formulas
+
+        formulas = as_formulas(formulas)  # a path is loaded (and checked) before any work
     jobs = default_jobs() if jobs is None else jobs
     if jobs < 1:
         raise UsageError("-j must be at least 1")
@@ -251,7 +257,7 @@ def run_batch(
             tasks = [(i.path, i.source, i.trace_id) for i in items]
             from pipeline.dataset.group import run_group
 
-            pending[pool.submit(run_group, tasks, str(task.stage), max_inflate, workers, small)] = task
+            pending[pool.submit(run_group, tasks, str(task.stage), max_inflate, workers, small, formulas)] = task
 
         def wait(limit: int):
             while len(pending) > limit:

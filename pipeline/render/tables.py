@@ -28,6 +28,7 @@ MIN_NAME = 18  # a shortened name keeps at least this many characters
 GAP = 2  # spaces between columns
 SEQUENCE = "kernels"  # a column of kernel sequences (lists of names): one name per line
 THEN = "→ "  # before each kernel of a sequence but the first
+LINES = (SEQUENCE, "top")  # columns of lists of names shown one name per line
 ENG = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
@@ -88,8 +89,9 @@ def cell(v, column: str = "", name_limit: int | None = None) -> str:
         v = float(v)
     if isinstance(v, (int, float)):
         return number(v, column)
-    if isinstance(v, (list, tuple)) and column == SEQUENCE:  # one kernel per line, whole (shortened later)
-        return "\n".join((THEN if i else "") + readable(str(k)) for i, k in enumerate(v))
+    if isinstance(v, (list, tuple)) and column in LINES:  # one name per line, whole (shortened later)
+        then = THEN if column == SEQUENCE else ""
+        return "\n".join((then if i else "") + readable(str(k)) for i, k in enumerate(v))
     if isinstance(v, (list, tuple)):
         return ",".join(cell(x, column, None) for x in v)
     if isinstance(v, dict):

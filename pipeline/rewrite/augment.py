@@ -4,7 +4,11 @@ Costs come from the `gpu_ops` table of the flattened trace (`event_idx` = positi
 traceEvents). Only costed kernels are held in memory (O(kernels)); the trace itself is read
 chunk by chunk in file order with a running event index, and every event and top-level key is
 written back (see `pipeline.jsonout`). Field names `kernel_flop` / `kernel_num_gb` are those of
-torch's profile_analysis `--augment_trace`.
+torch's profile_analysis `--augment_trace`; `kernel_cost_source` says where the figures came from
+(`gpu_ops.cost_source`: formula, user_formula, inductor). Flattening an augmented trace again
+gives the same costs: tracepipe reads `kernel_flop` / `kernel_num_gb` only from Inductor's launch
+records (CPU ops with `kernel_backend`), never from a kernel's own args, where augmenters write
+them (ours split over an op's kernels, torch's the op's whole count on each of its kernels).
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ COST_ARGS = {
     "kernel_bw_pct": pl.col("achieved_bw_pct"),
     "kernel_arithmetic_intensity": pl.col("arithmetic_intensity"),
     "kernel_roofline_bound": pl.col("roofline_bound"),
+    "kernel_cost_source": pl.col("cost_source"),
 }
 COST_COLUMNS = sorted({c for e in COST_ARGS.values() for c in e.meta.root_names()})
+OPTIONAL = ("cost_source",)  # tables flattened before it existed have none: left out of the args
 
 
 @dataclass
@@ -47,7 +53,9 @@ class AugmentResult:
 def kernel_costs(flat_dir) -> list[tuple[int, dict]]:
     """(event_idx, cost args) of every kernel with a cost, sorted by event_idx; null fields left out."""
     g = store.scan(flat_dir, "gpu_ops")
-    missing = [c for c in COST_COLUMNS if c not in g.collect_schema().names()]
+    have = g.collect_schema().names()
+    g = g.with_columns(pl.lit(None, pl.String).alias(c) for c in OPTIONAL if c not in have)
+    missing = [c for c in COST_COLUMNS if c not in have and c not in OPTIONAL]
     if missing:
         raise DatasetError(f"{flat_dir}: gpu_ops has no cost columns ({', '.join(missing)}); flatten with linking")
     rows = (

@@ -1,13 +1,17 @@
 """collectives: one row per collective call on one rank, from a flattened (linked) trace.
 
 Sources, in order:
-- the GPU kernels of NCCL/RCCL (name holds `nccl` or `rccl`): kind, sizes, dtype and process group
-  from the kernel's args (`Collective name`, `In msg nelems`, ...), else from the communication CPU
-  op around its launch (`record_param_comms` args, else a `c10d::` / `nccl:` op's name), else from
-  the kernel's name (`ncclKernel_AllReduce_RING_LL_Sum_float`); a kernel with none of these is a
-  collective of unknown kind (NCCL >= 2.19 names every kernel `ncclDevKernel_Generic`, and kernels
-  of a first iteration may carry no args), kept for matching. A kernel without a process group
-  takes the one the other kernels of its stream name (one NCCL communicator, one stream).
+- the GPU kernels of a process group's collectives (`comm_kernels.COLLECTIVE_KERNEL`: NCCL, RCCL):
+  kind and process group from the kernel's args (`Collective name`, `Process Group Name`...), else
+  from the communication CPU events around its launch (`record_param_comms` args, else the name of
+  an `nccl:*` annotation or a `c10d::` op), else from the kernel's name
+  (`ncclKernel_AllReduce_RING_LL_Sum_float`); a kernel with none of these is a collective of
+  unknown kind (NCCL >= 2.19 names every kernel `ncclDevKernel_Generic`, and kernels of a first
+  iteration may carry no args), kept for matching. Its message size comes from the first of
+  `messages.SIZE_SOURCES` that has it (the kernel's args; the `nccl:*` annotation, the
+  `record_param_comms` and the `c10d::` op around its launch; the calls a coalesced group holds;
+  the kernel's name for the dtype), as `messages.SIZE_RULE` counts it. A kernel without a process
+  group takes the one the other kernels of its stream name (one NCCL communicator, one stream).
 - without such kernels, gloo's work: the `gloo:*` annotations on `pt_gloo_runloop` threads (the
   blocking part of a CPU collective, where waiting shows). A rank's process groups (`distributedInfo
   .pg_config`, in creation order) own its runloop threads in creation (tid) order, an equal number
@@ -19,17 +23,32 @@ Sources, in order:
 from __future__ import annotations
 
 import re
+from dataclasses import astuple
 from pathlib import Path
+from typing import Any
 
 import orjson
 import polars as pl
 
+from pipeline.cost.comm_kernels import COLLECTIVE_KERNEL
 from pipeline.cost.formulas.collectives import normalize_kind
-from pipeline.cost.formulas.dtypes import DTYPE_SIZE, normalize_dtype
-from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, STEP_CATS, STEP_NAME
+from pipeline.cost.formulas.dtypes import DTYPE_SIZE
+from pipeline.cost.formulas.messages import (
+    COMM_EVENT_ARGS,
+    COMM_EVENTS,
+    DEFAULT_SIZE_RULE,
+    MSG_ARGS,
+    SIZE_RULE,
+    SIZE_SOURCES,
+    Reading,
+    SizeRule,
+    SizeSource,
+    op_message,
+)
+from pipeline.kineto import ANNOTATION_CATS, ARG_ALIASES, CPU_OP_CATS, STEP_CATS, STEP_NAME
 
-NCCL_KERNEL = r"(?i)nccl|rccl"
-COMM_OP = r"^(?:c10d::|_c10d_functional::|nccl:|rccl:|record_param_comms$)"
+NCCL_KERNEL = COLLECTIVE_KERNEL  # the kernels matched across ranks (comm_kernels: NCCL, RCCL)
+COMM_OP = COMM_EVENTS  # the CPU events around a launch that say what a collective is
 GLOO_WORK = r"^gloo:"
 RUNLOOP_THREAD = "pt_gloo_runloop"
 # kernel name -> kind, for kernels whose args and CPU ops say nothing (older layouts)
@@ -46,15 +65,12 @@ KERNEL_KINDS = (
 )
 ARG_KEYS = {
     "collective": "Collective name",
-    "in_nelems": "In msg nelems",
-    "out_nelems": "Out msg nelems",
-    "group_size": "Group size",
-    "dtype_text": "dtype",
     "pg_name": "Process Group Name",
     "pg_desc": "Process Group Description",
     "pg_ranks": "Process Group Ranks",
 }
-INT_ARGS = ("in_nelems", "out_nelems", "group_size")
+MESSAGE = tuple(f"m_{c}" for c in MSG_ARGS)  # one source's reading (m_in_nelems, ...), prefixed per source
+PG_KEYS = ["collective", "pg_name", "pg_desc", "pg_ranks"]
 
 
 def _arg(key: str) -> pl.Expr:
@@ -64,8 +80,7 @@ def _arg(key: str) -> pl.Expr:
 def _args(frame: pl.DataFrame) -> pl.DataFrame:
     """The collective args of rows with `args_json` (null where absent)."""
     cols = [_arg(key).alias(name) for name, key in ARG_KEYS.items()]
-    out = frame.with_columns(cols)
-    return out.with_columns(pl.col(c).cast(pl.Int64, strict=False) for c in INT_ARGS)
+    return frame.with_columns(cols)
 
 
 def _kind_from_name(name: pl.Expr) -> pl.Expr:
@@ -85,17 +100,54 @@ def _events(flat_dir: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
 
 
 # ------------------------------------------------------------------ NCCL / RCCL kernels
+def _json(text: str | None) -> Any:
+    """An arg's value from json_path_match's text (JSON for lists and numbers, bare for strings)."""
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+def _arg_text(key: str) -> pl.Expr:
+    """An event arg's JSON text, under its name or an older layout's (`kineto.ARG_ALIASES`:
+    `Input dims` in torch 1.8)."""
+    names = [key, *(alias for alias, k in ARG_ALIASES.items() if k == key)]
+    return pl.coalesce(pl.col("args_json").str.json_path_match(f"$['{n}']") for n in names)
+
+
+def _read(frame: pl.DataFrame, prefix: str, read: Reading | None, keys: tuple[str, ...]) -> pl.DataFrame:
+    """`frame` with the `MESSAGE` columns (prefixed) each row's event says: `read`, else the source
+    that reads events of its name (`messages.op_message`), applied once per distinct name and
+    `keys` args (a trace repeats a few sizes over thousands of calls)."""
+    taken = [f"_a{i}" for i in range(len(keys))]
+    frame = frame.with_columns(_arg_text(k).alias(t) for k, t in zip(keys, taken, strict=True))
+    distinct = frame.select("name", *taken).unique()
+    rows = []
+    for name, *values in distinct.iter_rows():
+        args = {k: _json(v) for k, v in zip(keys, values, strict=True) if v is not None}
+        m = read(name, args) if read is not None else op_message(name, args)
+        rows.append((name, *values, *(astuple(m) if m is not None else (None,) * len(MESSAGE))))
+    schema: dict[str, Any] = {"name": pl.String, **{t: pl.String for t in taken}}
+    schema |= {f"{prefix}{c}": pl.String if c == "m_dtype" else pl.Int64 for c in MESSAGE}
+    said = pl.DataFrame(rows, schema=schema, orient="row")
+    return frame.join(said, on=["name", *taken], how="left", nulls_equal=True, maintain_order="left").drop(taken)
+
+
 def _comm_ops(flat_dir: Path) -> pl.DataFrame:
-    """Communication CPU ops (thread, start, end, kind and pg args) in start order."""
+    """Communication CPU events (`COMM_OP`: ops and annotations): thread, start, end, kind, pg args
+    and what each says about its message (`messages.op_message`, over these few events), in start order."""
     ops = _events(
         flat_dir,
-        pl.col("cat").str.to_lowercase().is_in(CPU_OP_CATS)
+        pl.col("cat").str.to_lowercase().is_in([*CPU_OP_CATS, *ANNOTATION_CATS])
         & pl.col("name").str.contains(COMM_OP)
         & pl.col("ts_ns").is_not_null(),
         ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name", "args_json"],
     )
     return (
-        _args(ops)
+        _read(ops, "", None, COMM_EVENT_ARGS)
+        .with_columns(_args(ops.select("args_json")).select(PG_KEYS))
         .with_columns(
             op_kind=pl.coalesce(
                 _kind(pl.col("collective")), pl.when(pl.col("name") != "record_param_comms").then(_kind(pl.col("name")))
@@ -110,15 +162,69 @@ def _around_launch(
 ) -> pl.DataFrame:
     """For each kernel, `columns` of the last op (of those `which` selects) that started at or
     before its launch on the launch's thread and was still running then (else null)."""
-    chosen = ops.filter(which).select("pid", "tid", *columns, op_ts="ts_ns", op_end="end_ns")
-    joined = kernels.sort("launch_ts_ns").join_asof(
-        chosen, left_on="launch_ts_ns", right_on="op_ts", by=["pid", "tid"], strategy="backward", check_sortedness=False
+    chosen = ops.filter(which).select(
+        "pid", "tid", *(pl.col(c).alias(f"{prefix}{c}") for c in columns), _op_ts="ts_ns", _op_end="end_ns"
     )
-    inside = pl.col("op_end") >= pl.col("launch_ts_ns")
-    return joined.select("event_idx", *(pl.when(inside).then(pl.col(c)).alias(f"{prefix}{c}") for c in columns))
+    joined = (
+        kernels.select("event_idx", "pid", "tid", "launch_ts_ns")
+        .sort("launch_ts_ns")
+        .join_asof(
+            chosen,
+            left_on="launch_ts_ns",
+            right_on="_op_ts",
+            by=["pid", "tid"],
+            strategy="backward",
+            check_sortedness=False,
+        )
+    )
+    inside = pl.col("_op_end") >= pl.col("launch_ts_ns")
+    return joined.select(
+        "event_idx", *(pl.when(inside).then(pl.col(f"{prefix}{c}")).alias(f"{prefix}{c}") for c in columns)
+    )
 
 
-def _nccl_kernels(flat_dir: Path) -> pl.DataFrame:
+def _coalesced(launched: pl.DataFrame, ops: pl.DataFrame, source: SizeSource, prefix: str) -> pl.DataFrame:
+    """For each kernel launched inside a coalesced group's annotation (`source.events`), the
+    messages of the calls recorded on its thread since the thread's previous collective launch, as
+    `source.read` reads them, summed (one `record_param_comms` per call; null when one of them is
+    unknown), and their kind if they agree."""
+    which = pl.col("name").str.contains(source.events)
+    calls = ops.filter(pl.col("name") == "record_param_comms").drop(MESSAGE)
+    if not calls.height or not ops.select(which.any()).item():
+        return launched.select("event_idx")
+    calls = _read(calls, "", source.read, source.read.args).select("pid", "tid", "ts_ns", "op_kind", *MESSAGE)
+    launches = launched.select("pid", "tid", "event_idx", "launch_ts_ns").sort("launch_ts_ns")
+    owned = calls.sort("ts_ns").join_asof(
+        launches,
+        left_on="ts_ns",
+        right_on="launch_ts_ns",
+        by=["pid", "tid"],
+        strategy="forward",
+        check_sortedness=False,
+    )  # each call belongs to the first collective launch after it on its thread
+    summed = (
+        owned.filter(pl.col("event_idx").is_not_null())
+        .group_by("event_idx")
+        .agg(
+            *(
+                pl.when(pl.col(c).is_not_null().all()).then(pl.col(c).sum()).alias(f"{prefix}{c}")
+                for c in ("m_in_nelems", "m_out_nelems")
+            ),
+            pl.col("m_dtype").drop_nulls().first().alias(f"{prefix}m_dtype"),
+            pl.col("m_group_size").drop_nulls().first().alias(f"{prefix}m_group_size"),
+            pl.when(pl.col("op_kind").n_unique() == 1).then(pl.col("op_kind").first()).alias(f"{prefix}op_kind"),
+        )
+    )
+    marked = _around_launch(launched, ops, which, "c_", ["name"]).filter(pl.col("c_name").is_not_null())
+    return launched.select("event_idx").join(
+        summed.join(marked.select("event_idx"), on="event_idx"), on="event_idx", how="left"
+    )
+
+
+def _nccl_kernels(flat_dir: Path) -> tuple[pl.DataFrame, list[str]]:
+    """The collective kernels with their args, the CPU events' kind and pg args around their launch,
+    and one message reading per source of `SIZE_SOURCES` (columns `<prefix>m_in_nelems`...); and
+    the prefixes in the sources' order."""
     g = (
         pl.scan_parquet(flat_dir / "gpu_ops.parquet")
         .filter((pl.col("kind") == "kernel") & pl.col("name").str.contains(NCCL_KERNEL) & pl.col("ts_ns").is_not_null())
@@ -135,7 +241,7 @@ def _nccl_kernels(flat_dir: Path) -> pl.DataFrame:
         .collect(engine="streaming")
     )
     if not g.height:
-        return g
+        return g, []
     args = _events(flat_dir, pl.col("event_idx").is_in(g["event_idx"].implode()), ["event_idx", "args_json"])
     g = _args(g.join(args, on="event_idx", how="left"))
     launches = _events(
@@ -146,24 +252,38 @@ def _nccl_kernels(flat_dir: Path) -> pl.DataFrame:
     k = g.join(launches, on="launch_event_idx", how="left")
     ops = _comm_ops(flat_dir)
     launched = k.filter(pl.col("launch_ts_ns").is_not_null() & pl.col("pid").is_not_null())
-    keys = ["collective", "in_nelems", "out_nelems", "group_size", "dtype_text", "pg_name", "pg_desc", "pg_ranks"]
-    informed = _around_launch(launched, ops, pl.col("collective").is_not_null(), "rpc_", [*keys, "op_kind"])
-    named = _around_launch(
-        launched,
-        ops.rename({"name": "op"}),
-        pl.col("op").str.starts_with("record_param_comms").not_() & pl.col("op_kind").is_not_null(),
-        "c10d_",
-        ["op_kind", "op"],
+    prefixes = [f"s{i}_" for i in range(len(SIZE_SOURCES))]
+    for prefix, source in zip(prefixes, SIZE_SOURCES, strict=True):
+        if source.on == "kernel":  # the kernel event itself
+            k = _read(k, prefix, source.read, source.read.args)
+        elif source.on == "launch":  # the innermost such event around the launch
+            which = pl.col("name").str.contains(source.events)
+            said = _around_launch(launched, ops, which, prefix, [*MESSAGE, "op_kind", "name", *PG_KEYS])
+            k = k.join(said, on="event_idx", how="left")
+        else:  # the calls a coalesced group holds
+            k = k.join(_coalesced(launched, ops, source, prefix), on="event_idx", how="left")
+    k = k.with_columns(  # a source that read nothing (or only a dtype) gets null columns
+        pl.lit(None, pl.String if c in ("m_dtype", "op_kind") else pl.Int64).alias(f"{p}{c}")
+        for p in prefixes
+        for c in (*MESSAGE, "op_kind")
+        if f"{p}{c}" not in k.columns
     )
-    k = (
-        k.join(informed, on="event_idx", how="left")
-        .join(named, on="event_idx", how="left")
-        .with_columns(pl.coalesce(c, f"rpc_{c}").alias(c) for c in keys)
-    )
-    return k.with_columns(
-        kind=pl.coalesce(_kind(pl.col("collective")), "rpc_op_kind", "c10d_op_kind", _kind_from_name(pl.col("name"))),
-        op_name=pl.coalesce("c10d_op", pl.when(pl.col("rpc_op_kind").is_not_null()).then(pl.lit("record_param_comms"))),
-        source=pl.lit("gpu_kernel"),
+    around = [p for p, s in zip(prefixes, SIZE_SOURCES, strict=True) if s.on == "launch"]
+    coalesced = [p for p, s in zip(prefixes, SIZE_SOURCES, strict=True) if s.on == "coalesced"]
+    return (
+        k.with_columns(pl.coalesce(c, *(f"{p}{c}" for p in around)).alias(c) for c in PG_KEYS).with_columns(
+            kind=pl.coalesce(
+                _kind(pl.col("collective")),
+                *(f"{p}op_kind" for p in around + coalesced),
+                _kind_from_name(pl.col("name")),
+            ),
+            op_name=pl.coalesce(
+                *(pl.when(pl.col(f"{p}op_kind").is_not_null()).then(pl.col(f"{p}name")) for p in around)
+            ),
+            group_size=pl.coalesce(*(f"{p}m_group_size" for p in prefixes)),
+            source=pl.lit("gpu_kernel"),
+        ),
+        prefixes,
     )
 
 
@@ -205,8 +325,10 @@ def _gloo_pg_of_threads(threads: list[tuple[int, int]], pg_config: list) -> dict
     return {t: groups[i // share] for i, t in enumerate(threads)}
 
 
-def _gloo_works(flat_dir: Path, pg_config: list) -> tuple[pl.DataFrame, int]:
-    """gloo:* annotations as collectives; and how many ran on threads no group could be given."""
+def _gloo_works(flat_dir: Path, pg_config: list) -> tuple[pl.DataFrame, list[str], int]:
+    """gloo:* annotations as collectives, their message as the annotation says it (the one size
+    source of gloo work: `messages.op_message`, prefix `s_`); and how many ran on threads no group
+    could be given."""
     works = _events(
         flat_dir,
         pl.col("cat").str.to_lowercase().is_in(ANNOTATION_CATS)
@@ -215,7 +337,7 @@ def _gloo_works(flat_dir: Path, pg_config: list) -> tuple[pl.DataFrame, int]:
         ["event_idx", "name", "pid", "tid", "ts_ns", pl.col("dur_ns").fill_null(0), "args_json"],
     )
     if not works.height:
-        return works, 0
+        return works, [], 0
     owner = _gloo_pg_of_threads(_runloop_threads(flat_dir), pg_config)
     rows = [_gloo_pg(owner.get((pid, tid))) for pid, tid in works.select("pid", "tid").iter_rows()]
     pg = pl.DataFrame(
@@ -223,19 +345,15 @@ def _gloo_works(flat_dir: Path, pg_config: list) -> tuple[pl.DataFrame, int]:
         schema={"pg_name": pl.String, "pg_desc": pl.String, "pg_ranks": pl.String, "group_size": pl.Int64},
         orient="row",
     )
-    dims = pl.col("args_json").str.json_path_match("$['Input Dims']")
-    out = pl.concat([works, pg], how="horizontal").with_columns(
+    out = pl.concat([_read(works, "s_", None, COMM_EVENT_ARGS), pg], how="horizontal").with_columns(
         kind=_kind(pl.col("name")),
-        in_nelems=dims.map_elements(_numel, return_dtype=pl.Int64, skip_nulls=True),
-        dtype_text=pl.col("args_json").str.json_path_match("$['Input type'][0]"),
-        out_nelems=pl.lit(None, pl.Int64),
         source=pl.lit("gloo_work"),
         op_name=pl.lit(None, pl.String),
         device=pl.lit(None, pl.Int64),
         stream=pl.lit(None, pl.Int64),
         collective=pl.col("name").str.strip_prefix("gloo:"),
     )
-    return out, sum(1 for pid, tid in works.select("pid", "tid").iter_rows() if (pid, tid) not in owner)
+    return out, ["s_"], sum(1 for pid, tid in works.select("pid", "tid").iter_rows() if (pid, tid) not in owner)
 
 
 def _gloo_pg(group: dict | None) -> tuple:
@@ -251,35 +369,45 @@ def _gloo_pg(group: dict | None) -> tuple:
     )
 
 
-def _numel(dims_text: str) -> int | None:
-    """Elements of the first input of an `Input Dims` text (`[[2632]]` -> 2632)."""
-    try:
-        dims = orjson.loads(dims_text)
-    except orjson.JSONDecodeError:
-        return None
-    first = dims[0] if isinstance(dims, list) and dims else None
-    if not isinstance(first, list) or not all(type(d) is int and d >= 0 for d in first):
-        return None
-    n = 1
-    for d in first:
-        n *= d
-    return n
-
-
 # ------------------------------------------------------------------ the table
-def _message_bytes() -> pl.Expr:
-    """nccl-tests' size: the gathered output of allgather, the scattered input of reducescatter,
-    the send buffer of alltoall, the buffer of the others (group size x a shard when only it is known)."""
-    size = pl.col("dtype").replace_strict(DTYPE_SIZE, default=None, return_dtype=pl.Int64)
-    gathered = pl.coalesce("out_nelems", pl.col("in_nelems") * pl.col("group_size"))
-    nelems = (
-        pl.when(pl.col("kind") == "allgather")
-        .then(gathered)
-        .when(pl.col("kind") == "reducescatter")
-        .then(pl.coalesce("in_nelems", pl.col("out_nelems") * pl.col("group_size")))
-        .otherwise(pl.coalesce("in_nelems", "out_nelems"))
+def _by_rule(rule: SizeRule, n_in: pl.Expr, n_out: pl.Expr, group: pl.Expr) -> pl.Expr:
+    counts = [(n_in if count == "in" else n_out) * (group if per_rank else 1) for count, per_rank in rule]
+    return pl.coalesce(counts) if counts else pl.lit(None, pl.Int64)
+
+
+def _nelems(prefix: str) -> pl.Expr:
+    """nccl-tests' size in elements by one source's reading (`messages.SIZE_RULE` of the row's kind;
+    a per-rank count times the group size the source says, else the collective's)."""
+    n_in, n_out = pl.col(f"{prefix}m_in_nelems"), pl.col(f"{prefix}m_out_nelems")
+    group = pl.coalesce(f"{prefix}m_group_size", "pg_size")
+    out = _by_rule(DEFAULT_SIZE_RULE, n_in, n_out, group)
+    for kind, rule in SIZE_RULE.items():
+        out = pl.when(pl.col("kind") == kind).then(_by_rule(rule, n_in, n_out, group)).otherwise(out)
+    return out
+
+
+def with_message(rows: pl.DataFrame, prefixes: list[str], names: list[str]) -> pl.DataFrame:
+    """`in_nelems`, `out_nelems`, `dtype`, `bytes` and `size_from` of each collective from its
+    sources' readings (columns `<prefix>m_*`, in `SIZE_SOURCES` order, named `names`): the counts
+    of the first source by which the kind's size is known, the dtype of that source else of the
+    first that says one; bytes = nccl-tests' size x the dtype's size (null for barrier)."""
+    sized = [_nelems(p).alias(f"{p}n") for p in prefixes]
+    rows = rows.with_columns(sized)
+    first = pl.coalesce(*(pl.when(pl.col(f"{p}n").is_not_null()).then(pl.lit(i)) for i, p in enumerate(prefixes)))
+    rows = rows.with_columns(_from=first)
+
+    def chosen(c: str) -> pl.Expr:
+        return pl.coalesce(*(pl.when(pl.col("_from") == i).then(pl.col(f"{p}{c}")) for i, p in enumerate(prefixes)))
+
+    dtype = pl.coalesce(chosen("m_dtype"), *(f"{p}m_dtype" for p in prefixes))
+    size = dtype.replace_strict(DTYPE_SIZE, default=None, return_dtype=pl.Int64)
+    return rows.with_columns(
+        in_nelems=chosen("m_in_nelems"),
+        out_nelems=chosen("m_out_nelems"),
+        dtype=dtype,
+        bytes=pl.when(pl.col("kind") != "barrier").then(chosen("n") * size),
+        size_from=pl.col("_from").replace_strict(list(range(len(names))), names, default=None, return_dtype=pl.String),
     )
-    return pl.when(pl.col("kind") != "barrier").then(nelems * size)
 
 
 def profiler_steps(flat_dir: Path) -> pl.DataFrame:
@@ -326,6 +454,7 @@ COLUMNS = [
     "in_nelems",
     "out_nelems",
     "bytes",
+    "size_from",
     "ts_ns",
     "dur_ns",
     "end_ns",
@@ -342,12 +471,14 @@ def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl
     could not be classified, by reason."""
     flat_dir = Path(flat_dir)
     problems: dict[str, int] = {}
-    rows = _nccl_kernels(flat_dir)
+    rows, prefixes = _nccl_kernels(flat_dir)
+    names = [source.name for source in SIZE_SOURCES]
     if rows.height:
         rows = _pg_of_stream(rows)
     else:
         pg_config = distributed.get("pg_config")
-        rows, unowned = _gloo_works(flat_dir, pg_config if isinstance(pg_config, list) else [])
+        rows, prefixes, unowned = _gloo_works(flat_dir, pg_config if isinstance(pg_config, list) else [])
+        names = ["the gloo: annotation"]
         if unowned:
             problems["gloo_work_without_process_group"] = unowned
     if not rows.height:
@@ -359,7 +490,6 @@ def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl
     out = rows.with_columns(
         kind=pl.col("kind").fill_null("unknown"),
         rank=pl.lit(rank, pl.Int64),
-        dtype=pl.col("dtype_text").map_elements(normalize_dtype, return_dtype=pl.String, skip_nulls=True),
         pg_size=pl.coalesce(
             "group_size",
             pl.col("pg_ranks").map_elements(_count_ranks, return_dtype=pl.Int64, skip_nulls=True),
@@ -367,7 +497,7 @@ def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl
         ),
         end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
     )
-    out = out.with_columns(bytes=_message_bytes())
+    out = with_message(out, prefixes, names)
     out = out.sort("ts_ns", "event_idx").with_columns(
         seq=pl.int_range(pl.len(), dtype=pl.Int64).over(
             pl.col("pg_name").fill_null(""), pl.col("pg_ranks").fill_null("")

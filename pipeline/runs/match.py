@@ -6,7 +6,8 @@ and, among the groups of one rank with the same ranks, by the order of their nam
 `0,1,2,3#0`. Collectives with no group recorded belong to the whole world (`all#0`).
 
 Matched calls must agree: the same kind (unknown agrees with any) and the same message size (an
-unknown size agrees with any). A rank whose call differs from what most ranks did is
+unknown size agrees with any; the ranks of an alltoall may send buffers of different sizes,
+`messages.SIZE_PER_RANK`). A rank whose call differs from what most ranks did is
 desynchronised there: reported (rank, pg, seq, what it did, what the others did) and the
 collective left out of every measure rather than paired wrongly.
 """
@@ -14,6 +15,8 @@ collective left out of every measure rather than paired wrongly.
 from __future__ import annotations
 
 import polars as pl
+
+from pipeline.cost.formulas.messages import SIZE_PER_RANK
 
 
 def pg_key() -> pl.Expr:
@@ -54,6 +57,7 @@ def _mode(col: str) -> pl.Expr:
 
 
 KEYS = ["run", "pg", "seq"]
+SAME_SIZE = ~pl.col("kind").cast(pl.String).is_in(sorted(SIZE_PER_RANK))  # calls whose sizes must agree
 
 
 def desyncs(colls: pl.DataFrame) -> pl.DataFrame:
@@ -63,7 +67,7 @@ def desyncs(colls: pl.DataFrame) -> pl.DataFrame:
     split = (
         colls.lazy()
         .group_by(KEYS)
-        .agg(kinds=known_kind.n_unique(), sizes=pl.col("bytes").drop_nulls().n_unique())
+        .agg(kinds=known_kind.n_unique(), sizes=pl.col("bytes").filter(SAME_SIZE).drop_nulls().n_unique())
         .filter((pl.col("kinds") > 1) | (pl.col("sizes") > 1))
         .select(KEYS)
         .collect(engine="streaming")
@@ -77,7 +81,8 @@ def desyncs(colls: pl.DataFrame) -> pl.DataFrame:
         & (pl.col("kind") != pl.col("expected_kind"))
     )
     wrong_bytes = (
-        pl.col("bytes").is_not_null()
+        SAME_SIZE
+        & pl.col("bytes").is_not_null()
         & pl.col("expected_bytes").is_not_null()
         & (pl.col("bytes") != pl.col("expected_bytes"))
     )

@@ -13,7 +13,7 @@ from pipeline.kineto import ARG_ALIASES
 from .dtypes import normalize_dtype
 from .inputs import OpInputs
 from .literal import parse_literal
-from .registry import FORMULAS, Cost, Formula, formula, formulas_markdown, op_cost
+from .registry import FORMULAS, Cost, Formula, formula, formulas_markdown, has_formula, op_cost
 
 # isort: off
 from . import gemm, conv, attention, norms, embedding, elementwise, copies, reductions, collectives
@@ -49,6 +49,7 @@ __all__ = [
     "MODELLED_OPS",
     "ARGS_READ",
     "op_cost",
+    "has_formula",
     "formula",
     "formulas_markdown",
     "collective_bandwidth",

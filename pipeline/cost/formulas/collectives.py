@@ -2,7 +2,8 @@
 
 A collective's FLOPs are 0 (the reduction arithmetic of allreduce is ignored); its bytes are the
 message size as nccl-tests reports it ("size"): the full buffer of allreduce/broadcast/reduce, the
-gathered output of allgather, the scattered input of reducescatter, the send buffer of alltoall.
+gathered output of allgather, the scattered input of reducescatter, the send buffer of alltoall,
+read from the op's own args by the rule `ranks` uses too (`messages`).
 `collective_bandwidth` turns a size and a time into nccl-tests' algbw and busbw.
 """
 
@@ -11,11 +12,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
-from .dtypes import DTYPE_SIZE, normalize_dtype
-from .inputs import Insufficient, OpInputs, need
+from .inputs import OpInputs, need
+from .messages import OP_ARGS, message_bytes, op_message
 from .registry import Formula, Work, register
 
 # nccl-tests bus-bandwidth factors, n = the number of ranks in the collective
@@ -38,7 +40,7 @@ def normalize_kind(raw: Any) -> str | None:
     if not isinstance(raw, str) or not raw.strip():
         return None
     key = re.split(r"::|:", raw.strip())[-1].split(" ")[0].strip("_").lower()
-    for suffix in ("_coalesced", "_base", "_into_tensor", "_tensor", "_single"):
+    for suffix in ("_coalesced", "_base", "_into_tensor", "_tensor", "_single", "_oop"):
         key = key.replace(suffix, "")
     key = key.replace("_", "")
     key = _KIND_ALIASES.get(key, key)
@@ -82,47 +84,31 @@ def collective_bandwidth(kind: str, message_bytes: float, seconds: float, world_
     return algbw, algbw * BUS_FACTOR[key](int(world_size))
 
 
-# Where an allgather that records only its input shard finds the group size: this event arg
-# ("Group size"), or an input index (a Concrete Input); None: the op records the full output.
-_GROUP_FROM_ATTRS: Literal["attrs"] = "attrs"
-GroupSizeFrom = int | Literal["attrs"] | None
+def _collective(name: str, kind: str | None, inp: OpInputs) -> Work:
+    """Message size (nccl-tests "size") of one collective op from its own args; FLOPs 0.
 
-
-def _group_size(source: int | Literal["attrs"], inp: OpInputs) -> int:
-    """The group size an allgather's shard is multiplied by; Insufficient when not recorded."""
-    group = inp.concrete(source) if isinstance(source, int) else inp.attrs.get("Group size")
-    if type(group) is not int or group < 1:
-        raise Insufficient
-    return group
-
-
-def _collective(kind: str | None, group_size_from: GroupSizeFrom, inp: OpInputs) -> Work:
-    """Message size (nccl-tests "size") of one collective; FLOPs 0.
-
-    The largest tensor argument (a TensorList summed) is the message: it is the full buffer of
-    allreduce/broadcast, the gathered output of allgather (c10d ops list their outputs), the
-    scattered input of reducescatter. Ops that show only an allgather's input shard multiply it by
-    the group size (a Concrete Input or the "Group size" arg), or give None without one.
+    What the op records is read as `messages.op_message` reads it (record_param_comms: In/Out msg
+    nelems; `nccl:*` / `gloo:*`: its input tensors; `c10d::*`: its input and output arguments),
+    and the size is the count `messages.SIZE_RULE` names for the kind (an allgather's shard times
+    the group size, when the op records it).
     """
     attrs = inp.attrs
     kind = kind or collective_kind("record_param_comms", attrs)
     need(kind is not None)
-    dtype = normalize_dtype(attrs.get("dtype")) or inp.compute_dtype()
-    counts = [v for v in (attrs.get(key) for key in ("In msg nelems", "Out msg nelems")) if type(v) is int and v >= 0]
-    if counts:  # record_param_comms: element counts of both buffers
-        return Work(0, (), read_bytes=max(counts) * DTYPE_SIZE.get(dtype or "", math.nan), dtype=dtype)
-    sizes = [(inp.numel(i) or 0) * inp.elem_size(i) for i in range(inp.n) if inp.shapes(i)]
-    need(sizes)
-    message = max(sizes)
-    if kind == "allgather" and group_size_from is not None:
-        message *= _group_size(group_size_from, inp)
-    return Work(0, (), read_bytes=message, dtype=dtype)
+    message = op_message(name, attrs)
+    need(message is not None)
+    assert message is not None
+    if message.dtype is None:  # a TensorList's element type is not recorded
+        message = replace(message, dtype=inp.dtype_fallback)
+    size = message_bytes(kind, message)
+    need(size is not None)
+    return Work(0, (), read_bytes=size, dtype=message.dtype)
 
 
-_COLLECTIVES: tuple[tuple[tuple[str, ...], str | None, GroupSizeFrom], ...] = (
-    # (ops, kind (None: from the "Collective name" arg), where an allgather's group size is)
-    (("record_param_comms",), None, _GROUP_FROM_ATTRS),
-    (("c10d::allreduce_", "c10d::allreduce_coalesced_"), "allreduce", None),
+_COLLECTIVES: tuple[tuple[tuple[str, ...], str | None], ...] = (
+    # (ops that record their buffers alike, kind (None: from the "Collective name" arg))
+    (("record_param_comms",), None),
+    (("c10d::allreduce_", "c10d::allreduce_coalesced_"), "allreduce"),
     (
         (
             "c10d::allgather_",
@@ -131,17 +117,15 @@ _COLLECTIVES: tuple[tuple[tuple[str, ...], str | None, GroupSizeFrom], ...] = (
             "c10d::allgather_into_tensor_coalesced_",
         ),
         "allgather",
-        None,
     ),
     (
         ("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::reduce_scatter_tensor_coalesced_"),
         "reducescatter",
-        None,
     ),
-    (("c10d::broadcast_",), "broadcast", None),
-    (("c10d::reduce_",), "reduce", None),
-    (("c10d::alltoall_", "c10d::alltoall_base_"), "alltoall", None),
-    (("c10d::send", "c10d::recv_", "c10d::recv_any_source_"), "sendrecv", None),
+    (("c10d::broadcast_",), "broadcast"),
+    (("c10d::reduce_",), "reduce"),
+    (("c10d::alltoall_", "c10d::alltoall_base_"), "alltoall"),
+    (("c10d::send", "c10d::recv_", "c10d::recv_any_source_"), "sendrecv"),
     (
         (
             "_c10d_functional::all_reduce",
@@ -150,23 +134,24 @@ _COLLECTIVES: tuple[tuple[tuple[str, ...], str | None, GroupSizeFrom], ...] = (
             "_c10d_functional::all_reduce_coalesced_",
         ),
         "allreduce",
-        None,
     ),
     (
-        ("_c10d_functional::all_gather_into_tensor", "_c10d_functional::all_gather_into_tensor_coalesced"),
+        (
+            "_c10d_functional::all_gather_into_tensor",
+            "_c10d_functional::all_gather_into_tensor_out",
+            "_c10d_functional::all_gather_into_tensor_coalesced",
+        ),
         "allgather",
-        1,
     ),
     (
         ("_c10d_functional::reduce_scatter_tensor", "_c10d_functional::reduce_scatter_tensor_coalesced"),
         "reducescatter",
-        None,
     ),
-    (("_c10d_functional::all_to_all_single",), "alltoall", None),
-    (("_c10d_functional::broadcast", "_c10d_functional::broadcast_"), "broadcast", None),
+    (("_c10d_functional::all_to_all_single",), "alltoall"),
+    (("_c10d_functional::broadcast", "_c10d_functional::broadcast_"), "broadcast"),
 ) + tuple(
     # record_function ranges of ProcessGroupNCCL / ProcessGroupGloo: they record the input tensors
-    (tuple(f"{backend}:{op}" for backend in ("nccl", "gloo") for op in ops), kind, _GROUP_FROM_ATTRS)
+    (tuple(f"{backend}:{op}" for backend in ("nccl", "gloo") for op in ops), kind)
     for ops, kind in (
         (("all_reduce", "all_reduce_coalesced", "allreduce_coalesced"), "allreduce"),
         (("all_gather", "_all_gather_base", "all_gather_into_tensor_coalesced", "allgather_coalesced"), "allgather"),
@@ -177,14 +162,15 @@ _COLLECTIVES: tuple[tuple[tuple[str, ...], str | None, GroupSizeFrom], ...] = (
         (("send", "recv"), "sendrecv"),
     )
 )
-for _names, _kind, _group in _COLLECTIVES:
+for _names, _kind in _COLLECTIVES:
+    # the ops of a row record their buffers at the same places: the first one's reading holds for all
+    assert len({OP_ARGS.get(n) for n in _names}) == 1, _names
     register(
         Formula(
             _names,
             "collective",
             "0",
-            "message size = nccl-tests size: max tensor argument × dtype size ("
-            "record_param_comms: max(In, Out msg nelems)); an allgather shard × group size",
-            partial(_collective, _kind, _group),
+            "message size = nccl-tests size of the buffers the op records (README: Whole runs, collective sizes)",
+            partial(_collective, _names[0], _kind),
         )
     )

@@ -119,6 +119,11 @@ def aten(names: str, inplace: bool = False) -> tuple[str, ...]:
     return tuple(base + [n + "_" for n in base] if inplace else base)
 
 
+def has_formula(name: str) -> bool:
+    """Whether the table has a formula for an op name (``nccl:send 0->1`` as ``nccl:send``)."""
+    return name in FORMULAS or name.split(" ", 1)[0] in FORMULAS
+
+
 def op_cost(name: str, args: Mapping[str, Any] | None, dtype_fallback: str | None = None) -> Cost | None:
     """FLOPs and bytes of one op from its event args; None when not modelled or not computable.
 

@@ -58,13 +58,13 @@ def facts(m: Member, row: dict, truncated: bool, reason: str | None, span) -> di
     }
 
 
-def flatten_alone(m: Member, scratch: Path, workers: int, max_inflate: float | None):
+def flatten_alone(m: Member, scratch: Path, workers: int, max_inflate: float | None, formulas=None):
     """Flatten a member by `flatten` into `scratch`: its facts (quarantined if it is no trace)."""
     from pipeline.flatten import flatten
 
     m.alone = True
     try:
-        r = flatten(m.path, scratch / m.trace_id, workers=workers, max_inflate=max_inflate)
+        r = flatten(m.path, scratch / m.trace_id, workers=workers, max_inflate=max_inflate, formulas=formulas)
     except OutputError:
         raise  # a full disk: not the file's fault, retried by the next run
     except TracepipeError as e:

@@ -68,12 +68,12 @@ def _link_facts(t: Tables) -> list[tuple[bool, bool]]:
     return [facts[k] for k in range(t.n)]
 
 
-def _link_and_cost(t: Tables, part: np.ndarray, work: Path, matched: list) -> pl.DataFrame:
+def _link_and_cost(t: Tables, part: np.ndarray, work: Path, matched: list, formulas=None) -> pl.DataFrame:
     """The link and cost columns (`links.LINK_COLUMNS`, `enrich.COST_COLUMNS`) of the GPU ops of the
     members `part` (which agree on the per-trace link facts), as `enrich` gives them: one pass
     over their tables. Rows in the group's gpu_ops order with `_row` (their row there), `_m`,
     and the columns the counts read (kind, dur_ns, correlation)."""
-    from pipeline.cost.enrich import COST_COLUMNS, KERNEL_INPUTS, OP_COST_COLUMNS, kernel_costs, link_pass
+    from pipeline.cost.enrich import CAUSE_LINKS, COST_COLUMNS, KERNEL_INPUTS, OP_COST_COLUMNS, kernel_costs, link_pass
     from pipeline.link import links as link
 
     whole = len(part) == t.n
@@ -88,7 +88,7 @@ def _link_and_cost(t: Tables, part: np.ndarray, work: Path, matched: list) -> pl
         owner = t.owner[name][rows[name]]
         store.write_table(banded(tbl, name, owner, offsets), work / f"{name}.parquet", name, ("flatten",))
     spill = work / "links.arrow"
-    op_kernels = link_pass(work, spill, None)  # as `enrich` spills its pass 1 (read back whole)
+    op_kernels = link_pass(work, spill, None, user=formulas)  # as `enrich` spills its pass 1 (read back whole)
     with store.SpillReader(spill) as reader:
         spilled = reader.take(1 << 62)
     gpu_rows = rows["gpu_ops"]
@@ -103,13 +103,17 @@ def _link_and_cost(t: Tables, part: np.ndarray, work: Path, matched: list) -> pl
         _offset=pl.Series(offsets[owner], dtype=pl.Int64),
         correlation=correlation,
     )
+    shaped = spilled.filter(pl.col("op_shapes")).get_column("_m").unique().implode()  # members that recorded shapes
+    linked = spilled.filter(pl.col("launch_event_idx").is_not_null()).get_column("_m").unique().implode()
     by_devices: dict[int, list[int]] = {}  # members with the same devices are costed together
     for k in part:
         by_devices.setdefault(id(matched[k][0]), []).append(int(k))
     pieces = []
     for ks in by_devices.values():
         chunk = spilled.filter(pl.col("_m").is_in(ks)) if len(by_devices) > 1 else spilled
-        g = chunk.select(*KERNEL_INPUTS, "cpu_op_event_idx", *OP_COST_COLUMNS)
+        recorded = pl.col("_m").is_in(shaped).alias("trace_shapes")  # per trace, as `enrich` tells
+        launched = pl.col("_m").is_in(linked).alias("trace_launches")
+        g = chunk.select(*KERNEL_INPUTS, *CAUSE_LINKS, *OP_COST_COLUMNS, recorded, launched)
         costed = kernel_costs(g, op_kernels.of(g["cpu_op_event_idx"]), matched[ks[0]][0])
         pieces.append(
             chunk.select("_row", "_m", "kind", "dur_ns", "correlation", *link.LINK_COLUMNS)
@@ -133,7 +137,7 @@ def _tallies(linked: pl.DataFrame, n: int) -> list:
         return out
     launched = pl.col("launch_event_idx").is_not_null()
     is_kernel = pl.col("kind") == "kernel"
-    costed = pl.col("flops").is_not_null()
+    costed = pl.col("cost_source").is_not_null()
     dur = pl.col("dur_ns").fill_null(0)
     counts = linked.group_by("_m").agg(  # link_counts' reasons, in its order, then Tally's counts
         by_flow=(pl.col("launch_link") == "flow").sum(),
@@ -172,7 +176,7 @@ _LINK_COUNT_SAMPLE = pl.DataFrame(
 )
 
 
-def link_all(members: list[Member], t: Tables, work: Path) -> pa.Table:
+def link_all(members: list[Member], t: Tables, work: Path, formulas=None) -> pa.Table:
     """Link and cost every member's GPU ops (`_link_and_cost`, once per part of the group that
     agrees on the link facts); give each member its matched devices, warnings and counts. Returns
     the group's gpu_ops with every column."""
@@ -185,7 +189,7 @@ def link_all(members: list[Member], t: Tables, work: Path) -> pa.Table:
     for k, facts in enumerate(_link_facts(t)):
         parts.setdefault(facts, []).append(k)
     linked = pl.concat(
-        [_link_and_cost(t, np.array(ks), work / f"link-{i}", matched) for i, ks in enumerate(parts.values())]
+        [_link_and_cost(t, np.array(ks), work / f"link-{i}", matched, formulas) for i, ks in enumerate(parts.values())]
     )
     if len(parts) > 1:
         linked = linked.sort("_row")

@@ -48,7 +48,7 @@ class Grouped:
         return self.tables[name].slice(lo, hi - lo), owner[lo:hi]
 
 
-def _group(members: list[Member], work: Path, max_inflate: float | None) -> Grouped | None:
+def _group(members: list[Member], work: Path, max_inflate: float | None, formulas=None) -> Grouped | None:
     """Read, decode, link and cost the small members together; those that cannot be end `alone`."""
     from pipeline.read.metadata import devices_table  # noqa: F401 - imported before the timing-critical part
 
@@ -86,7 +86,7 @@ def _group(members: list[Member], work: Path, max_inflate: float | None) -> Grou
         t = Tables(tables, owner, len(grouped))
         if not grouped:
             return None
-    t.tables["gpu_ops"] = link_all(grouped, t, work)
+    t.tables["gpu_ops"] = link_all(grouped, t, work, formulas)
     coll, coll_owner, steps, steps_owner = run_tables(grouped, t, work)
     span_of = spans(t)
     for i, m in enumerate(grouped):
@@ -158,10 +158,12 @@ def run_group(
     max_inflate: float | None = None,
     workers: int = 1,
     small: bool = True,
+    formulas=None,
 ) -> list[dict]:
     """Flatten the inputs (path, source, trace_id) into STAGE/<table>.parquet (`PartWriter`);
     return each input's manifest facts, in the order given. `small`: read, link and cost them
-    together (`_group`), else each alone with `workers` processes (a large trace).
+    together (`_group`), else each alone with `workers` processes (a large trace). `formulas`:
+    the user's formula file (`pipeline.cost.formulas.user.UserFormulas`), if any.
 
     A file that is not a readable trace gets status `quarantined`; other exceptions propagate (a
     full disk: OutputError).
@@ -178,7 +180,7 @@ def run_group(
         if small and len(members) > 1:
             try:
                 with _gc_paused():
-                    grouped = _group(members, stage_dir / "work", max_inflate)
+                    grouped = _group(members, stage_dir / "work", max_inflate, formulas)
             except (OutputError, MemoryError):
                 raise
             except Exception:  # a group that fails where flatten would not (a bug): each alone
@@ -189,7 +191,7 @@ def run_group(
                     m.alone, m.facts = True, None
         for m in members:
             if m.facts is None:
-                flatten_alone(m, stage_dir / "alone", workers, max_inflate)
+                flatten_alone(m, stage_dir / "alone", workers, max_inflate, formulas)
         with store.output_of(stage_dir):
             _write(members, grouped, stage_dir)
     finally:

@@ -9,24 +9,18 @@ from dataclasses import dataclass
 import polars as pl
 
 from pipeline.analyses.flat import Flat
+from pipeline.cost.coverage import CAUSES
 from pipeline.cost.devices import DTYPE_PEAK
 from pipeline.render.plots.figure import device_labels
 
-WHY = {  # why a kernel is not on the roofline (gpu_ops.unmodelled_reason, and what the cost left out)
-    "no_shapes": "the trace records no input shapes (record_shapes=False)",
-    "no_cpu_op": "not linked to the CPU op that launched it",
-    "no_formula": "no FLOP formula for the op that launched it",
-    "shapes_not_modelled": "input shapes or dtypes the formulas do not cover",
+WHY = {  # why a kernel is not on the roofline: its gpu_ops.unmodelled_reason, or what its cost lacks
+    **{c.name: c.summary for c in CAUSES},
     "no_flops": "bytes but no FLOPs (copies, fills, communication)",
     "no_bytes": "FLOPs but no byte count",
     "not_costed": "not costed: the trace was flattened with --no-link",
     "unmodelled": "no cost model",
 }
-FIX = {
-    "no_shapes": "profile with torch.profiler.profile(..., record_shapes=True)",
-    "no_cpu_op": "profile with ProfilerActivity.CPU too, so that kernels link to their ops",
-    "not_costed": "flatten the trace again without --no-link",
-}
+FIX = {**{c.name: c.remedy for c in CAUSES if c.remedy}, "not_costed": "flatten the trace again without --no-link"}
 COST_COLUMNS = (
     "kind",
     "device",
