@@ -58,7 +58,10 @@ def compare(
         None, help="a second one holding the new run (then --base picks in SOURCE, --new in OTHER)"
     ),
     base: Optional[str] = typer.Option(
-        None, "--base", metavar="RUN", help="the run compared against (its last path component is enough)"
+        None,
+        "--base",
+        metavar="RUN",
+        help="the run compared against (its last path component is enough; default: the run before --new)",
     ),
     new: Optional[str] = typer.Option(None, "--new", metavar="RUN", help="the run looked at (default: the latest)"),
     level: Optional[list[str]] = typer.Option(None, "--level", metavar="LEVEL", help=LEVEL_HELP),
