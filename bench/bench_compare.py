@@ -69,11 +69,10 @@ def main():
 
     rows = tables(ds, ["gpu_ops"])["gpu_ops"].select(pl.len()).collect().item()
     mid = a.runs // 2
-    t_query, m_query = best_of(tracepipe("query", str(ds), TOP_KERNELS, "--format", "json"))
-    t_cmp, m_cmp = best_of(
-        tracepipe("compare", str(ds), "--base", f"run{mid - 1:02d}", "--new", f"run{mid:02d}", "--format", "json")
-    )
-    t_trend, m_trend = best_of(tracepipe("trend", str(ds), "--format", "json"))
+    out = ["--format", "json", "-o", str(work / "out.json")]  # to a file: a pipe read only at the end could fill
+    t_query, m_query = best_of(tracepipe("query", str(ds), TOP_KERNELS, *out))
+    t_cmp, m_cmp = best_of(tracepipe("compare", str(ds), "--base", f"run{mid - 1:02d}", "--new", f"run{mid:02d}", *out))
+    t_trend, m_trend = best_of(tracepipe("trend", str(ds), *out))
     print(
         f"dataset: {a.runs} runs x {a.ranks} ranks ({a.runs * a.ranks} traces, {rows:,} gpu_ops rows), batched in "
         f"{t_batch:.1f}s"
