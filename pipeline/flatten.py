@@ -10,7 +10,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +21,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import schema, store
-from pipeline.errors import BadTrace
+from pipeline.errors import BadTrace, TracepipeError, UsageError
 from pipeline.kineto import trace_stem
 from pipeline.read.chunks import ordered_results
 from pipeline.read.decode import build_chunk, build_from_text
 from pipeline.read.limits import not_regular
-from pipeline.read.metadata import devices_table, trace_row
+from pipeline.read.metadata import devices_table, sampled_content_id, trace_row
 from pipeline.read.source import TraceSource
 from pipeline.read.tables import ChunkTables
 from pipeline.read.tame import BAD_UNICODE, TOO_LARGE, scrub
@@ -153,6 +154,45 @@ def write_trace_table(row: dict, tmp: Path):
 
 
 STAGES = ("read", "link+cost", "write")  # flatten's stages, as `flatten(stage=...)` names them
+_CAPTURES: OrderedDict = OrderedDict()  # the graphs of capture traces read in this process (`read_captures`)
+CAPTURES_KEPT = 8
+
+
+def read_captures(
+    paths: Sequence[str | os.PathLike],
+    trace_ids: Sequence[str | None] | None = None,
+    max_inflate: float | None = None,
+):
+    """The CUDA/HIP graphs each capture trace captured (`link.captures.CapturedGraphs`): each trace
+    flattened without linking into a temporary directory, its graphs read, the directory removed.
+    Kept per file (path, size, mtime) for the next replays of this process (a run's ranks share
+    one capture trace). `trace_ids`: the trace_id each is known by (default: the one `flatten`
+    gives it). A capture trace that cannot be read raises BadTrace."""
+    from pipeline.link.captures import captured_graphs
+
+    out, seen = [], set()
+    for path, tid in zip(map(str, paths), trace_ids or [None] * len(paths)):
+        why = not_regular(path)
+        if why:
+            raise BadTrace(f"graph capture trace {path}: {why}")
+        st = os.stat(path)
+        tid = tid or sampled_content_id(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, tid)
+        if tid in seen:
+            continue
+        seen.add(tid)
+        if key not in _CAPTURES:
+            with tempfile.TemporaryDirectory(prefix="tracepipe-capture-") as tmp:
+                try:
+                    r = flatten(path, tmp, link=False, workers=1, max_inflate=max_inflate)
+                except TracepipeError as e:
+                    raise type(e)(f"graph capture trace {e if path in str(e) else f'{path}: {e}'}") from None
+                _CAPTURES[key] = captured_graphs(r.out_dir, tid, trace_stem(path))
+            while len(_CAPTURES) > CAPTURES_KEPT:
+                _CAPTURES.popitem(last=False)
+        _CAPTURES.move_to_end(key)
+        out.append(_CAPTURES[key])
+    return out
 
 
 def flatten(
@@ -169,6 +209,8 @@ def flatten(
     max_inflate: float | None = None,
     stage: Callable[[str], None] | None = None,
     formulas=None,
+    graph_captures: Sequence[str | os.PathLike] = (),
+    capture_trace_ids: Sequence[str | None] | None = None,
 ) -> FlattenResult:
     """Flatten one trace into OUT/<stem>/{events,gpu_ops,flows,devices,trace}.parquet.
 
@@ -179,6 +221,10 @@ def flatten(
     For a progress display: `progress(n)` is called as reading goes on, n the bytes of the file
     read so far (compressed bytes for .gz and .zst: the file's size is the total); `stage(name)`
     as each of STAGES begins.
+
+    `graph_captures`: capture traces of the CUDA/HIP graphs this trace replays (`read_captures`;
+    `capture_trace_ids` the trace_ids to refer to them by): replayed kernels are given the ops that
+    captured them (see `pipeline.link.graphs`).
     """
     say_stage = stage or (lambda name: None)
     if formulas is not None:
@@ -189,9 +235,12 @@ def flatten(
     why = not_regular(path)
     if why:
         raise BadTrace(f"{path}: {why}")
+    if graph_captures and not link:
+        raise UsageError("--graph-capture pairs graph replays while linking: it cannot go with --no-link")
     final = Path(out) / trace_stem(path)
     warnings: list = []
     seconds = {}
+    captures = read_captures(graph_captures, capture_trace_ids, max_inflate) if graph_captures else []
     with store.output_of(final, made=Path(out)), store.atomic_dir(final) as tmp:
         t0 = time.perf_counter()
         say_stage("read")
@@ -202,7 +251,15 @@ def flatten(
 
             t0 = time.perf_counter()
             say_stage("link+cost")
-            warnings += enrich(tmp, row, device_specs=device_specs, device=device, dtype=dtype, formulas=formulas)
+            warnings += enrich(
+                tmp,
+                row,
+                device_specs=device_specs,
+                device=device,
+                dtype=dtype,
+                formulas=formulas,
+                captures=captures,
+            )
             write_run_tables(tmp, row)
             seconds["link_cost"] = time.perf_counter() - t0
         else:

@@ -116,6 +116,36 @@ LAUNCH_CAT, CPU_OP_CAT, ANNOTATION_CAT = cat_regex(*LAUNCH_CATS), cat_regex(*CPU
 OP_CAT = cat_regex(*CPU_OP_CATS, *ANNOTATION_CATS)  # cpu ops and user annotations (ProfilerStep#N, ...)
 FRAME_CAT = cat_regex(*CPU_OP_CATS, *ANNOTATION_CATS, *MODULE_CATS)  # what a stack is made of
 
+# CUDA / HIP graphs (runtime and driver call names, any version suffix): a graph launch replays the
+# kernels captured between a thread's Begin- and EndCapture (see pipeline/link/graphs.py). Taught by
+# tracelens/mi300x_vllm_graph_{replay,capture} (hipGraphLaunch; hipStreamBeginCapture with
+# hip(Ext)(Module)LaunchKernel carrying `kernel`, `grid`, `block` in its args); the CUDA names are
+# the same calls of the CUDA runtime and driver APIs (cudaLaunchKernel carries no kernel name).
+_API = r"^(?:cuda|hip|cu)"
+_VERSION = r"(?:_v\d+|_ptsz|_ptds|_spt)*$"
+GRAPH_LAUNCH = _API + r"GraphLaunch" + _VERSION  # cudaGraphLaunch, hipGraphLaunch, cuGraphLaunch
+CAPTURE_BEGIN = _API + r"StreamBeginCapture(?:ToGraph)?" + _VERSION  # cudaStreamBeginCapture, hip..., cu...
+CAPTURE_END = _API + r"StreamEndCapture" + _VERSION
+# the calls captured into a graph as one node each: (node kind, name regex), first match wins
+CAPTURED_CALLS = (
+    ("kernel", _API + r"\w*Launch\w*Kernel\w*" + _VERSION),  # cudaLaunchKernel(ExC), hipExtModuleLaunchKernel, ...
+    ("memcpy", _API + r"Memcpy\w*" + _VERSION),  # cudaMemcpyAsync, hipMemcpyWithStream, cuMemcpyDtoDAsync_v2, ...
+    ("memset", _API + r"Memset\w*" + _VERSION),  # cudaMemsetAsync, hipMemsetD32Async, ...
+)
+# replayed GPU activity that stands for a captured memcpy / memset node though its row is a kernel:
+# ROCm runs a graph's copies and fills as blit kernels (TraceLens' capture merge pairs Memset nodes
+# with `fillBuffer` kernels): (node kind, kernel name regex)
+BLIT_KERNELS = (("memset", r"fillBuffer"), ("memcpy", r"copyBuffer"))
+# python frames that only carry a graph replay to its launch (skipped when telling what launched one)
+GRAPH_REPLAY_FRAMES = (
+    r"^torch/cuda/graphs\.py\(\d+\): replay$",  # torch.cuda.CUDAGraph.replay
+    r"^<built-in method replay of ",
+    r"^vllm/compilation/cuda_graph\.py\(\d+\): __call__$",  # vLLM's CUDAGraphWrapper
+    r"^vllm/compilation/cuda_piecewise_backend\.py\(\d+\): __call__$",
+    r"cuda_graph_runner\.py\(\d+\): replay$",  # SGLang's CudaGraphRunner.replay
+    r"^torch/_inductor/cudagraph_trees\.py\(\d+\): ",  # torch.compile(mode="reduce-overhead")
+)
+
 STEP_NAME = r"^ProfilerStep#(\d+)$"
 # the categories a ProfilerStep#N slice has: a user annotation, or in the 2021 layout an `Operator`
 # (record_function ranges were written as ops then)

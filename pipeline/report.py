@@ -32,6 +32,7 @@ from pipeline.analyses.cpu import GROUPINGS, CpuOps
 from pipeline.analyses.critical_path import critical_path, critical_path_items
 from pipeline.analyses.diff import SIDE_COLS, diff, diff_side
 from pipeline.analyses.flat import Flat, as_flat, opened
+from pipeline.analyses.graphs import graph_launches, graph_view, replayed_ops
 from pipeline.analyses.idle import idle
 from pipeline.analyses.kernels import kernel_table, transfer_table
 from pipeline.analyses.launch import launch_overhead
@@ -129,6 +130,7 @@ __all__ = [
     "categories",
     "op_table",
     "launch_overhead",
+    "graph_view",
     "compile_view",
     "compiled_regions",
     "communication",

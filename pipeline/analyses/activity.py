@@ -66,6 +66,7 @@ GPU_COLUMNS = [
     "spec_name",
     "launch_ts_ns",
     "launch_dur_ns",
+    "graph_id",
 ]
 KERNEL = pl.col("kind") == "kernel"
 COLLECTIVE = pl.col("category") == "communication"
@@ -195,8 +196,9 @@ class ActivityTally:
         self._add_peaks(g.filter(KERNEL))
 
     def _add_launches(self, g: pl.DataFrame):
-        """Value counts of kernels' launch durations and launch-to-start delays (exact percentiles)."""
-        k = g.filter(KERNEL & pl.col("launch_ts_ns").is_not_null()).select(
+        """Value counts of kernels' launch durations and launch-to-start delays (exact percentiles),
+        of eager launches: a graph launch starts many kernels (`graphs.graph_launches`)."""
+        k = g.filter(KERNEL & pl.col("launch_ts_ns").is_not_null() & pl.col("graph_id").is_null()).select(
             "device", "dur_ns", launch_ns="launch_dur_ns", delay_ns=pl.col("ts_ns") - pl.col("launch_ts_ns")
         )
         count = lambda col: k.group_by("device", col).agg(n=pl.len().cast(pl.Int64))

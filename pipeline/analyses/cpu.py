@@ -122,6 +122,8 @@ class Launches:
         if not per_op:
             return _none_own(owned)
         launched = pl.col("launch_event_idx").is_not_null() & pl.col("ts_ns").is_not_null()
+        if "cpu_op_link" in pl.scan_parquet(self.gpu).collect_schema().names():  # not a captured op: another trace's
+            launched &= (pl.col("cpu_op_link") != "graph_capture").fill_null(True)
         g = read_among(
             self.gpu,
             launched,

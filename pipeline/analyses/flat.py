@@ -130,11 +130,16 @@ class Flat:
             own = pl.col("cpu_op_name").is_not_null() & (pl.col("kind") == "cpu_op")
             return self.activity.names.filter(own).group_by("cpu_op_name").agg(calls=pl.col("n").sum())
         launched = KERNEL & pl.col("cpu_op_name").is_not_null() & pl.col("ts_ns").is_not_null()
+        gpu = pl.scan_parquet(self.gpu_ops_file)
+        call = pl.col("cpu_op_event_idx")
+        if "graph_id" in gpu.collect_schema().names():  # an op a graph captured ran once per replay
+            replayed = pl.col("cpu_op_link") == "graph_capture"
+            replay = [pl.when(replayed).then(c) for c in ("launch_event_idx", "capture_trace_id")]
+            call = pl.struct(call, *replay)
         return (
-            pl.scan_parquet(self.gpu_ops_file)
-            .filter(launched)
+            gpu.filter(launched)
             .group_by("cpu_op_name")
-            .agg(calls=pl.col("cpu_op_event_idx").n_unique().cast(pl.Int64))
+            .agg(calls=call.n_unique().cast(pl.Int64))
             .collect(engine="streaming")
         )
 
@@ -225,6 +230,8 @@ def opened(
     flattened-trace directory, or the trace `trace` names (trace_id, stem or part of its path) in
     a folder of flattened traces or a batch dataset (see `pipeline.dataset.pick`)."""
     path = Path(path)
+    if path.is_dir() and flatten_options.get("graph_captures"):
+        raise UsageError(f"{path} is flattened already: pair its graph replays with `flatten --graph-capture`")
     if path.is_dir():
         from pipeline.dataset.pick import one_trace
 

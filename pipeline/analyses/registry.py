@@ -22,6 +22,7 @@ from pipeline.analyses.coverage import coverage
 from pipeline.analyses.cpu import GROUPINGS, check_grouping
 from pipeline.analyses.critical_path import critical_path_frame, critical_path_views
 from pipeline.analyses.flat import Flat, as_flat
+from pipeline.analyses.graphs import graph_view
 from pipeline.analyses.idle import KERNEL_WAIT_US, idle
 from pipeline.analyses.kernels import kernel_table, transfer_table
 from pipeline.analyses.launch import launch_overhead
@@ -179,6 +180,29 @@ REGISTRY: tuple[Section, ...] = (
         ),
     ),
     Section("launch", lambda f, o: launch_overhead(f), "Launch overhead", "launch durations and delays per device"),
+    Section(
+        "graphs",
+        lambda f, o: graph_view(f),
+        "CUDA/HIP graphs: replays, kernels and GPU time per replay, the ops they ran",
+        "per graph: replays, kernels and GPU time per replay, launch vs the launches it replaces, its ops",
+        sweeps=False,
+        columns=(  # by importance
+            "device",
+            "graph",
+            "replays",
+            "kernels_per_replay",
+            "gpu_us_per_replay",
+            "pct",
+            "ops",
+            "launch_us",
+            "replaced_launch_us",
+            "launched_from",
+            "gpu_us",
+            "launch_to_start_us",
+            "module",
+            "capture",
+        ),
+    ),
     Section(
         "compile", lambda f, o: compile_view(f), "torch.compile regions per step", "compiled time and breaks per step"
     ),

@@ -35,6 +35,12 @@ def batch(
         help="a compressed trace or archive member may inflate to this many times its size, at least 1 GiB "
         "(default 200; 0: no limit)",
     ),
+    capture_dir: str = typer.Option(
+        "capture_traces",
+        "--capture-dir",
+        help="the folder beside a run's traces holding the captures of the CUDA/HIP graphs they replay "
+        "(vLLM, SGLang: capture_traces); '' pairs none",
+    ),
     formulas: Optional[Path] = formulas_option(),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
@@ -67,6 +73,7 @@ def batch(
             report=report,
             max_inflate=max_inflate,
             started=shown.start,
+            capture_dir=capture_dir or None,
             formulas=user,
         )
     if not quiet:

@@ -90,10 +90,15 @@ def diff_picks(a: Path, b: Path, picks: list[str]) -> tuple[Optional[str], Optio
 
 
 def flatten_problems(*flats) -> int:
-    """Report traces that were truncated when flattened for a report; EXIT_PROBLEMS if any."""
+    """Report traces that were truncated when flattened for a report (EXIT_PROBLEMS if any), and
+    graph replays left without their capture (`link.graphs.graph_hint`)."""
+    from pipeline.link.graphs import graph_hint
+
     code = EXIT_OK
     for f in flats:
         r = f.flatten_result
+        if r is not None and (hint := graph_hint(r.problems)):
+            err(f"{r.out_dir.name}: {hint}")
         if r is not None and r.truncated:
             err(f"{r.out_dir.name}: truncated ({r.truncation_reason}); analysed its {r.n_events} complete events")
             code = EXIT_PROBLEMS
@@ -162,10 +167,16 @@ def analyze(
     start_us: Optional[float] = typer.Option(None, "--start-us", help="only from this µs after the trace starts"),
     end_us: Optional[float] = typer.Option(None, "--end-us", help="only up to this µs after the trace starts"),
     annotation: Optional[str] = typer.Option(None, "--annotation", help="only inside the user_annotations so named"),
+    graph_capture: Optional[list[Path]] = typer.Option(
+        None,
+        "--graph-capture",
+        help="a trace file's CUDA/HIP graph capture trace (repeatable; see flatten --graph-capture)",
+    ),
     formulas: Optional[Path] = formulas_option(),
 ):
     """Per-device kernel table and summaries: busy/idle, categories, CPU ops, launch overhead,
-    torch.compile, communication, idle breakdown, launch queue, kernel sequences, memory, critical path."""
+    torch.compile, CUDA/HIP graphs, communication, idle breakdown, launch queue, kernel sequences,
+    memory, critical path."""
     from pipeline import report as rp
     from pipeline.analyses.window import Window, parse_steps
 
@@ -185,7 +196,11 @@ def analyze(
             "(analyze the trace file, or flatten or batch it again with --formulas)"
         )
     user = load_formulas(formulas)
-    with rp.opened(trace, window=window, trace=pick, **({"formulas": user} if user else {})) as f:
+    flatten_options = {
+        **({"formulas": user} if user else {}),
+        **({"graph_captures": graph_capture} if graph_capture else {}),
+    }
+    with rp.opened(trace, window=window, trace=pick, **flatten_options) as f:
         needed = None if not section else [*section, *(PLOTTED if plot else ())]
         sections = rp.analyze(f, group_by=group_by, sort=sort, only=needed, options=options)
         shown = {k: v for k, v in sections.items() if not section or k in section}

@@ -35,10 +35,17 @@ def flatten(
         "--max-inflate",
         help="a compressed trace may inflate to this many times its size, at least 1 GiB (default 200; 0: no limit)",
     ),
+    graph_capture: Optional[list[Path]] = typer.Option(
+        None,
+        "--graph-capture",
+        help="a trace of the capture of the CUDA/HIP graphs the traces replay (repeatable): "
+        "their replayed kernels get the ops that captured them",
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
     """Flatten traces into Parquet tables, linked and costed: OUT/<stem>/<table>.parquet."""
     from pipeline.flatten import flatten as run
+    from pipeline.link.graphs import graph_hint
     from pipeline.progress import FileProgress
 
     user = load_formulas(formulas)
@@ -58,6 +65,7 @@ def flatten(
                     device_specs=str(device_specs) if device_specs else None,
                     device=device,
                     dtype=dtype,
+                    graph_captures=graph_capture or (),
                     formulas=user,
                 )
         except TracepipeError as e:
@@ -66,6 +74,8 @@ def flatten(
             continue
         for w in r.warnings:
             err(f"{t.name}: {w}")
+        if not quiet and (hint := graph_hint(r.problems)):
+            err(f"{t.name}: {hint}")
         if r.truncated:
             err(f"{t}: truncated ({r.truncation_reason}); kept the {r.n_events} complete events")
             code = max(code, EXIT_PROBLEMS)

@@ -70,6 +70,18 @@ CAUSES = (
         pl.col("launch_event_idx").is_null(),
     ),
     Cause(
+        "graph_replay_ambiguous",
+        "replayed by a graph launch whose kernels match captured graphs of different ops (never guessed)",
+        "only its capture",
+        "tests/test_graphs.py: graphs with the same kernels and other shapes, replayed out of capture order",
+    ),
+    Cause(
+        "graph_replay_unmatched",
+        "replayed by a graph launch whose kernels match no graph of the capture traces given",
+        "its capture trace",
+        "tests/test_graphs.py: a replay of a graph the capture trace does not hold",
+    ),
+    Cause(
         "graph_replay",
         "replayed by a CUDA/HIP graph launch: the op that captured it is in the capture trace",
         "--graph-capture FILE",

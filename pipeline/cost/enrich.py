@@ -28,9 +28,12 @@ from pipeline.cost.categories import CategoryMemo, with_category
 from pipeline.cost.formulas.expression import FormulaError
 from pipeline.cost.formulas.user import UserFormulas
 from pipeline.kineto import ARG_ALIASES, COMPILED_REGION, canonical_args
+from pipeline.link import graphs
 from pipeline.link import links as link
+from pipeline.link.captures import CapturedGraphs
 
 SIGNATURE_KEYS = formulas.ARGS_READ
+OP_INSTANCE = graphs.OP_INSTANCE
 PEAK_COLS = device_specs_mod.PEAK_COLS
 
 
@@ -273,9 +276,10 @@ CAUSE_LINKS = ["launch_event_idx", "launch_name", "cpu_op_event_idx"]
 
 def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame) -> pl.DataFrame:
     """Add flops/bytes/achieved columns, `cost_source` and `unmodelled_reason` to linked gpu_ops
-    (columns used: kind, device, dur_ns, copy_bytes, CAUSE_LINKS, their op's OP_COST_COLUMNS from
-    `op_costs`, and `trace_shapes` / `trace_launches`: whether the trace recorded shapes / any
-    launch at all; the others, such as
+    (columns used: kind, device, dur_ns, copy_bytes, CAUSE_LINKS, op_instance (whose FLOPs the
+    kernel shares: its op, or for a graph-replayed kernel its (replay, captured op):
+    `graphs.OP_INSTANCE`), their op's OP_COST_COLUMNS from `op_costs`, and `trace_shapes` /
+    `trace_launches`: whether the trace recorded shapes / any launch at all; the others, such as
     `category` (`categories.with_category`), are carried along).
 
     `op_kernels` is the count and time of each op's kernels over the whole trace (`OpKernels`):
@@ -293,7 +297,7 @@ def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame) 
         .then(pl.col("dur_ns") / pl.col("op_dur_ns"))
         .otherwise(1.0 / pl.col("op_kernels"))
     )
-    g = g.join(op_kernels, on="cpu_op_event_idx", how="left", maintain_order="left").with_columns(
+    g = g.join(op_kernels, on=OP_INSTANCE, how="left", maintain_order="left").with_columns(
         op_kernels=pl.when(is_kernel).then(pl.col("op_kernels")), op_dur_ns=pl.when(is_kernel).then(pl.col("op_dur_ns"))
     )
     g = g.with_columns(
@@ -326,7 +330,7 @@ class OpKernels:
     table for the whole trace held several times its size at once, the largest thing that grew
     with the trace."""
 
-    _EMPTY = {"cpu_op_event_idx": pl.Int64, "op_kernels": pl.UInt32, "op_dur_ns": pl.Int64}
+    _EMPTY = {OP_INSTANCE: pl.Int64, "op_kernels": pl.UInt32, "op_dur_ns": pl.Int64}
 
     def __init__(self) -> None:
         self._parts: list[pl.DataFrame] = []
@@ -334,30 +338,33 @@ class OpKernels:
         self.launches_recorded = False  # whether any GPU op links to its launch
 
     def add(self, links: pl.DataFrame):
-        """Count a batch of linked GPU ops (kind, dur_ns, cpu_op_event_idx)."""
-        kernels = links.filter((pl.col("kind") == "kernel") & pl.col("cpu_op_event_idx").is_not_null())
+        """Count a batch of linked GPU ops (kind, dur_ns, op_instance)."""
+        kernels = links.filter((pl.col("kind") == "kernel") & pl.col(OP_INSTANCE).is_not_null())
         part = (
-            kernels.group_by("cpu_op_event_idx")
+            kernels.group_by(OP_INSTANCE)
             .agg(op_kernels=pl.len(), op_dur_ns=pl.col("dur_ns").fill_null(0).sum())
-            .sort("cpu_op_event_idx")
+            .sort(OP_INSTANCE)
         )
         if part.height:
             self._parts.append(part)
 
     def of(self, ops: pl.Series) -> pl.DataFrame:
-        """(cpu_op_event_idx, op_kernels, op_dur_ns) of the ops from the first to the last of `ops`
-        (a batch's ops are a narrow range: each batch's table is sliced by binary search)."""
+        """(op_instance, op_kernels, op_dur_ns) of the ops from the first to the last of `ops`
+        (a batch's ops are a narrow range: each batch's table is sliced by binary search; graph
+        replays' instances, negative, are a range of their own)."""
         ops = ops.drop_nulls()
         pieces = [pl.DataFrame(schema=self._EMPTY)]
-        if not ops.is_empty():
-            first, last = ops.min(), ops.max()
-            assert isinstance(first, int) and isinstance(last, int)  # int64 event_idx, nulls dropped
+        for some in (ops.filter(ops < 0), ops.filter(ops >= 0)):
+            if some.is_empty():
+                continue
+            first, last = some.min(), some.max()
+            assert isinstance(first, int) and isinstance(last, int)  # int64 keys, nulls dropped
             for part in self._parts:
-                idx = part["cpu_op_event_idx"]
+                idx = part[OP_INSTANCE]
                 start, end = idx.search_sorted(first, side="left"), idx.search_sorted(last, side="right")
                 if end > start:
                     pieces.append(part.slice(start, end - start))
-        return pl.concat(pieces).group_by("cpu_op_event_idx").agg(pl.col("op_kernels").sum(), pl.col("op_dur_ns").sum())
+        return pl.concat(pieces).group_by(OP_INSTANCE).agg(pl.col("op_kernels").sum(), pl.col("op_dur_ns").sum())
 
 
 class Tally:
@@ -405,7 +412,9 @@ class Tally:
 COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  # the gpu_ops columns costing reads
 KERNEL_INPUTS = ["kind", "device", "dur_ns", "copy_bytes", "category"]  # of them (and their category), kernel_costs
 COST_COLUMNS = schema.table("gpu_ops").names(("cost",))  # the columns it adds
+LINKED = schema.table("gpu_ops").names(("link",))  # the columns linking adds (graphs' included)
 LINK_SPILL = "gpu_links"  # the temporary file of pass 1 (see `enrich`)
+GRAPH_SPILL = "graph_pairs"  # graph-replayed kernels paired with captured nodes (`graphs.GraphLinks`)
 # GPU ops costed together in pass 2 (a block of the spill): few blocks, few fixed costs per block
 COST_BLOCK_ROWS = 1 << 15
 # GPU ops written together in pass 2, a row group each: the wide rows (long kernel names) are the
@@ -414,13 +423,19 @@ WRITE_BATCH_ROWS = 1 << 13
 
 
 def link_pass(
-    flat_dir: Path, spill: Path, dtype: str | None, tally: Tally | None = None, user: UserFormulas | None = None
+    flat_dir: Path,
+    spill: Path,
+    dtype: str | None,
+    tally: Tally | None = None,
+    user: UserFormulas | None = None,
+    replays: graphs.GraphLinks | None = None,
 ) -> OpKernels:
     """Link the GPU ops batch by batch, cost their ops (everything that reads the events) and
-    categorise them into `spill`: event_idx, the link columns, OP_COST_COLUMNS and KERNEL_INPUTS
-    (pass 2 then reads no GPU op column but to copy it); link counts and the formula file's
-    errors go to `tally` if given (batch groups count per trace themselves). Returns the per-op
-    kernel counts (`OpKernels`). This runs beside the launch lookup of the next batch
+    categorise them into `spill`: event_idx, the link columns, op_instance, OP_COST_COLUMNS and
+    KERNEL_INPUTS (pass 2 then reads no GPU op column but to copy it); link counts and the formula
+    file's errors go to `tally` if given (batch groups count per trace themselves). `replays`: the
+    trace's graph replays paired with their captures (`graphs.GraphLinks`), given their captured
+    ops. Returns the per-op kernel counts (`OpKernels`). This runs beside the launch lookup of the next batch
     (`link.link_batches`): a third stage in a thread of its own measured slower on two cores, and
     held more memory."""
     op_kernels, memo = OpKernels(), CategoryMemo()
@@ -430,23 +445,43 @@ def link_pass(
     fields = [
         pa.field("event_idx", pa.int64()),
         *schema.table("gpu_ops").arrow_schema(("link",)),
+        pa.field(OP_INSTANCE, pa.int64()),
         *(pa.field(c, OP_COST_TYPES.get(c, pa.string())) for c in OP_COST_COLUMNS),
         *(declared[c] for c in KERNEL_INPUTS),
     ]
     with store.SpillWriter(spill, fields) as out:
         for links in link.link_batches(flat_dir, carry=tuple(COST_INPUTS)):
+            links = replays.attach(links) if replays is not None else graphs.without_graphs(links)
             if tally is not None:
                 tally.add_links(links)
             op_kernels.add(links)
-            ops = op_costs(events, links["cpu_op_event_idx"], dtype, evaluated, user)
-            op_kernels.shapes_recorded |= bool(ops["op_shapes"].any())
+            costed = _with_op_costs(events, links, dtype, evaluated, user)
+            op_kernels.shapes_recorded |= bool(costed["op_shapes"].any())
             op_kernels.launches_recorded |= bool(links["launch_event_idx"].is_not_null().any())
-            out.write(
-                with_category(links.join(ops, on="cpu_op_event_idx", how="left", maintain_order="left"), memo=memo)
-            )
+            out.write(with_category(costed, memo=memo))
     if tally is not None:
         tally.formula_errors.update(evaluated.errors)
     return op_kernels
+
+
+def _with_op_costs(
+    events: pl.LazyFrame, links: pl.DataFrame, dtype: str | None, evaluated: Evaluated, user: UserFormulas | None
+) -> pl.DataFrame:
+    """A link batch with its ops' OP_COST_COLUMNS, by op_instance: a CPU op's from its args in the
+    events, a captured op's (graph replays) from its args in `cpu_op_args_json`. A replayed kernel
+    without a captured op gets the reason (`graphs.GRAPH_REASON`) as its op_reason."""
+    captured = (pl.col("cpu_op_link") == graphs.GRAPH_CAPTURE).fill_null(False)
+    ops = [op_costs(events, links.filter(~captured)[OP_INSTANCE], dtype, evaluated, user)]
+    replayed = links.filter(captured)
+    if replayed.height:
+        captured_ops = replayed.select(event_idx=OP_INSTANCE, name="cpu_op_name", args_json="cpu_op_args_json").unique(
+            "event_idx"
+        )
+        ops.append(op_costs(captured_ops.lazy(), captured_ops["event_idx"], dtype, evaluated, user))
+    costs = pl.concat(ops, how="diagonal_relaxed").rename({"cpu_op_event_idx": OP_INSTANCE})
+    out = links.join(costs, on=OP_INSTANCE, how="left", maintain_order="left")
+    no_op = pl.col(OP_INSTANCE).is_null() & pl.col(graphs.GRAPH_REASON).is_not_null()
+    return out.with_columns(op_reason=pl.when(no_op).then(pl.col(graphs.GRAPH_REASON)).otherwise("op_reason"))
 
 
 class BatchCoster:
@@ -482,10 +517,10 @@ class BatchCoster:
     def _cost(self, spilled: pl.DataFrame) -> pl.DataFrame:
         recorded = pl.lit(self.op_kernels.shapes_recorded).alias("trace_shapes")
         launched = pl.lit(self.op_kernels.launches_recorded).alias("trace_launches")
-        g = spilled.select(*KERNEL_INPUTS, *CAUSE_LINKS, *OP_COST_COLUMNS, recorded, launched)
-        costed = kernel_costs(g, self.op_kernels.of(g["cpu_op_event_idx"]), self.devs)
+        g = spilled.select(*KERNEL_INPUTS, *CAUSE_LINKS, OP_INSTANCE, *OP_COST_COLUMNS, recorded, launched)
+        costed = kernel_costs(g, self.op_kernels.of(g[OP_INSTANCE]), self.devs)
         self.tally.add_costs(costed)
-        return spilled.select("event_idx", *link.LINK_COLUMNS).hstack(costed.select(COST_COLUMNS))
+        return spilled.select("event_idx", *LINKED).hstack(costed.select(COST_COLUMNS))
 
 
 def enrich(
@@ -495,6 +530,7 @@ def enrich(
     device: str | None = None,
     dtype: str | None = None,
     formulas: UserFormulas | None = None,
+    captures: list[CapturedGraphs] | None = None,
 ) -> list[str]:
     """Link and cost a freshly flattened directory in place; update the trace row. Returns warnings
     (devices without specs, formula-file entries that failed on this trace's ops).
@@ -506,14 +542,22 @@ def enrich(
        kernels);
     2. rewrite gpu_ops.parquet batch by batch (`store.write_extended`) with the columns of pass 1
        read back and the kernels' costs (`BatchCoster`): only the write reads gpu_ops.
+    Graph replays are paired with the graphs `captures` hold first (`graphs.GraphLinks`).
     """
     flat_dir = Path(flat_dir)
     gpu_ops = flat_dir / "gpu_ops.parquet"
     devs, warnings = matched_devices(flat_dir, device_specs, device)
     store.sort_by_key(gpu_ops, "gpu_ops")  # flatten writes it sorted already
     tally = Tally()
-    with store.arrow_memory_returned_promptly(), store.spill_file(flat_dir, LINK_SPILL) as spill:
-        op_kernels = link_pass(flat_dir, spill, dtype, tally, formulas)
+    with (
+        store.arrow_memory_returned_promptly(),
+        store.spill_file(flat_dir, LINK_SPILL) as spill,
+        store.spill_file(flat_dir, GRAPH_SPILL) as graph_spill,
+    ):
+        replays = graphs.GraphLinks.of(flat_dir, captures or [], graph_spill)
+        if replays is not None:
+            tally.links.update(replays.problems)
+        op_kernels = link_pass(flat_dir, spill, dtype, tally, formulas, replays)
         with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
             coster = BatchCoster(links, op_kernels, devs, tally)
             store.write_extended(gpu_ops, tmp, "gpu_ops", coster, inputs=["event_idx"], batch_rows=WRITE_BATCH_ROWS)

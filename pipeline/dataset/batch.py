@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.dataset.captures import CAPTURE_DIR, CaptureFinder
 from pipeline.dataset.engines import Pool, check_engine
 from pipeline.dataset.inputs import TAR_SUFFIXES, Item, inputs
 from pipeline.dataset.layout import (
@@ -146,6 +147,7 @@ def run_batch(
     compact: bool = True,
     group_bytes: int | None = None,
     formulas=None,
+    capture_dir: str | None = CAPTURE_DIR,
 ) -> BatchResult:
     """Flatten every trace of SRC into DATASET (see the module docstring), skipping known content.
 
@@ -156,6 +158,8 @@ def run_batch(
     a progress display's total. `compact`: merge the dataset's small parts at the end.
     `group_bytes`: JSON bytes of small traces per task (default GROUP_BYTES, less towards the end).
     `formulas`: a formula file (its path, or as `pipeline.load_formulas` loaded it), for the traces added.
+    `capture_dir`: the folder beside a run's traces that holds their graph capture traces
+    (`captures`; None: no pairing).
     """
     check_engine(engine)
     if formulas is not None:
@@ -254,7 +258,7 @@ def run_batch(
 
                 workers = min(jobs, default_workers(items[0].path or ""))
             task = _Task(items, cid, run / cid, small, workers, retry)
-            tasks = [(i.path, i.source, i.trace_id) for i in items]
+            tasks = [(i.path, i.source, i.trace_id, i.captures) for i in items]
             from pipeline.dataset.group import run_group
 
             pending[pool.submit(run_group, tasks, str(task.stage), max_inflate, workers, small, formulas)] = task
@@ -289,6 +293,7 @@ def run_batch(
         try:
             pool.start()
             items = inputs(src, run / "x", ds, max_inflate)
+            captures = CaptureFinder(capture_dir)
             total = count_inputs(src, ds)
             if started:
                 started(total)
@@ -315,6 +320,8 @@ def run_batch(
                     drop_temp([item])
                     continue
                 seen.add(tid)
+                if item.path and not item.temp:  # a file, not an archive member
+                    item.captures = captures.of(item.path)
                 if item.rejected:
                     rejected.append(item)
                     if len(rejected) >= GROUP_TRACES:

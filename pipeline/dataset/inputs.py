@@ -32,6 +32,7 @@ class Item:
     rejected: str | None = None  # an archive member refused before reading (unsafe name, a link)
     failed: str | None = None  # not readable, through no fault of its content: nothing committed
     temp: bool = False  # path is an extracted copy to delete once used
+    captures: tuple[str, ...] = ()  # capture traces of the CUDA/HIP graphs it replays (`captures`)
 
     @property
     def trace_id(self) -> str:

@@ -41,6 +41,7 @@ class Member:
     raw_metadata: bytes | None = None  # its top-level metadata as the file writes it (`read_document`)
     raw_devices: bytes | None = None  # ... and its deviceProperties
     devices_key: Any = None  # what its devices table is made of, when known (shared by equal ones)
+    captures: tuple[str, ...] = ()  # capture traces of the CUDA/HIP graphs it replays (`dataset.captures`)
 
 
 def quarantine_message(e: Exception, path: str, source: str) -> str:

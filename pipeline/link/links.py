@@ -477,6 +477,16 @@ def _context_in_cell(points: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame
     )
 
 
+def context_at(src: LinkSources, points: pl.DataFrame) -> pl.DataFrame:
+    """(event_idx, cpu_op_event_idx, cpu_op_link, cpu_op_name, step_name, annotation, module) of CPU
+    points (point_id, pid, tid, t) other than a batch's launches (rule 3, by nesting: the calls a
+    capture trace captured into graphs), read one time cell after another as `_Read` does."""
+    running = src.running_slices()
+    cells = points.with_columns(cell=src.cells.cell(points["t"])).partition_by("cell", include_key=False, as_dict=True)
+    in_order = [cells[k] for k in sorted(cells)] or [points]
+    return pl.concat([_context_in_cell(p, _slices_running(src, running, p)) for p in in_order])
+
+
 def _slices_running(src: LinkSources, running: RunningSlices, points: pl.DataFrame) -> pl.DataFrame:
     """(event_idx, kind, name, pid, tid, ts_ns, end_ns) of the CPU slices (ops, annotations, modules)
     on the points' threads (pid, tid) that run at some time from the first point t to the last."""

@@ -63,8 +63,17 @@ def flatten_alone(m: Member, scratch: Path, workers: int, max_inflate: float | N
     from pipeline.flatten import flatten
 
     m.alone = True
+    captures, ids, warned = _readable_captures(m, max_inflate)
     try:
-        r = flatten(m.path, scratch / m.trace_id, workers=workers, max_inflate=max_inflate, formulas=formulas)
+        r = flatten(
+            m.path,
+            scratch / m.trace_id,
+            workers=workers,
+            max_inflate=max_inflate,
+            formulas=formulas,
+            graph_captures=captures,
+            capture_trace_ids=ids,
+        )
     except OutputError:
         raise  # a full disk: not the file's fault, retried by the next run
     except TracepipeError as e:
@@ -76,6 +85,27 @@ def flatten_alone(m: Member, scratch: Path, workers: int, max_inflate: float | N
         }
         return
     m.flat = r.out_dir
-    m.warnings = list(r.warnings)
+    m.warnings = warned + list(r.warnings)
     row = {"n_events": r.n_events, "n_gpu_ops": r.n_gpu_ops, "n_flows": r.n_flows, "n_devices": r.n_devices}
     m.facts = facts(m, row, r.truncated, r.truncation_reason, file_span(r.out_dir / "events.parquet"))
+
+
+def _readable_captures(m: Member, max_inflate: float | None) -> tuple[list[str], list[str | None], list[str]]:
+    """The capture traces beside a member (`dataset.captures`) that can be read, their trace_ids,
+    and a warning for each that cannot: a bad capture trace leaves the replays unpaired, it does
+    not quarantine the trace."""
+    if not m.captures:
+        return [], [], []
+    from pipeline.dataset.captures import capture_trace_ids
+    from pipeline.flatten import read_captures
+
+    captures, ids, warned = [], [], []
+    for path, tid in zip(m.captures, capture_trace_ids(m.captures)):
+        try:
+            read_captures([path], [tid], max_inflate)  # kept by this process for the flatten below
+        except TracepipeError as e:
+            warned.append(f"not paired with {e}")  # "graph capture trace PATH: why"
+            continue
+        captures.append(path)
+        ids.append(tid)
+    return captures, ids, warned

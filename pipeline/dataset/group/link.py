@@ -73,7 +73,15 @@ def _link_and_cost(t: Tables, part: np.ndarray, work: Path, matched: list, formu
     members `part` (which agree on the per-trace link facts), as `enrich` gives them: one pass
     over their tables. Rows in the group's gpu_ops order with `_row` (their row there), `_m`,
     and the columns the counts read (kind, dur_ns, correlation)."""
-    from pipeline.cost.enrich import CAUSE_LINKS, COST_COLUMNS, KERNEL_INPUTS, OP_COST_COLUMNS, kernel_costs, link_pass
+    from pipeline.cost.enrich import (
+        CAUSE_LINKS,
+        COST_COLUMNS,
+        KERNEL_INPUTS,
+        OP_COST_COLUMNS,
+        OP_INSTANCE,
+        kernel_costs,
+        link_pass,
+    )
     from pipeline.link import links as link
 
     whole = len(part) == t.n
@@ -113,8 +121,8 @@ def _link_and_cost(t: Tables, part: np.ndarray, work: Path, matched: list, formu
         chunk = spilled.filter(pl.col("_m").is_in(ks)) if len(by_devices) > 1 else spilled
         recorded = pl.col("_m").is_in(shaped).alias("trace_shapes")  # per trace, as `enrich` tells
         launched = pl.col("_m").is_in(linked).alias("trace_launches")
-        g = chunk.select(*KERNEL_INPUTS, *CAUSE_LINKS, *OP_COST_COLUMNS, recorded, launched)
-        costed = kernel_costs(g, op_kernels.of(g["cpu_op_event_idx"]), matched[ks[0]][0])
+        g = chunk.select(*KERNEL_INPUTS, *CAUSE_LINKS, OP_INSTANCE, *OP_COST_COLUMNS, recorded, launched)
+        costed = kernel_costs(g, op_kernels.of(g[OP_INSTANCE]), matched[ks[0]][0])
         pieces.append(
             chunk.select("_row", "_m", "kind", "dur_ns", "correlation", *link.LINK_COLUMNS)
             .with_columns(pl.col(c) - chunk["_offset"] for c in ("launch_event_idx", "cpu_op_event_idx"))

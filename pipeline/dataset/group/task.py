@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import schema, store
@@ -71,7 +72,7 @@ def _group(members: list[Member], work: Path, max_inflate: float | None, formula
     if not grouped:
         return None
     finish_read(grouped, t, {})
-    fit = fits(t)
+    fit = fits(t) & ~_launch_graphs(t)
     if not fit.all():  # ids beyond a band: those members go alone
         for k in np.flatnonzero(~fit):
             grouped[k].alone = True
@@ -111,6 +112,23 @@ def _group(members: list[Member], work: Path, max_inflate: float | None, formula
         "steps": steps_owner,
     }
     return Grouped(grouped, tables, owner)
+
+
+def _launch_graphs(t: Tables) -> np.ndarray:
+    """Per member, whether it launches CUDA/HIP graphs: such a trace goes alone, its graph replays
+    paired by `flatten` (`pipeline.link.graphs`, per trace, with the capture traces beside it)."""
+    from pipeline.kineto import GRAPH_LAUNCH
+
+    names = t.tables["events"].column("name")
+    if pa.types.is_dictionary(names.type):
+        names = names.cast(pa.string())
+    hit = np.asarray(pc.fill_null(pc.match_substring(names, "GraphLaunch"), False))
+    out = np.zeros(t.n, dtype=bool)
+    if hit.any():
+        rows = np.flatnonzero(hit)
+        exact = np.asarray(pc.fill_null(pc.match_substring_regex(names.take(rows), GRAPH_LAUNCH), False))
+        out[np.unique(t.owner["events"][rows[exact]])] = True
+    return out
 
 
 def _write(members: list[Member], grouped: Grouped | None, stage: Path):
@@ -153,14 +171,14 @@ def _write(members: list[Member], grouped: Grouped | None, stage: Path):
 
 
 def run_group(
-    tasks: list[tuple[str, str, str]],
+    tasks: list[tuple],
     stage: str,
     max_inflate: float | None = None,
     workers: int = 1,
     small: bool = True,
     formulas=None,
 ) -> list[dict]:
-    """Flatten the inputs (path, source, trace_id) into STAGE/<table>.parquet (`PartWriter`);
+    """Flatten the inputs (path, source, trace_id[, capture traces]) into STAGE/<table>.parquet (`PartWriter`);
     return each input's manifest facts, in the order given. `small`: read, link and cost them
     together (`_group`), else each alone with `workers` processes (a large trace). `formulas`:
     the user's formula file (`pipeline.cost.formulas.user.UserFormulas`), if any.
@@ -169,12 +187,15 @@ def run_group(
     full disk: OutputError).
     """
     doomed = os.environ.get(FAULT_KILL)
-    if doomed and any(doomed in source for _, source, _ in tasks):  # fault injection, for tests
+    if doomed and any(doomed in task[1] for task in tasks):  # fault injection, for tests
         os.kill(os.getpid(), signal.SIGKILL)
     stage_dir = Path(stage)
     shutil.rmtree(stage_dir, ignore_errors=True)
     stage_dir.mkdir(parents=True)
-    members = sorted((Member(p, s, t) for p, s, t in tasks), key=lambda m: m.trace_id)
+    members = sorted(
+        (Member(task[0], task[1], task[2], captures=tuple(task[3]) if len(task) > 3 else ()) for task in tasks),
+        key=lambda m: m.trace_id,
+    )
     grouped = None
     try:
         if small and len(members) > 1:
@@ -198,7 +219,7 @@ def run_group(
         for d in ("work", "alone"):
             shutil.rmtree(stage_dir / d, ignore_errors=True)
     by_id = {m.trace_id: m.facts for m in members}
-    return [by_id[t] or {} for _, _, t in tasks]
+    return [by_id[task[2]] or {} for task in tasks]
 
 
 class _gc_paused:
