@@ -59,16 +59,20 @@ gloo-runs:       ## re-record the real 4-process gloo runs in tests/data/runs (n
 	$(or $(TORCH_PY),$(PY)) scripts/record_gloo_run.py --out tests/data/runs/gloo4_sub --subgroup 1,2
 	$(PY) scripts/record_gloo_run.py --partial-of tests/data/runs/gloo4 --drop-rank 0 --out tests/data/runs/gloo4_partial
 
-bench: install   ## flatten speed/memory vs orjson.loads on generated 1 GB and 2 GB traces (+ .gz); TEMPLATE=real.json.gz [SECTIONED=1] scales a real trace; then bench-archive
+bench: install   ## flatten speed/memory vs orjson.loads on generated 1 GB and 2 GB traces (+ .gz); TEMPLATE=real.json.gz [SECTIONED=1] scales a real trace; then bench-archive and bench-compare
 	$(PY) bench/bench.py --sizes $(SIZES) --gz $(if $(TEMPLATE),--template $(TEMPLATE) --workdir /tmp/tracepipe-bench-$(notdir $(TEMPLATE)) $(if $(SECTIONED),--sectioned))
 	$(PY) bench/bench_archive.py -j $(J)
 	$(PY) bench/bench_runs.py -j $(J)
+	$(PY) bench/bench_compare.py -j $(J)
 
 bench-runs:      ## ranks of 256 and 1,024 generated ranks x 10,000 collectives (first look, cached, dataset) and batch of 256
 	$(PY) bench/bench_runs.py -j $(J)
 
 bench-peers:     ## tracepipe beside TraceLens and HTA on the same runs and traces (peers: sh scripts/peers_venvs.sh)
 	$(PY) bench/bench_peers.py
+
+bench-compare:   ## compare and trend on a dataset of 100 runs x 8 ranks, each vs query on the same dataset
+	$(PY) bench/bench_compare.py -j $(J)
 
 bench-archive:   ## batch of 10,000 small and of 20 large traces, files per 1,000 traces, query latency, each vs its single-trace/file baseline
 	$(PY) bench/bench_archive.py -j $(J)
@@ -94,7 +98,7 @@ acceptance:      ## run the shared acceptance checks (needs ../shared)
 clean:           ## remove generated outputs
 	rm -rf $(DEMO)/flat $(DEMO)/*.json.gz .pytest_cache
 
-.PHONY: help install install-cluster demo test lint test-fast fuzz oracle gloo-runs bench bench-runs bench-peers bench-archive batch compact query examples acceptance clean
+.PHONY: help install install-cluster demo test lint test-fast fuzz oracle gloo-runs bench bench-runs bench-peers bench-compare bench-archive batch compact query examples acceptance clean
 
 readme:          ## regenerate the README sections derived from schemas, formulas and device specs
 	$(PY) scripts/gen_readme.py

@@ -549,3 +549,21 @@ def test_run_problems_are_said_first_and_in_their_section(tmp_path):
     assert any(r[0] == "notes.json" for r in problems)
     overview = html.split('id="overview"')[1].split("</section>")[0]
     assert "<span>problems</span><b>1</b>" in overview and "notes.json" in overview
+
+
+def test_compare_and_trend_write_pages(tmp_path, run_cli):
+    from pipeline.synthetic.regression import write_runs
+
+    truth = write_runs(tmp_path / "arch", runs=3, world=2, steps=2, kernels=6, changes={1: (2, 1.5)})
+    run_batch(tmp_path / "arch", tmp_path / "ds", jobs=1)
+    r = run_cli(
+        ["compare", tmp_path / "ds", "--base", "run01", "--new", "run02", "-f", "html", "-o", tmp_path / "c.html"]
+    )
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "c.html").read_text()
+    doc = json.loads(run_cli(["compare", tmp_path / "ds", "--base", "run01", "--new", "run02", "-f", "json"]).stdout)
+    assert len(body_rows(html, "rows")) == len(doc["rows"])
+    assert list(truth["changed"])[0] in unescape(html)  # the changed kernel, whole, in a data-value
+    r = run_cli(["trend", tmp_path / "ds", "-f", "html", "-o", tmp_path / "t.html"])
+    assert r.returncode == 0, r.stderr
+    assert any(s["kind"] == "lines" for s in Dom((tmp_path / "t.html").read_text()).specs)

@@ -14,7 +14,13 @@ from __future__ import annotations
 import sys
 from importlib import import_module
 
-MODULES = ("trace_commands", "dataset_commands", "report_commands", "run_commands")  # in help's order
+MODULES = (  # in help's order
+    "trace_commands",
+    "dataset_commands",
+    "report_commands",
+    "run_commands",
+    "compare_commands",
+)
 LIGHT = {"ranks": "run_commands"}  # commands whose module alone is enough to run them
 
 

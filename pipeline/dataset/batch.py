@@ -71,6 +71,20 @@ class BatchResult:
         return 1 if (self.quarantined or self.truncated or self.failed) else 0
 
 
+def manifest_row(item: Item, cid: str, facts: dict) -> dict:
+    """The manifest row of an input committed as part of commit `cid`, with its flattening facts."""
+    return {
+        "trace_id": item.trace_id,
+        PART_COLUMN: part_name(cid) if facts["status"] != "quarantined" else None,
+        "path": item.source,
+        "source_path": item.source,
+        "size": item.size,
+        "content_hash": item.content_hash,
+        "tracepipe_version": __version__,
+        **facts,
+    }
+
+
 def default_jobs() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
@@ -188,20 +202,7 @@ def run_batch(
         def settle(task: _Task, facts: list[dict]):
             """Commit a task's outcome; a commit the disk refuses is undone and retried next run."""
             nonlocal committed
-            rows = []
-            for item, f in zip(task.items, facts):
-                rows.append(
-                    {
-                        "trace_id": item.trace_id,
-                        PART_COLUMN: part_name(task.cid) if f["status"] != "quarantined" else None,
-                        "path": item.source,
-                        "source_path": item.source,
-                        "size": item.size,
-                        "content_hash": item.content_hash,
-                        "tracepipe_version": __version__,
-                        **f,
-                    }
-                )
+            rows = [manifest_row(item, task.cid, f) for item, f in zip(task.items, facts)]
             try:
                 commit(ds, task.stage, task.cid, rows)
             except OSError as e:

@@ -37,6 +37,7 @@ from pipeline.dataset.layout import (
     STAGING,
     TABLES,
     cid_of,
+    clear_staging,
     commit_id,
     is_legacy,
     live_parts,
@@ -83,7 +84,7 @@ def compact(dataset: str | os.PathLike, target_bytes: int = TARGET_PART_BYTES, s
         try:
             return compact_locked(ds, target_bytes, small_bytes)
         finally:
-            shutil.rmtree(ds / STAGING, ignore_errors=True)
+            clear_staging(ds)
 
 
 def _part_bytes(ds: Path, part: str) -> int:

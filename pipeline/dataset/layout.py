@@ -57,16 +57,61 @@ MANIFEST_SCHEMA = schema.table(MANIFEST).arrow_schema()  # declared in schemas/t
 
 
 @contextmanager
-def locked(ds: Path):
+def locked(ds: Path, wait: bool = False):
+    """Hold the dataset's write lock; `wait`: until the writer holding it is done (else fail)."""
     fd = os.open(ds / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             raise DatasetError(f"{ds}: another `tracepipe batch` or `compact` is writing this dataset") from None
         yield
     finally:
         os.close(fd)
+
+
+HELD = ".held"  # in a staging folder a writer uses without the dataset's lock: flocked while in use
+
+
+@contextmanager
+def held_stage(ds: Path, prefix: str = "append"):
+    """A staging folder of its own for a writer that flattens without holding the dataset's lock
+    (a trace added as it is born, while other ranks add theirs): made under the lock, then held
+    by a lock of its own, which `clear_staging` respects; removed afterwards."""
+    with locked(ds, wait=True):
+        stage = ds / STAGING / f"{prefix}-{secrets.token_hex(6)}"
+        stage.mkdir(parents=True)
+        fd = os.open(stage / HELD, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        os.close(fd)
+
+
+def clear_staging(ds: Path):
+    """Remove staging leftovers (of runs that were killed), but the folders writers hold
+    (`held_stage`); called under the dataset's lock, as every folder is made under it."""
+    root = ds / STAGING
+    if not root.is_dir():
+        return
+    for d in root.iterdir():
+        lock = d / HELD
+        if d.is_dir() and lock.is_file():
+            try:
+                fd = os.open(lock, os.O_RDWR)
+            except FileNotFoundError:
+                continue  # its writer just finished and removed it
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # in use
+            finally:
+                os.close(fd)
+        shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
+    with suppress(OSError):  # empty now, unless a writer holds a folder in it
+        root.rmdir()
 
 
 # ------------------------------------------------------------------ commits and parts
@@ -200,7 +245,7 @@ def part_files(ds: Path, table: str, parts: list[str]) -> tuple[list[str], list[
 def recover(ds: Path) -> set[str]:
     """Remove what an interrupted run or compaction left: staging, manifest files whose rows are
     all superseded, part files and legacy folders no manifest row names. Returns the committed ids."""
-    shutil.rmtree(ds / STAGING, ignore_errors=True)
+    clear_staging(ds)
     rows = manifest(ds)  # raises rather than let a manifest it cannot read delete anything
     live_files = set(rows[MANIFEST_FILE].to_list())
     parts = set(live_parts(rows))

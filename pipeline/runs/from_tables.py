@@ -82,10 +82,13 @@ def _per_trace(lf: pl.LazyFrame, columns: list[str]) -> Iterator[tuple[str, pl.D
         yield current, pl.concat(pending)
 
 
-def extracts_of_tables(path: str | Path, scratch: Path) -> list:
-    """Every trace of a dataset (or folder of flattened traces) as an Extract; inputs the
-    manifest quarantined as Extracts of status `quarantined`."""
+def extracts_of_tables(path: str | Path, scratch: Path, trace_ids: set[str] | None = None) -> list:
+    """Every trace of a dataset (or folder of flattened traces) as an Extract (only those of
+    `trace_ids` when given); inputs the manifest quarantined as Extracts of status `quarantined`."""
     t = tables(path, {"trace", "collectives", "steps", "traces"})
+    if trace_ids is not None:  # a predicate the Parquet reader applies row group by row group
+        wanted = pl.Series(sorted(trace_ids), dtype=pl.String).implode()
+        t = {n: lf.filter(pl.col("trace_id").is_in(wanted)) if n != "traces" else lf for n, lf in t.items()}
     have = t["trace"].collect_schema().names()
     rows = t["trace"].select([c for c in TRACE if c in have]).collect()
     reasons: dict[str, str] = {}

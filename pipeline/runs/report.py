@@ -87,9 +87,11 @@ def measure(
     align: bool = True,
     jobs: int | None = None,
     use_cache: bool = True,
+    trace_ids: set[str] | None = None,
 ) -> RunResult:
     """The runs of a run folder / archive of trace files, a batch dataset, or a folder of
-    flattened traces, measured (a RunResult: light tables)."""
+    flattened traces, measured (a RunResult: light tables); of a dataset, only the traces
+    `trace_ids` (and the inputs its manifest quarantined) when given."""
     path = Path(path)
     if not path.exists():
         from pipeline.errors import UsageError
@@ -103,7 +105,7 @@ def measure(
     from pipeline.runs.from_tables import extracts_of_tables
 
     with tempfile.TemporaryDirectory(prefix="tracepipe-ranks-") as tmp:
-        res = analyze(extracts_of_tables(path, Path(tmp)), run_by, align)
+        res = analyze(extracts_of_tables(path, Path(tmp), trace_ids), run_by, align)
         res.waits.get(0) if res.collectives.height else None  # read what the files hold before they go
         return res
 

@@ -5,7 +5,7 @@
 (function () {
   "use strict";
   var NS = "http://www.w3.org/2000/svg";
-  var CHAR = 6.3; // px per character at the charts' font size, for laying out labels
+  var CHAR = 6.6; // px per character at the charts' font size, for laying out labels
   var DOTS = 60; // a line of at most this many points shows them
 
   // ---------------------------------------------------------------- elements

@@ -44,9 +44,16 @@ def num(v: object) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def bar(label: str, values: list[float | None], text: str | None = None, tip: list[str] | None = None, **extra) -> dict:
-    """One row of a bars chart: `label` shortened (whole in `full`), a value per segment."""
-    row = {"label": shorten(label, LABEL_CHARS), "full": label, "values": [num(v) or 0.0 for v in values]}
+def bar(
+    label: str,
+    values: list[float | None],
+    text: str | None = None,
+    tip: list[str] | None = None,
+    full: str | None = None,
+    **extra,
+) -> dict:
+    """One row of a bars chart: `label` shortened (whole in `full`, unless given), a value per segment."""
+    row = {"label": shorten(label, LABEL_CHARS), "full": full or label, "values": [num(v) or 0.0 for v in values]}
     if text is not None:
         row["text"] = text
     if tip:

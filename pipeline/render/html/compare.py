@@ -93,15 +93,10 @@ def _changes_chart(rows: pl.DataFrame) -> list[Part]:
         if r.get("ci_low_pct") is not None and r.get("ci_high_pct") is not None:
             tip.append(f"95% interval of the change: {r['ci_low_pct']:+.1f}% to {r['ci_high_pct']:+.1f}%")
         colour = VERDICT_COLOURS.get(r["verdict"], "#9aa5b1")
-        bars.append(
-            ch.bar(
-                f"{r['level']}: {r['name']}",
-                [r["delta_pct"]],
-                f"{r['delta_pct']:+.1f}% {r['verdict']}",
-                tip,
-                color=colour,
-            )
-        )
+        level = str(r["level"])
+        label = f"{level}: {shorten(str(r['name']), ch.LABEL_CHARS - len(level) - 2)}"
+        text = f"{r['delta_pct']:+.1f}% {r['verdict']}"
+        bars.append(ch.bar(label, [r["delta_pct"]], text, tip, full=f"{level}: {r['name']}", color=colour))
     what = "changes" if changed.height else "differences (none beyond the noise)"
     spec = ch.bars(
         f"The {len(bars)} largest {what}, new vs base (%)",
