@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
 from pipeline.cost.formulas import op_cost
 from pipeline.cost.formulas.messages import SIZE_SOURCES, Message, message_nelems, op_message
 from pipeline.flatten import flatten
-from pipeline.runs.match import desyncs
+from pipeline.runs.calls import KIND_CODE, KIND_NAMES
+from pipeline.runs.match import desyncs, window
 
 PID, TID = 100, 100
 NCCL_AR = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
@@ -204,18 +206,18 @@ def test_the_cost_formulas_read_sizes_by_the_same_rule():
 
 
 def test_an_uneven_alltoall_is_not_a_desync():
-    rows = pl.DataFrame(
+    kinds = ["alltoall", "alltoall", "allreduce", "allreduce"]
+    calls = window(
         {
-            "run": ["r"] * 4,
-            "pg": ["0,1#0"] * 4,
-            "seq": [0, 0, 1, 1],
-            "rank": [0, 1, 0, 1],
-            "kind": ["alltoall", "alltoall", "allreduce", "allreduce"],
-            "bytes": [13568, 9000, 400, 800],
+            "seq": np.array([0, 0, 1, 1]),
+            "rank": np.array([0, 1, 0, 1]),
+            "kind": np.array([KIND_CODE[k] for k in kinds]),
+            "bytes": np.array([13568, 9000, 400, 800]),
         }
     )
-    bad = desyncs(rows)
-    assert bad.select("seq", "kind").unique().rows() == [(1, "allreduce")]
+    bad, rows = desyncs(calls, list(KIND_NAMES))
+    assert bad.tolist() == [False, True]  # each rank sends its own split in an alltoall
+    assert {(seq, kind) for _, seq, kind, *_ in rows} == {(1, "allreduce")}
 
 
 # ------------------------------------------------------------------ the real run
