@@ -199,6 +199,14 @@ def bench_sections(flat_dir: Path, work: Path, measure) -> str:
     return run(flat_dir, work, measure)
 
 
+def bench_html(flat_dir: Path, work: Path, measure) -> str:
+    """The html page of a flattened trace: size, write time, load time (bench/bench_html.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_html import bench_html as run
+
+    return run(flat_dir, work, measure)
+
+
 def markdown(rows: list[dict]) -> str:
     cols = [
         ("file", "{}"),
@@ -237,6 +245,7 @@ def main():
     ap.add_argument("--workdir", default="/tmp/tracepipe-bench")
     ap.add_argument("--batch-only", action="store_true", help="only measure batch throughput")
     ap.add_argument("--sections-only", type=Path, help="only time each analysis section on this flattened trace")
+    ap.add_argument("--html-only", type=Path, help="only measure the html page of this flattened trace")
     a = ap.parse_args()
     if a.sectioned and not a.template:
         ap.error("--sectioned lays out the copies of a real trace: give --template")
@@ -244,6 +253,9 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     if a.sections_only:
         print(bench_sections(a.sections_only, work, measure))
+        return
+    if a.html_only:
+        print(bench_html(a.html_only, work, measure))
         return
     if a.batch_only:
         print(bench_batch(work))
@@ -258,6 +270,7 @@ def main():
         print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr)
         if i == 0:
             sections = bench_sections(next((work / "flat").iterdir()), work, measure)
+            page = bench_html(next((work / "flat").iterdir()), work, measure)
         if a.gz and i == 0:
             gz = path.with_suffix(".json.gz")
             if not gz.exists():
@@ -277,6 +290,7 @@ def main():
         if gz:
             print(f"gzip: {gz[0]['flatten_s'] / rows[0]['flatten_s']:.2f}x the uncompressed time")
     print(sections)
+    print(page)
     print(bench_batch(work))
     print("whole runs: bench/bench_runs.py (make bench runs it next)")
 

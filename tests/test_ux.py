@@ -87,7 +87,7 @@ def test_clean_venv_runs_a_report_with_its_packaged_data(clean_venv, tmp_path):
 
 def test_help_shows_choices_and_no_type_placeholders(run_cli):
     text = run_cli(["analyze", "--help"], env={"COLUMNS": "200"}).stdout
-    assert "<table|csv|json|md|xlsx>" in text and "<input-shape|stack|overload>" in text
+    assert "<table|csv|json|md|xlsx|html>" in text and "<input-shape|stack|overload>" in text
     assert not re.search(r"<(bool|str|int|float)>", text), text
     assert "[memory] events" in text  # help is plain text, not markup
 

@@ -9,9 +9,9 @@ import typer
 from pipeline.cli.guard import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_OK, EXIT_PROBLEMS  # noqa: F401 - the CLI's codes
 from pipeline.cli.guard import say as err  # noqa: F401 - every command's one line
 
-ReportFormat = Literal["table", "csv", "json", "md", "xlsx"]
+ReportFormat = Literal["table", "csv", "json", "md", "xlsx", "html"]
 QueryFormat = Literal["table", "csv", "json", "md", "parquet", "xlsx"]
-RunsFormat = Literal["table", "csv", "json", "md", "xlsx"]
+RunsFormat = Literal["table", "csv", "json", "md", "xlsx", "html"]
 
 app = typer.Typer(
     add_completion=True,

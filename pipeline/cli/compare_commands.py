@@ -83,7 +83,9 @@ def compare(
     fail_above: Optional[float] = typer.Option(
         None, "--fail-above", metavar="PCT", help="exit 1 when anything regressed by more than PCT %"
     ),
-    fmt: RunsFormat = typer.Option("table", "--format", "-f", help="xlsx: a sheet per level (needs -o)"),
+    fmt: RunsFormat = typer.Option(
+        "table", "--format", "-f", help="xlsx: a sheet per level (needs -o); html: one self-contained page"
+    ),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the comparison to this file"),
     width: Optional[int] = width_option(),
     top: int = typer.Option(20, "--top", help="rows of each level in table and md (0: all; csv, json, xlsx: all)"),
@@ -165,7 +167,7 @@ def trend(
     top: int = typer.Option(5, "--top", help="without --name: follow the N names with the most time (0: all)"),
     min_effect: float = typer.Option(5.0, "--min-effect", metavar="PCT", help="a smaller shift is no change point"),
     fdr: float = typer.Option(0.01, "--fdr", help="false discovery rate of change points over the names followed"),
-    fmt: RunsFormat = typer.Option("table", "--format", "-f", help="xlsx needs -o"),
+    fmt: RunsFormat = typer.Option("table", "--format", "-f", help="xlsx needs -o; html: one self-contained page"),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the trend to this file"),
     plot: Optional[Path] = typer.Option(
         None, "--plot", help="write the series with their change points (PNG + SVG) into this directory"

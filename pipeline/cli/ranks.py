@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline.cli.guard import EXIT_OK, EXIT_PROBLEMS, guarded, say
 
 SHOWN_PROBLEMS = 10  # problem lines on stderr; the problems section holds them all
-FORMATS = ("table", "csv", "json", "md", "xlsx")
+FORMATS = ("table", "csv", "json", "md", "xlsx", "html")
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,17 @@ OPTIONS = (
         ...,
         "a run folder (or archive) of trace files, a batch dataset, or a folder of flattened traces",
     ),
-    Opt("fmt", ("--format", "-f"), str, "table", "xlsx: one sheet per section (needs -o)", FORMATS),
+    Opt(
+        "fmt",
+        ("--format", "-f"),
+        str,
+        "table",
+        "xlsx: one sheet per section (needs -o); html: one self-contained page",
+        FORMATS,
+    ),
     Opt("out", ("-o", "--out"), Path, None, "write the report to this file"),
     Opt("width", ("--width", "-w"), int, None, "fit tables to N columns (default: the terminal's; 0: no limit)"),
-    Opt("top", ("--top",), int, 20, "rows of each section in table and md (0: all; csv, json, xlsx: all)"),
+    Opt("top", ("--top",), int, 20, "rows of each section in table and md (0: all; csv, json, xlsx, html: all)"),
     Opt(
         "columns",
         ("--columns", "-c"),

@@ -86,7 +86,10 @@ def analyze(
         ..., help="a trace file, a flattened trace, a folder of them or a batch dataset (see --trace)"
     ),
     fmt: ReportFormat = typer.Option(
-        "table", "--format", "-f", help="xlsx: one sheet per section (needs -o); csv -o DIR: one file per section"
+        "table",
+        "--format",
+        "-f",
+        help="xlsx: one sheet per section (needs -o); csv -o DIR: one file per section; html: one self-contained page",
     ),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file (csv: or folder)"),
     pick: Optional[str] = typer.Option(
@@ -102,7 +105,7 @@ def analyze(
         60, "--name-limit", help="cut kernel/op names to N characters in table/md, middle out (0: never)"
     ),
     top: Optional[int] = typer.Option(
-        None, "--top", help="rows per device and section (default: 20 in table/md, all in json/csv)"
+        None, "--top", help="rows per device and section (default: 20 in table/md, all in json/csv/xlsx/html)"
     ),
     section: Optional[list[str]] = typer.Option(None, "--section", metavar="NAME", help=_sections_help()),
     group_by: Optional[Literal["input-shape", "stack", "overload"]] = typer.Option(
@@ -193,7 +196,7 @@ def analyze(
 def diff_cmd(
     a: Path = typer.Argument(..., help="first trace: a file, a flattened trace, a folder of them or a dataset"),
     b: Optional[Path] = typer.Argument(None, help="second trace (default: A again, with a second --trace)"),
-    fmt: ReportFormat = typer.Option("table", "--format", "-f", help="xlsx needs -o"),
+    fmt: ReportFormat = typer.Option("table", "--format", "-f", help="xlsx needs -o; html: one self-contained page"),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the comparison to this file"),
     pick: Optional[list[str]] = typer.Option(
         None,

@@ -129,9 +129,14 @@ def format_comparison(
     c: Comparison, fmt: str, width: int | None = None, top: int | None = TOP, columns: list[str] | None = None
 ) -> str:
     """`tracepipe compare` output in a text format: json, csv (every row), table or md (the head,
-    then each level's `top` rows, changes first; `columns`: only these)."""
+    then each level's `top` rows, changes first; `columns`: only these), or html (a page of every
+    row, `pipeline.render.html.comparison_html`)."""
     if fmt == "json":
         return dumps(comparison_json(c))
+    if fmt == "html":
+        from pipeline.render.html import comparison_html
+
+        return comparison_html(comparison_json(c))
     if fmt == "csv":
         return render(c.rows, "csv", columns=columns)
     md = fmt == "md"
@@ -195,12 +200,16 @@ def trend_frames(t) -> dict[str, pl.DataFrame]:
 
 
 def format_trend(t, fmt: str, width: int | None = None, columns: list[str] | None = None) -> str:
-    """`tracepipe trend` output: json, csv (every row), or table / md: the head, the change points,
-    then each name's series under its full name."""
+    """`tracepipe trend` output: json, csv (every row), table / md: the head, the change points,
+    then each name's series under its full name; or html (a page with a chart per name)."""
     from pipeline.compare.trend import trend_json
 
     if fmt == "json":
         return dumps(trend_json(t))
+    if fmt == "html":
+        from pipeline.render.html import trend_html
+
+        return trend_html(trend_json(t))
     if fmt == "csv":
         return render(pl.DataFrame(trend_json(t)["rows"]), "csv", columns=columns)
     md = fmt == "md"

@@ -19,7 +19,7 @@ from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE, REGISTRY, SE
 from pipeline.errors import UsageError
 from pipeline.render.tables import dumps, records, render
 
-FORMATS = ("table", "csv", "json", "md", "xlsx")  # of analyze and diff
+FORMATS = ("table", "csv", "json", "md", "xlsx", "html")  # of analyze and diff
 DEFAULT_TEXT_TOP = 20  # rows per section (per device) in table / md
 DEFAULT_CSV_SECTION = "kernels"
 # What table / md show of each section (None: every column) and its title: views of the registry.
@@ -155,9 +155,15 @@ def format_analysis(
 ) -> str:
     """`analyze` output. json: the whole document (every kernel unless top is given); csv: one
     section (`only`, default kernels), every column (or `columns`); table/md: the chosen sections
-    (default all), top rows each (default 20), names cut to name_limit, tables fitted to `width`."""
+    (default all), top rows each (default 20), names cut to name_limit, tables fitted to `width`;
+    html: a self-contained page of the chosen sections, every row unless top is given."""
     check_options(fmt, only)
     f = as_flat(flat)
+    if fmt == "html":
+        from pipeline.render.html import analysis_html
+
+        chosen = {k: v for k, v in sections.items() if not only or k in only}
+        return analysis_html(f, chosen, device_names(sections) or device_labels(f), top, _origin_facts(f))
     if fmt == "json":
         return dumps({"trace": {"stem": f.stem, **f.origin, "source": f.source}, **analysis_json(sections, top)})
     if fmt == "csv":
@@ -169,6 +175,11 @@ def format_analysis(
     layout = Layout(name_limit or None, width, tuple(columns) if columns else None)
     top = DEFAULT_TEXT_TOP if top is None else top or None
     return head + render_sections(chosen, fmt, layout, top, device_names(sections) or device_labels(f))
+
+
+def _origin_facts(f) -> list[tuple[str, str]]:
+    """Where a trace was read from (a dataset and its trace_id, a flattened directory), as facts."""
+    return [(k.replace("_", " "), str(v)) for k, v in f.origin.items() if v is not None]
 
 
 def analysis_sheets(sections: dict[str, pl.DataFrame], top: int | None = None) -> dict[str, pl.DataFrame]:
@@ -267,8 +278,12 @@ def format_diff(
     top: int | None = None,
     width: int | None = None,
 ) -> str:
-    """`diff` output: json {"labels", "rows": [...]}, or a table / md / csv of the rows."""
+    """`diff` output: json {"labels", "rows": [...]}, a table / md / csv of the rows, or an html page."""
     check_options(fmt)
+    if fmt == "html":
+        from pipeline.render.html import diff_html
+
+        return diff_html(d.head(top) if top else d, label_a, label_b)
     if fmt == "json":
         return dumps(diff_json(d.head(top) if top else d, label_a, label_b))
     if fmt == "csv":

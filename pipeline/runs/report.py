@@ -247,14 +247,19 @@ def only_run(rep, run: str):
 def format_runs(
     rep, fmt: str, width: int | None = None, top: int | None = 20, columns: list[str] | None = None
 ) -> str | Iterator[bytes]:
-    """`tracepipe ranks` output: the JSON document, or the sections as tables (text fitted to
-    `width`, `top` rows each; md; csv; `columns`: only these where a section has them)."""
+    """`tracepipe ranks` output: the JSON document, the sections as tables (text fitted to
+    `width`, `top` rows each; md; csv; `columns`: only these where a section has them), or an
+    html page of every row."""
     from pipeline.errors import UsageError
 
     if fmt == "json":
         return json_chunks(rep)
+    if fmt == "html":
+        from pipeline.render.html import runs_html
+
+        return runs_html(rep if isinstance(rep, RunReport) else RunReport.of(rep))
     if fmt not in ("table", "md", "csv"):
-        raise UsageError(f"--format must be one of table, md, csv, json (got {fmt!r})")
+        raise UsageError(f"--format must be one of table, md, csv, json, html (got {fmt!r})")
     from pipeline.runs.sections import render_sections
 
     return render_sections(_result(rep), fmt, width, top, columns)
