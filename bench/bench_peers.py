@@ -30,6 +30,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from bench import tree_pss_bytes  # noqa: E402  (the one summed-PSS reader of the benches)
+
 SHARED = ROOT.parent / "shared"
 VENVS = {"tracelens": "tracelens", "hta-0.5.0": "hta050", "traceinsight-0.6.1": "hta061"}
 RANK_REGEX = r"(?:rank|worker)[\[\-_]?(?P<rank>\d+)"
@@ -50,23 +53,6 @@ def version(py: str, dist: str) -> str:
     return p.stdout.decode().strip() or "?"
 
 
-def tree_pss(pgid: int) -> int:
-    total = 0
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                fields = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
-                if int(fields[2]) != pgid:
-                    continue
-                for line in open(f"/proc/{d}/smaps_rollup"):
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-            except (OSError, ValueError, IndexError):
-                continue
-    return total
-
-
 def measure(cmd: list[str], env: dict | None = None, repeat: int = 3) -> tuple[float, float, str]:
     """Fastest wall seconds of `repeat` runs (unobserved: sampling /proc every 10 ms costs a
     core's share on a small machine), the peak summed PSS (MB) of one more run, sampled, and stdout."""
@@ -82,7 +68,7 @@ def measure(cmd: list[str], env: dict | None = None, repeat: int = 3) -> tuple[f
     p2 = subprocess.Popen(cmd, stdout=quiet, stderr=quiet, start_new_session=True, env=full_env)
     top = 0
     while p2.poll() is None:
-        top = max(top, tree_pss(p2.pid))
+        top = max(top, tree_pss_bytes(p2.pid))
         time.sleep(0.01)
     return best, top / 2**20, out
 

@@ -53,6 +53,19 @@ def shared_traces() -> Path:
     return SHARED_TRACES
 
 
+@pytest.fixture(scope="session")
+def run_report(tmp_path_factory):
+    """The RunReport of a synthetic 4-rank run (rank 2 late at collective 3), batched."""
+    from pipeline import synthetic as synth
+    from pipeline.dataset.batch import run_batch
+    from pipeline.runs.report import analyze_runs
+
+    tmp = tmp_path_factory.mktemp("run")
+    synth.write_run(tmp / "demo_run", 4, 16, straggler=2, delay_us=800.0, delayed=3)
+    run_batch(tmp / "demo_run", tmp / "ds", jobs=1)
+    return analyze_runs(tmp / "ds")
+
+
 @pytest.fixture(name="run_cli")
 def run_cli_fixture():
     return run_cli

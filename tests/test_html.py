@@ -138,14 +138,6 @@ def hostile(tmp_path_factory):
     return rp.format_analysis(f, rp.analyze(f), "html")
 
 
-@pytest.fixture(scope="module")
-def run_report(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("run")
-    synth.write_run(tmp / "demo_run", 4, 16, straggler=2, delay_us=800.0, delayed=3)
-    run_batch(tmp / "demo_run", tmp / "ds", jobs=1)
-    return analyze_runs(tmp / "ds")
-
-
 # ------------------------------------------------------------------ escaping
 def test_text_escapes_markup_and_both_quotes():
     assert text('<a href="x">\'&') == "&lt;a href=&quot;x&quot;&gt;&#39;&amp;"

@@ -21,12 +21,10 @@ from pipeline import report as rp
 from pipeline import synthetic as synth
 from pipeline.analyses import memory as memory_mod
 from pipeline.analyses import queue as queue_mod
-from pipeline.dataset.batch import run_batch
 from pipeline.flatten import flatten
 from pipeline.render import plots
 from pipeline.render.tables import shorten
 from pipeline.runs import plots as run_plots
-from pipeline.runs.report import analyze_runs
 
 KERNELS = 12  # more than plots.TOP_LABELS
 DEVICE = synth.DEVICE_PROPS["name"]  # "NVIDIA A100-SXM4-80GB"
@@ -320,14 +318,6 @@ def test_write_plots_writes_the_timelines(timeline_trace, tmp_path):
 
 
 # ------------------------------------------------------------------ runs
-@pytest.fixture(scope="module")
-def run_report(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("run")
-    synth.write_run(tmp / "demo_run", 4, 16, straggler=2, delay_us=800.0, delayed=3)
-    run_batch(tmp / "demo_run", tmp / "ds", jobs=1)
-    return analyze_runs(tmp / "ds")
-
-
 def test_run_plots_name_run_world_size_and_units(run_report, tmp_path):
     plt = plots.pyplot()
     run = run_report.runs["run"].cast(str)[0]

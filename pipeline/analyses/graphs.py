@@ -64,6 +64,17 @@ EMPTY = pl.Schema(
     }
 )
 FRAME_BATCH = 64  # launches whose python frames are read together
+# what one replay (its graph launch's kernels) is folded into: kernels, first start, its launch, and
+# the eager launches it replaces (the capture's, when the capture recorded them)
+_REPLAY = (
+    pl.len().alias("kernels"),
+    pl.col("ts_ns").min().alias("first_ns"),
+    pl.col("launch_ts_ns").first(),
+    pl.col("launch_dur_ns").first(),
+    pl.when(pl.col("capture_launch_dur_ns").is_not_null().any())
+    .then(pl.col("capture_launch_dur_ns").sum())
+    .alias("replaced_ns"),
+)
 
 
 def _replayed(f: Flat) -> pl.LazyFrame:
@@ -84,16 +95,7 @@ def graph_view(flat) -> pl.DataFrame:
     g = _replayed(f)
     per_replay = (
         g.group_by("device", "graph_id", "launch_event_idx")
-        .agg(
-            kernels=pl.len(),
-            gpu_ns=pl.col("dur_ns").fill_null(0).sum(),
-            first_ns=pl.col("ts_ns").min(),
-            launch_ts_ns=pl.col("launch_ts_ns").first(),
-            launch_dur_ns=pl.col("launch_dur_ns").first(),
-            replaced_ns=pl.when(pl.col("capture_launch_dur_ns").is_not_null().any()).then(
-                pl.col("capture_launch_dur_ns").sum()
-            ),
-        )
+        .agg(*_REPLAY, gpu_ns=pl.col("dur_ns").fill_null(0).sum())
         .collect(engine="streaming")
     )
     if per_replay.is_empty():
@@ -236,18 +238,7 @@ def graph_launches(flat) -> pl.DataFrame:
     calls its graph's capture made: the eager launches it stands for; paired replays only) and
     graph_launch_to_start_p50_us (launch call to its first activity)."""
     per_replay = (
-        _replayed(as_flat(flat))
-        .group_by("device", "launch_event_idx")
-        .agg(
-            kernels=pl.len(),
-            first_ns=pl.col("ts_ns").min(),
-            launch_ts_ns=pl.col("launch_ts_ns").first(),
-            launch_dur_ns=pl.col("launch_dur_ns").first(),
-            replaced_ns=pl.when(pl.col("capture_launch_dur_ns").is_not_null().any()).then(
-                pl.col("capture_launch_dur_ns").sum()
-            ),
-        )
-        .collect(engine="streaming")
+        _replayed(as_flat(flat)).group_by("device", "launch_event_idx").agg(*_REPLAY).collect(engine="streaming")
     )
     return (
         per_replay.group_by("device")

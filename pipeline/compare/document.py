@@ -24,21 +24,10 @@ TITLES = {
     "step": "Profiler steps",
     "idle": "GPU idle time by cause",
 }
-TEXT_COLUMNS = [  # what a table shows, by importance (a narrow terminal leaves out the last)
-    "name",
-    "verdict",
-    "delta_pct",
-    "base_us",
-    "new_us",
-    "q",
-    "ci_low_pct",
-    "ci_high_pct",
-    "base_count",
-    "new_count",
-    "base_busbw_gbps",
-    "new_busbw_gbps",
-    "note",
-]
+# what a table shows, by importance (a narrow terminal leaves out the last): COLUMNS but the level
+# (a table per level) and the test's details (in csv, json and xlsx)
+DETAILS = ("level", "base_n", "new_n", "units", "test", "p", "prior_df", "between_runs_var", "kind", "bytes")
+TEXT_COLUMNS = [c for c in COLUMNS if c not in (*DETAILS, "base_names", "new_names")]
 TOP = 20
 
 

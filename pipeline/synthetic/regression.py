@@ -23,6 +23,20 @@ DAY_NS = 86_400 * 10**9
 START_NS = 1_700_000_000 * 10**9  # 2023-11-14
 
 
+def _launch(pid: int, tid: int, ts: float, corr: int, ext: int) -> dict:
+    """A cudaLaunchKernel call of 4 µs at `ts`."""
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": pid,
+        "tid": tid,
+        "ts": round(ts, 3),
+        "dur": 4.0,
+        "args": {"correlation": corr, "External id": ext},
+    }
+
+
 def kernel_name(i: int) -> str:
     return f"void kernel_{i:02d}<float, 128>(float const*, float*, int)"
 
@@ -70,18 +84,7 @@ def rank_trace(
                         "args": {"External id": ext},
                     }
                 )
-                step_events.append(
-                    {
-                        "ph": "X",
-                        "cat": "cuda_runtime",
-                        "name": "cudaLaunchKernel",
-                        "pid": pid,
-                        "tid": tid,
-                        "ts": round(t + 1.0, 3),
-                        "dur": 4.0,
-                        "args": {"correlation": corr, "External id": ext},
-                    }
-                )
+                step_events.append(_launch(pid, tid, t + 1.0, corr, ext))
                 gpu_t = max(gpu_t, t + 8.0)
                 step_events.append(
                     {
@@ -110,18 +113,7 @@ def rank_trace(
             "Process Group Description": "default_pg",
             "Process Group Ranks": str(list(range(world))),
         }
-        step_events.append(
-            {
-                "ph": "X",
-                "cat": "cuda_runtime",
-                "name": "cudaLaunchKernel",
-                "pid": pid,
-                "tid": tid,
-                "ts": round(t, 3),
-                "dur": 4.0,
-                "args": {"correlation": corr, "External id": ext},
-            }
-        )
+        step_events.append(_launch(pid, tid, t, corr, ext))
         lat = 300.0 * run_factor * math.exp(rng.gauss(0, instance_sd))
         step_events.append(
             {

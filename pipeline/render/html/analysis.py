@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 import polars as pl
 
+import pipeline.render.html.charts as ch
 from pipeline.analyses.flat import Flat, as_flat
 from pipeline.analyses.memory import memory_series
 from pipeline.analyses.queue import queue_series
 from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE
-from pipeline.render.html import charts as ch
 from pipeline.render.html.cells import duration, engineering_bytes
 from pipeline.render.html.model import Chart, Note, Page, Part, Section, Table
 from pipeline.render.html.overview import overview

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import polars as pl
 
-from pipeline.render.html import charts as ch
+import pipeline.render.html.charts as ch
 from pipeline.render.html.cells import duration
 from pipeline.render.html.frames import document_frames, frames_page
 from pipeline.render.html.model import Chart, Note, Part, Tile

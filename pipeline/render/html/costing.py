@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.render.html import charts as ch
+import pipeline.render.html.charts as ch
 from pipeline.render.html.cells import percent
 from pipeline.render.html.model import Chart, Group, Part, Table, Tile
 from pipeline.render.plots.roofline_data import FIX, WHY

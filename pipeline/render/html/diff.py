@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.render.html import charts as ch
+import pipeline.render.html.charts as ch
 from pipeline.render.html.cells import duration, percent
 from pipeline.render.html.frames import frames_page
 from pipeline.render.html.model import Chart, Part, Tile

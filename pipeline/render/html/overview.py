@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import polars as pl
 
+import pipeline.render.html.charts as ch
 from pipeline.analyses.flat import Flat
-from pipeline.render.html import charts as ch
 from pipeline.render.html.cells import duration, percent
 from pipeline.render.html.costing import costing_parts, tone
 from pipeline.render.html.model import Chart, Group, Part, Table, Tile
