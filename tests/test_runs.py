@@ -51,6 +51,18 @@ def test_synthetic_run_is_measured_exactly(skewed):
     assert run["stragglers"][0] == {"rank": 3, "wait_caused_us": pytest.approx(7 * 2500.0, abs=0.1), "times_last": 1}
 
 
+@pytest.mark.parametrize("name", ["gloo4", "gloo4_sub"])
+def test_a_dataset_codes_small_and_large_traces_alike(tmp_path, monkeypatch, name):
+    """A trace's calls are coded row by row when few, by column when many: the same runs either way."""
+    from pipeline.runs import from_tables
+
+    ds = batched(RUNS / name, tmp_path)
+    by_row = runs_json(analyze_runs(ds))
+    monkeypatch.setattr(from_tables, "ROWS_BY_ROW", -1)
+    by_column = runs_json(analyze_runs(ds))
+    assert by_row == by_column and by_row["runs"][0]["collectives"]
+
+
 def test_bandwidth_follows_nccl_tests(skewed):
     _, run = skewed
     factor = {"allreduce": 2 * 7 / 8, "allgather": 7 / 8, "reducescatter": 7 / 8}

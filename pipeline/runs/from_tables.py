@@ -16,10 +16,11 @@ import numpy as np
 import polars as pl
 
 from pipeline.dataset.tables import tables
-from pipeline.runs.calls import CALL_COLUMNS, KIND_CODE, UNKNOWN, Extract, pg_keys, steps_of_rows
+from pipeline.runs.calls import CALL_COLUMNS, KIND_CODE, UNKNOWN, Extract, calls_of_rows, pg_keys, steps_of_rows
 from pipeline.runs.scan import cache
 
 IN_MEMORY_CALLS = 200_000  # a trace's Extract of more calls goes to a file
+ROWS_BY_ROW = 2_000  # a trace of at most these many calls is coded row by row
 BATCH_ROWS = 1 << 18
 CALLS = [
     "trace_id",
@@ -148,7 +149,16 @@ def _steps(lf: pl.LazyFrame) -> dict[str, list[tuple]]:
 
 
 def _extract(info: dict, df: pl.DataFrame, step_rows: list[tuple], scratch: Path):
-    """One trace's Extract from its collectives rows (and steps rows)."""
+    """One trace's Extract from its collectives rows (and steps rows). A trace of few calls is
+    coded by the run folder's own code (`calls.calls_of_rows`, one pass over its rows: a dataset
+    of many small traces pays no per-trace query overhead), a larger one by column."""
+    if df.height <= ROWS_BY_ROW:
+        rows = df.with_row_index("order").with_columns(pl.col("dur_ns").fill_null(0)).to_dicts()
+        calls, pgs, dtypes, steps = calls_of_rows(rows)
+        step_cols, names = steps_of_rows(step_rows, steps)
+        return Extract(
+            {**info, "pgs": pgs, "dtypes": dtypes, "steps": names, "n_collectives": df.height}, calls, step_cols
+        )
     info = dict(info)
     pairs = df.select("pg_name", "pg_ranks").unique(maintain_order=True).rows() if df.height else []
     keys = pg_keys(pairs)
