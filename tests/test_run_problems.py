@@ -128,6 +128,16 @@ def test_a_trace_without_rank_is_named(tmp_path):
     assert kinds == {"no rank": {"extra.json"}}
 
 
+def test_a_folder_without_traces_is_an_error_not_an_empty_report(tmp_path, run_cli):
+    (tmp_path / "empty").mkdir()
+    p = run_cli(["ranks", tmp_path / "empty", "--no-cache"])
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.count("\n") == 1 and "holds no trace" in p.stderr
+    (tmp_path / "empty" / "notes.json").write_text('{"comment": "not a trace"}')
+    p = run_cli(["ranks", tmp_path / "empty", "--no-cache"])  # a file that is no trace is a problem, said
+    assert p.returncode == 1 and "notes.json: not a trace" in p.stderr
+
+
 def test_clean_runs_have_no_problems(tmp_path, run_cli):
     assert problems_of(RUNS / "gloo4") == []
     assert problems_of(RUNS / "gloo4_partial") == []  # a rank missing from a run is normal
