@@ -4,6 +4,7 @@ Decimal time, on synthetic traces and on every shared trace."""
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 from decimal import Decimal
@@ -14,6 +15,7 @@ import pytest
 from pipeline import report as rp
 from pipeline import synthetic as synth
 from pipeline.analyses.window import Window
+from pipeline.cost.comm_kernels import library_of
 from pipeline.flatten import flatten
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
@@ -49,19 +51,41 @@ def activity(ev) -> dict:
     return out
 
 
+def comm_overlap(act) -> dict:
+    """device -> overlap(a, b): the time in [a, b] when a communication kernel ran on the device."""
+    out = {}
+    for dev in {d for d, _ in act}:
+        spans = sorted(
+            (s, e) for (d, _), xs in act.items() if d == dev for s, e, _, n, cat in xs
+            if cat == "kernel" and library_of(n)
+        )  # fmt: skip
+        merged: list = []
+        for s, e in spans:
+            if merged and s <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e])
+        out[dev] = lambda a, b, m=merged, ends=[e for _, e in merged]: sum(
+            (min(b, e) - max(a, s) for s, e in m[bisect.bisect_right(ends, a) :] if s < b), Decimal(0)
+        )
+    return out
+
+
 def idle_recount(act, wait_us=30):
     res = {}
+    overlap = comm_overlap(act)
     for key, xs in act.items():
-        hw = kw = ot = Decimal(0)
+        hw = kw = ot = cw = Decimal(0)
         for (_, e0, _, _, _), (s1, _, l1, _, _) in zip(xs, xs[1:]):
             gap = s1 - e0
+            cw += overlap[key[0]](e0, s1) if gap > 0 else 0
             if l1 is not None and l1 > e0:
                 hw += gap
             elif gap < wait_us:
                 kw += gap
             else:
                 ot += gap
-        res[key] = (float(hw), float(kw), float(ot))
+        res[key] = (float(hw), float(kw), float(ot), float(cw))
     return res
 
 
@@ -103,9 +127,9 @@ def check_trace(path, tmp_path):
     act = activity(ev)
     flat = flatten(path, tmp_path / "flat").out_dir
     got_idle = {(r["device"], r["stream"]): r for r in rp.idle(flat).iter_rows(named=True)}
-    for key, (hw, kw, ot) in idle_recount(act).items():
+    for key, (hw, kw, ot, cw) in idle_recount(act).items():
         r = got_idle[key]
-        for name, want in (("host_wait_us", hw), ("kernel_wait_us", kw), ("other_us", ot)):
+        for name, want in (("host_wait_us", hw), ("kernel_wait_us", kw), ("other_us", ot), ("comm_wait_us", cw)):
             assert r[name] == pytest.approx(want, abs=1e-3), (path.name, key, name)
         assert r["idle_us"] == pytest.approx(hw + kw + ot, abs=1e-3)
     got_q = {(r["device"], r["stream"]): r for r in rp.queue(flat).iter_rows(named=True)}

@@ -216,8 +216,8 @@ REGISTRY: tuple[Section, ...] = (
     Section(
         "idle",
         lambda f, o: idle(f, o.kernel_wait_us),
-        "Idle time per stream: host wait (CPU late), kernel wait (short gaps), other",
-        "why each stream was idle, gap by gap (HTA's breakdown)",
+        "Idle time per stream: host wait (CPU late), kernel wait, other; comm wait",
+        "why each stream was idle, gap by gap (HTA's breakdown), and how much of it during communication",
         sweeps=False,
     ),
     Section(

@@ -86,6 +86,8 @@ def _busy_tiles(dev: pl.DataFrame | None, idle: pl.DataFrame | None) -> list[Til
         parts = [(name, float(idle[c].sum() or 0.0)) for c, name in IDLE_PARTS]
         big = max(parts, key=lambda p: p[1])
         note = "; ".join(f"{n.split(' (')[0]} {duration(v)}" for n, v in parts)
+        comm = float(idle["comm_wait_us"].sum() or 0.0) if "comm_wait_us" in idle.columns else 0.0
+        note += f"; {duration(comm)} of it while communication ran" if comm > 0 else ""
         label = "GPU idle" if idle.height == 1 else f"GPU idle, summed over {idle.height} streams"
         out.append(Tile(label, duration(total), f"mostly {big[0]}: {note}" if total > 0 else note))
     return out
@@ -207,14 +209,16 @@ def idle_chart(idle: pl.DataFrame) -> dict:
         ch.bar(
             f"device {r['device']} stream {r['stream']}",
             [max(r[c] or 0.0, 0.0) for c, _ in IDLE_PARTS],
-            f"{duration(r['idle_us'] or 0)} in {r['gaps']:,} gaps",
+            f"{duration(r['idle_us'] or 0)} in {r['gaps']:,} gaps"
+            + (f", {duration(r['comm_wait_us'])} of it while communication ran" if r.get("comm_wait_us") else ""),
         )
         for r in idle.sort("idle_us", descending=True).head(MAX_STREAMS).to_dicts()
     ]
     note = (
         "Host wait: the next kernel was launched after the previous one ended (the CPU was late: "
         "launch overhead, Python, synchronisation). Kernel wait: a shorter gap between back-to-back "
-        "kernels. Other: longer gaps whose kernel was launched in time."
+        "kernels. Other: longer gaps whose kernel was launched in time. A stream idle while a "
+        "communication kernel ran on the device says so in its label (comm_wait_us in the idle table)."
     )
     return ch.bars("Why the GPU sat idle, per stream", rows, "us", segs, note)
 
