@@ -50,8 +50,10 @@ test-fast:       ## the tests without the slow ones
 fuzz:            ## mutate real and synthetic traces through every command: make fuzz N=100000 [SEED=1]
 	$(PY) tests/fuzz.py --n $(or $(N),1000) --seed $(or $(SEED),0)
 
-oracle:          ## install the CPU torch wheel and run the FLOP-formula oracle tests
+install-oracle:  ## the CPU torch wheel (2.13.0): the FLOP oracle and the torch handler's tests then run in make test
 	$(PIP) install -q torch==2.13.0
+
+oracle: install-oracle  ## install the CPU torch wheel and run the FLOP-formula oracle tests
 	$(PY) -m pytest -q tests/test_formulas_oracle.py
 
 gloo-runs:       ## re-record the real 4-process gloo runs in tests/data/runs (needs torch: TORCH_PY=/path/to/python)
@@ -98,7 +100,7 @@ acceptance:      ## run the shared acceptance checks (needs ../shared)
 clean:           ## remove generated outputs
 	rm -rf $(DEMO)/flat $(DEMO)/*.json.gz .pytest_cache
 
-.PHONY: help install install-cluster demo test lint test-fast fuzz oracle gloo-runs bench bench-runs bench-peers bench-compare bench-archive batch compact query examples acceptance clean
+.PHONY: help install install-cluster install-oracle demo test lint test-fast fuzz oracle gloo-runs bench bench-runs bench-peers bench-compare bench-archive batch compact query examples acceptance clean
 
 readme:          ## regenerate the README sections derived from schemas, formulas and device specs
 	$(PY) scripts/gen_readme.py
