@@ -8,7 +8,7 @@ process, wall time and peak memory of all its processes (summed PSS):
 - `ranks RUN_DIR` with its cache filled: the whole-run analysis alone (the Extracts read a window
   of collectives at a time), and its time per collective call (linear in ranks x collectives);
 - for the first world size: `batch` of the run into a dataset, its JSON MB/s against `flatten` of
-  one trace of about the same bytes, then `ranks DATASET`.
+  one trace of the same events (LIKE_RANKS ranks' collectives in one file), then `ranks DATASET`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import measure
 from pipeline.read.stream import json_bytes_estimate
-from pipeline.synthetic import write_demo
 from pipeline.synthetic.runs import write_rank
 
 COLLECTIVES = 10_000
+LIKE_RANKS = 32  # batch's baseline: flatten of one trace holding this many ranks' worth of collectives
 
 
 def _offset(r: int) -> float:
@@ -139,15 +139,20 @@ def one_world(work: Path, world: int, jobs: int, with_batch: bool) -> None:
         ds = work / f"run_{world}_ds"
         shutil.rmtree(ds, ignore_errors=True)
         tb, mb, _ = measure([*tp("batch", str(src), "-o", str(ds), "-j", str(jobs), "-q")])
-        one = work / f"one_{json_mb:.0f}mb.json"
+        # the baseline: one trace of the same events (a rank of LIKE_RANKS ranks' collectives), so that
+        # both rates are per byte of the same kind of JSON (these traces are collective-dense)
+        one = work / f"one_like_{world}" / "rank-0.json.gz"
         if not one.exists():
-            write_demo(one, json_mb)
+            n = COLLECTIVES * LIKE_RANKS
+            write_rank(one.parent, 0, world, n, world // 3, 5000.0, n // 2)
+        one_mb = json_bytes_estimate(str(one)) / 1e6
         shutil.rmtree(work / "one_flat", ignore_errors=True)
         tf, mf, _ = measure([*tp("flatten", str(one), "-o", str(work / "one_flat"))])
         td, md, _ = measure([*tp("ranks", str(ds), "--format", "json", "-o", str(out))])
         print(
             f"batch of that run: {tb:.1f}s = {json_mb / tb:.1f} MB/s of JSON, peak {mb:.0f} MB; flatten of one "
-            f"{json_mb:,.0f} MB trace {tf:.1f}s = {json_mb / tf:.1f} MB/s (batch at {tf / tb:.2f}x its rate per byte); "
+            f"{one_mb:,.0f} MB trace of the same events {tf:.1f}s = {one_mb / tf:.1f} MB/s, peak {mf:.0f} MB "
+            f"(batch at {json_mb / tb / (one_mb / tf):.2f}x its rate per byte); "
             f"ranks of the dataset {td:.1f}s, peak {md:.0f} MB",
             flush=True,
         )

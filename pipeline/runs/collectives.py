@@ -22,7 +22,6 @@ Sources, in order:
 
 from __future__ import annotations
 
-import re
 from dataclasses import astuple
 from pathlib import Path
 from typing import Any
@@ -47,16 +46,28 @@ from pipeline.cost.formulas.messages import (
 from pipeline.kineto import ANNOTATION_CATS, ARG_ALIASES, CPU_OP_CATS, STEP_CATS, STEP_NAME
 
 MESSAGE = tuple(f"m_{c}" for c in MSG_ARGS)  # one source's reading (m_in_nelems, ...), prefixed per source
+KERNEL_ARGS = tuple(dict.fromkeys(a for s in SIZE_SOURCES if s.on == "kernel" for a in s.read.args))
+OP_ARGS = tuple(
+    dict.fromkeys([*COMM_EVENT_ARGS, *(a for s in SIZE_SOURCES if s.on == "coalesced" for a in s.read.args)])
+)
+LONG_PG_KEYS = ("pg_name", "pg_desc", "pg_ranks")  # repeated on every call, a rank list as long as the group
 
 
 def _arg(key: str) -> pl.Expr:
     return pl.col("args_json").str.json_path_match(f"$['{key}']")
 
 
-def _args(frame: pl.DataFrame) -> pl.DataFrame:
-    """The collective args of rows with `args_json` (null where absent)."""
-    cols = [_arg(key).alias(name) for name, key in ARG_KEYS.items()]
-    return frame.with_columns(cols)
+def _arg_columns(keys: tuple[str, ...]) -> list[pl.Expr]:
+    """The texts of the args `keys` (columns `_arg:KEY`, for `_read`) and the collective args
+    (`ARG_KEYS`; the process group's as categoricals), taken from `args_json` while an event table
+    is scanned: a collective's args can be kilobytes (the group's rank list), and a trace of
+    hundreds of thousands of collectives must not hold them."""
+    texts = [_arg_text(k).alias(f"_arg:{k}") for k in keys]
+    pg = [
+        _arg(key).cast(pl.Categorical if name in LONG_PG_KEYS else pl.String).alias(name)
+        for name, key in ARG_KEYS.items()
+    ]
+    return texts + pg
 
 
 def _kind_from_name(name: pl.Expr) -> pl.Expr:
@@ -68,7 +79,14 @@ def _kind_from_name(name: pl.Expr) -> pl.Expr:
 
 
 def _kind(raw: pl.Expr) -> pl.Expr:
-    return raw.map_elements(normalize_kind, return_dtype=pl.String, skip_nulls=True)
+    """The collective kind of each name (`normalize_kind`), worked out once per distinct name."""
+
+    def kinds(names: pl.Series) -> pl.Series:
+        distinct = names.drop_nulls().unique()
+        said = [normalize_kind(n) for n in distinct]
+        return names.replace_strict(distinct, said, default=None, return_dtype=pl.String)
+
+    return raw.map_batches(kinds, return_dtype=pl.String)
 
 
 def _events(flat_dir: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
@@ -98,7 +116,8 @@ def _read(frame: pl.DataFrame, prefix: str, read: Reading | None, keys: tuple[st
     that reads events of its name (`messages.op_message`), applied once per distinct name and
     `keys` args (a trace repeats a few sizes over thousands of calls)."""
     taken = [f"_a{i}" for i in range(len(keys))]
-    frame = frame.with_columns(_arg_text(k).alias(t) for k, t in zip(keys, taken, strict=True))
+    text = lambda k: pl.col(f"_arg:{k}") if f"_arg:{k}" in frame.columns else _arg_text(k)
+    frame = frame.with_columns(text(k).alias(t) for k, t in zip(keys, taken, strict=True))
     distinct = frame.select("name", *taken).unique()
     rows = []
     for name, *values in distinct.iter_rows():
@@ -119,11 +138,11 @@ def _comm_ops(flat_dir: Path) -> pl.DataFrame:
         pl.col("cat").str.to_lowercase().is_in([*CPU_OP_CATS, *ANNOTATION_CATS])
         & pl.col("name").str.contains(COMM_OP)
         & pl.col("ts_ns").is_not_null(),
-        ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name", "args_json"],
+        ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name"]
+        + _arg_columns(OP_ARGS),
     )
     return (
         _read(ops, "", None, COMM_EVENT_ARGS)
-        .with_columns(_args(ops.select("args_json")).select(PG_KEYS))
         .with_columns(
             op_kind=pl.coalesce(
                 _kind(pl.col("collective")), pl.when(pl.col("name") != "record_param_comms").then(_kind(pl.col("name")))
@@ -218,8 +237,10 @@ def _nccl_kernels(flat_dir: Path) -> tuple[pl.DataFrame, list[str]]:
     )
     if not g.height:
         return g, []
-    args = _events(flat_dir, pl.col("event_idx").is_in(g["event_idx"].implode()), ["event_idx", "args_json"])
-    g = _args(g.join(args, on="event_idx", how="left"))
+    args = _events(
+        flat_dir, pl.col("event_idx").is_in(g["event_idx"].implode()), ["event_idx", *_arg_columns(KERNEL_ARGS)]
+    )
+    g = g.join(args, on="event_idx", how="left")
     launches = _events(
         flat_dir,
         pl.col("event_idx").is_in(g["launch_event_idx"].drop_nulls().implode()),
@@ -463,14 +484,11 @@ def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl
     if unknown:
         problems["collective_of_unknown_kind"] = unknown
     world = distributed.get("world_size") if type(distributed.get("world_size")) is int else None
-    out = rows.with_columns(
+    listed = rows.select("pg_ranks").unique().with_columns(listed=_count_ranks(pl.col("pg_ranks").cast(pl.String)))
+    out = rows.join(listed, on="pg_ranks", how="left", nulls_equal=True, maintain_order="left").with_columns(
         kind=pl.col("kind").fill_null("unknown"),
         rank=pl.lit(rank, pl.Int64),
-        pg_size=pl.coalesce(
-            "group_size",
-            pl.col("pg_ranks").map_elements(_count_ranks, return_dtype=pl.Int64, skip_nulls=True),
-            pl.lit(world, pl.Int64),
-        ),
+        pg_size=pl.coalesce("group_size", "listed", pl.lit(world, pl.Int64)),
         end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
     )
     out = with_message(out, prefixes, names)
@@ -483,9 +501,10 @@ def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl
     return out.select(pl.col(c).cast(t) for c, t in _schema().items()).sort("ts_ns", "event_idx"), problems
 
 
-def _count_ranks(text: str) -> int | None:
-    found = re.findall(r"-?\d+", text)
-    return len(found) or None
+def _count_ranks(text: pl.Expr) -> pl.Expr:
+    """How many ranks a `pg_ranks` text lists (its integers; null for none)."""
+    found = text.str.count_matches(r"-?\d+").cast(pl.Int64)
+    return pl.when(found > 0).then(found)
 
 
 def _schema() -> dict:
