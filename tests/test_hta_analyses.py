@@ -274,3 +274,33 @@ def test_window_and_option_errors(tmp_path, run_cli):
     ):
         p = run_cli(["analyze", path, "--section", "idle", *args])
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
+
+
+def test_comm_wait_follows_each_kernels_category_not_its_name_alone(tmp_path):
+    """One kernel name, `foo`, launched by a c10d op (communication by its op) and by aten::add
+    (not): stream 7's idle gap [10, 100] µs overlaps the first [20, 50] and the second [60, 80];
+    only the first is communication, so comm_wait is 30 µs, not 50."""
+
+    def op(name, ts, corr):
+        return [
+            {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": 4,
+             "args": {"External id": corr}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts + 1, "dur": 1,
+             "args": {"correlation": corr, "External id": corr}},
+        ]  # fmt: skip
+
+    def kernel(name, stream, ts, dur, corr):
+        args = {"device": 0, "stream": stream, "correlation": corr, "External id": corr}
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur, "args": args}
+
+    ev = [*op("c10d::allreduce_", 15, 1), *op("aten::add", 55, 2)]
+    ev += [kernel("foo", 8, 20, 30, 1), kernel("foo", 8, 60, 20, 2)]
+    ev += [kernel("A", 7, 0, 10, 3), kernel("B", 7, 100, 10, 4)]
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    flat = flatten(path, tmp_path / "flat").out_dir
+    ops = pl.read_parquet(flat / "gpu_ops.parquet")
+    assert sorted(ops.filter(pl.col("name") == "foo")["cpu_op_name"].to_list()) == ["aten::add", "c10d::allreduce_"]
+    got = {r["stream"]: r for r in rp.idle(flat).iter_rows(named=True)}
+    assert got[7]["idle_us"] == pytest.approx(90.0)
+    assert got[7]["comm_wait_us"] == pytest.approx(30.0)

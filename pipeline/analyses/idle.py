@@ -30,14 +30,18 @@ SUMS = ["idle_ns", "host_wait_ns", "kernel_wait_ns", "other_ns", "comm_wait_ns",
 
 def comm_union(f: Flat) -> pl.DataFrame | None:
     """(device, start_ns, end_ns, before_ns): the union of each device's communication kernels,
-    interval by interval in time, with the busy time of the intervals before it; None without any."""
-    names = f.activity.names.filter(KERNEL & COLLECTIVE)["name"].cast(pl.String).unique()
-    if names.is_empty():
+    interval by interval in time, with the busy time of the intervals before it; None without any.
+    A kernel's category follows its name and, failing that, its op's: the GPU sweep's (name, op)
+    pairs of category communication pick the kernels."""
+    key = ["name", "cpu_op_name"]
+    comm = f.activity.names.filter(KERNEL & COLLECTIVE).select(pl.col(key).cast(pl.String)).unique()
+    if comm.is_empty():
         return None
+    named = KERNEL & pl.col("name").is_in(comm["name"].unique().implode())
     k = pl.concat(
         [
-            w.select("device", "ts_ns", "end_ns")
-            for w in activity_windows(f, [], KERNEL & pl.col("name").is_in(names.implode()))
+            w.join(comm, on=key, how="semi", nulls_equal=True).select("device", "ts_ns", "end_ns")
+            for w in activity_windows(f, key, named)
         ]
     )
     k = k.sort("device", "ts_ns").with_columns(reach=pl.col("end_ns").cum_max().over("device"))

@@ -86,7 +86,7 @@ def _busy_tiles(dev: pl.DataFrame | None, idle: pl.DataFrame | None) -> list[Til
         parts = [(name, float(idle[c].sum() or 0.0)) for c, name in IDLE_PARTS]
         big = max(parts, key=lambda p: p[1])
         note = "; ".join(f"{n.split(' (')[0]} {duration(v)}" for n, v in parts)
-        comm = float(idle["comm_wait_us"].sum() or 0.0) if "comm_wait_us" in idle.columns else 0.0
+        comm = float(idle["comm_wait_us"].sum() or 0.0)
         note += f"; {duration(comm)} of it while communication ran" if comm > 0 else ""
         label = "GPU idle" if idle.height == 1 else f"GPU idle, summed over {idle.height} streams"
         out.append(Tile(label, duration(total), f"mostly {big[0]}: {note}" if total > 0 else note))
@@ -210,7 +210,7 @@ def idle_chart(idle: pl.DataFrame) -> dict:
             f"device {r['device']} stream {r['stream']}",
             [max(r[c] or 0.0, 0.0) for c, _ in IDLE_PARTS],
             f"{duration(r['idle_us'] or 0)} in {r['gaps']:,} gaps"
-            + (f", {duration(r['comm_wait_us'])} of it while communication ran" if r.get("comm_wait_us") else ""),
+            + (f", {duration(r['comm_wait_us'])} of it while communication ran" if r["comm_wait_us"] else ""),
         )
         for r in idle.sort("idle_us", descending=True).head(MAX_STREAMS).to_dicts()
     ]
