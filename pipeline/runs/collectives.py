@@ -57,17 +57,20 @@ def _arg(key: str) -> pl.Expr:
     return pl.col("args_json").str.json_path_match(f"$['{key}']")
 
 
+def _arg_texts(keys: tuple[str, ...]) -> list[pl.Expr]:
+    """The texts of the args `keys` (columns `_arg:KEY`, what `_read` reads), taken from `args_json`
+    while an event table is scanned: a collective's args can be kilobytes (the group's rank list),
+    and a trace of hundreds of thousands of collectives must not hold them."""
+    return [_arg_text(k).alias(f"_arg:{k}") for k in keys]
+
+
 def _arg_columns(keys: tuple[str, ...]) -> list[pl.Expr]:
-    """The texts of the args `keys` (columns `_arg:KEY`, for `_read`) and the collective args
-    (`ARG_KEYS`; the process group's as categoricals), taken from `args_json` while an event table
-    is scanned: a collective's args can be kilobytes (the group's rank list), and a trace of
-    hundreds of thousands of collectives must not hold them."""
-    texts = [_arg_text(k).alias(f"_arg:{k}") for k in keys]
+    """`_arg_texts(keys)` and the collective args (`ARG_KEYS`; the process group's as categoricals)."""
     pg = [
         _arg(key).cast(pl.Categorical if name in LONG_PG_KEYS else pl.String).alias(name)
         for name, key in ARG_KEYS.items()
     ]
-    return texts + pg
+    return _arg_texts(keys) + pg
 
 
 def _kind_from_name(name: pl.Expr) -> pl.Expr:
@@ -114,10 +117,10 @@ def _arg_text(key: str) -> pl.Expr:
 def _read(frame: pl.DataFrame, prefix: str, read: Reading | None, keys: tuple[str, ...]) -> pl.DataFrame:
     """`frame` with the `MESSAGE` columns (prefixed) each row's event says: `read`, else the source
     that reads events of its name (`messages.op_message`), applied once per distinct name and
-    `keys` args (a trace repeats a few sizes over thousands of calls)."""
+    `keys` args (a trace repeats a few sizes over thousands of calls), whose texts the event scan
+    took (`_arg_texts`)."""
     taken = [f"_a{i}" for i in range(len(keys))]
-    text = lambda k: pl.col(f"_arg:{k}") if f"_arg:{k}" in frame.columns else _arg_text(k)
-    frame = frame.with_columns(text(k).alias(t) for k, t in zip(keys, taken, strict=True))
+    frame = frame.with_columns(pl.col(f"_arg:{k}").alias(t) for k, t in zip(keys, taken, strict=True))
     distinct = frame.select("name", *taken).unique()
     rows = []
     for name, *values in distinct.iter_rows():
@@ -331,7 +334,7 @@ def _gloo_works(flat_dir: Path, pg_config: list) -> tuple[pl.DataFrame, list[str
         pl.col("cat").str.to_lowercase().is_in(ANNOTATION_CATS)
         & pl.col("name").str.contains(GLOO_WORK)
         & pl.col("ts_ns").is_not_null(),
-        ["event_idx", "name", "pid", "tid", "ts_ns", pl.col("dur_ns").fill_null(0), "args_json"],
+        ["event_idx", "name", "pid", "tid", "ts_ns", pl.col("dur_ns").fill_null(0), *_arg_texts(COMM_EVENT_ARGS)],
     )
     if not works.height:
         return works, [], 0
