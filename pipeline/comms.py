@@ -39,6 +39,7 @@ ARG_KEYS = {
     "pg_ranks": "Process Group Ranks",
 }
 PG_KEYS = list(ARG_KEYS)
+RANK_IN_LIST = r"-?\d+"  # a rank of `Process Group Ranks` ("[0, 1, 2, 3]"): a group's size counts them
 
 __all__ = [
     "ARG_KEYS",
@@ -49,5 +50,6 @@ __all__ = [
     "KERNEL_KIND_PATTERN",
     "NCCL_KERNEL",
     "PG_KEYS",
+    "RANK_IN_LIST",
     "RUNLOOP_THREAD",
 ]

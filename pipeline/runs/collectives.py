@@ -29,7 +29,16 @@ from typing import Any
 import orjson
 import polars as pl
 
-from pipeline.comms import ARG_KEYS, COMM_OP, GLOO_WORK, KERNEL_KINDS, NCCL_KERNEL, PG_KEYS, RUNLOOP_THREAD
+from pipeline.comms import (
+    ARG_KEYS,
+    COMM_OP,
+    GLOO_WORK,
+    KERNEL_KINDS,
+    NCCL_KERNEL,
+    PG_KEYS,
+    RANK_IN_LIST,
+    RUNLOOP_THREAD,
+)
 from pipeline.cost.formulas.collectives import normalize_kind
 from pipeline.cost.formulas.dtypes import DTYPE_SIZE
 from pipeline.cost.formulas.messages import (
@@ -506,7 +515,7 @@ def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl
 
 def _count_ranks(text: pl.Expr) -> pl.Expr:
     """How many ranks a `pg_ranks` text lists (its integers; null for none)."""
-    found = text.str.count_matches(r"-?\d+").cast(pl.Int64)
+    found = text.str.count_matches(RANK_IN_LIST).cast(pl.Int64)
     return pl.when(found > 0).then(found)
 
 

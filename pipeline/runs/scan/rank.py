@@ -15,7 +15,7 @@ from bisect import bisect_right
 
 import numpy as np
 
-from pipeline.comms import NCCL_KERNEL, RUNLOOP_THREAD
+from pipeline.comms import NCCL_KERNEL, RANK_IN_LIST, RUNLOOP_THREAD
 from pipeline.cost.formulas.collectives import normalize_kind
 from pipeline.cost.formulas.messages import op_message
 from pipeline.errors import BadTrace
@@ -108,7 +108,7 @@ def extract(kept: Kept, meta: dict, info: dict) -> Extract:
 
 
 def _count_ranks(text: str | None) -> int | None:
-    return len(re.findall(r"-?\d+", text)) or None if text else None
+    return len(re.findall(RANK_IN_LIST, text)) or None if text else None
 
 
 def _step_of(ts: int, steps: list[tuple], starts: list[int]) -> str | None:
