@@ -205,20 +205,23 @@ def idle_chart(idle: pl.DataFrame) -> dict:
     segs = ch.series(
         [n for _, n in IDLE_PARTS], dict(zip([n for _, n in IDLE_PARTS], ("#dd8452", "#8172b3", "#8c8c8c")))
     )
-    rows = [
-        ch.bar(
-            f"device {r['device']} stream {r['stream']}",
+
+    def row(r: dict) -> dict:
+        label = f"device {r['device']} stream {r['stream']}"
+        comm = f"{duration(r['comm_wait_us'])} of its idle time while communication ran"
+        return ch.bar(
+            label,
             [max(r[c] or 0.0, 0.0) for c, _ in IDLE_PARTS],
-            f"{duration(r['idle_us'] or 0)} in {r['gaps']:,} gaps"
-            + (f", {duration(r['comm_wait_us'])} of it while communication ran" if r["comm_wait_us"] else ""),
+            f"{duration(r['idle_us'] or 0)} in {r['gaps']:,} gaps",
+            tip=[label, comm] if r["comm_wait_us"] else None,
         )
-        for r in idle.sort("idle_us", descending=True).head(MAX_STREAMS).to_dicts()
-    ]
+
+    rows = [row(r) for r in idle.sort("idle_us", descending=True).head(MAX_STREAMS).to_dicts()]
     note = (
         "Host wait: the next kernel was launched after the previous one ended (the CPU was late: "
         "launch overhead, Python, synchronisation). Kernel wait: a shorter gap between back-to-back "
-        "kernels. Other: longer gaps whose kernel was launched in time. A stream idle while a "
-        "communication kernel ran on the device says so in its label (comm_wait_us in the idle table)."
+        "kernels. Other: longer gaps whose kernel was launched in time. Hover a bar to see how much of the "
+        "stream's idle time fell while a communication kernel ran on the device (comm_wait_us in the idle table)."
     )
     return ch.bars("Why the GPU sat idle, per stream", rows, "us", segs, note)
 
