@@ -19,31 +19,34 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.analyses.activity import COLLECTIVE, KERNEL
+from pipeline.analyses.activity import COLLECTIVE, KERNEL, gpu_columns
 from pipeline.analyses.flat import Flat, as_flat
 from pipeline.analyses.gpu_order import STREAM, StreamCarry, activity_windows
 from pipeline.analyses.sweep import fold
+from pipeline.cost.categories import CATEGORIES, CategoryMemo, with_category
 
 KERNEL_WAIT_US = 30.0
+_COMM = next(c for c in CATEGORIES if c.name == "communication")
 SUMS = ["idle_ns", "host_wait_ns", "kernel_wait_ns", "other_ns", "comm_wait_ns", "gaps"]
 
 
 def comm_union(f: Flat) -> pl.DataFrame | None:
     """(device, start_ns, end_ns, before_ns): the union of each device's communication kernels,
     interval by interval in time, with the busy time of the intervals before it; None without any.
-    A kernel's category follows its name and, failing that, its op's: the GPU sweep's (name, op)
-    pairs of category communication pick the kernels."""
-    key = ["name", "cpu_op_name"]
-    comm = f.activity.names.filter(KERNEL & COLLECTIVE).select(pl.col(key).cast(pl.String)).unique()
-    if comm.is_empty():
+    A kernel's category follows its name and, failing that, its op's (`cost.categories`): only the
+    kernels either could make communication are read, and categorised as the reports do."""
+    have = set(pl.scan_parquet(f.gpu_ops_file).collect_schema().names())
+    could = pl.col("name").str.contains(_COMM.kernel or "")
+    if "cpu_op_name" in have:
+        could = could | pl.col("cpu_op_name").str.contains(_COMM.op or "")
+    memo, columns = CategoryMemo(), gpu_columns(f.gpu_ops_file, ["name", "cpu_op_name", "kind"])
+    windows = [
+        with_category(w, memo=memo).filter(COLLECTIVE).select("device", "ts_ns", "end_ns")
+        for w in activity_windows(f, columns, KERNEL & could)
+    ]
+    k = pl.concat(windows) if windows else None
+    if k is None or k.is_empty():
         return None
-    named = KERNEL & pl.col("name").is_in(comm["name"].unique().implode())
-    k = pl.concat(
-        [
-            w.join(comm, on=key, how="semi", nulls_equal=True).select("device", "ts_ns", "end_ns")
-            for w in activity_windows(f, key, named)
-        ]
-    )
     k = k.sort("device", "ts_ns").with_columns(reach=pl.col("end_ns").cum_max().over("device"))
     new = (pl.col("ts_ns") > pl.col("reach").shift(1).over("device")).fill_null(True)
     k = k.with_columns(run=new.cum_sum())
