@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -41,7 +42,7 @@ _GPU_CATS_ARRAY = pa.array(sorted(GPU_KINDS), pa.string())
 
 def events_table(cols: dict) -> pa.Table:
     n = len(cols["ph"])
-    return pa.table({"event_idx": pa.array(range(n), pa.int64()), **cols, "tid": numbered_tids(cols)})
+    return pa.table({"event_idx": pa.array(np.arange(n, dtype=np.int64)), **cols, "tid": numbered_tids(cols)})
 
 
 def numbered_tids(cols: dict) -> pa.Array:
@@ -75,6 +76,9 @@ EVENT_COLUMNS = (
 )
 
 
+_GPU_EVENT_COLUMNS = ("cat", "name", "pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")
+
+
 def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table, problems: Problems):
     """The gpu_ops rows of a chunk: launch geometry and copy sizes from each GPU event's args
     (`arg_cols`: `gpu_arg_columns`; `cats`, `pids`: the rows' cat and raw pid values)."""
@@ -84,7 +88,7 @@ def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table,
             devices[j] = pids[j]  # MTIA device activity lives in the device's process
     device = coerced_ints(devices, "device", problems)
     idx = pa.array(rows, pa.int64())
-    take = ev.take(idx)
+    take = ev.select(_GPU_EVENT_COLUMNS).take(idx)  # only the columns taken: args_json is most of the bytes
     table = pa.table(
         {
             "event_idx": idx,
@@ -99,16 +103,16 @@ def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table,
     return schema.conform(table, "gpu_ops", ("flatten",)), set(pc.unique(device.drop_null()).to_pylist())
 
 
+_FLOW_EVENT_COLUMNS = ("id", "id_str", "cat", "ph", "name", "ts_ns", "pid", "pid_str", "tid", "tid_str")
+
+
 def flows_of(rows: pa.Array, bp: pa.Array, ev: pa.Table) -> pa.Table:
     """The flows rows of a chunk (`rows` into the events table; `bp`: their binding points)."""
-    take = ev.take(rows)
+    take = ev.select(_FLOW_EVENT_COLUMNS).take(rows)
     table = pa.table(
         {
             "event_idx": rows,
-            **{
-                k: take.column(k)
-                for k in ("id", "id_str", "cat", "ph", "name", "ts_ns", "pid", "pid_str", "tid", "tid_str")
-            },
+            **{k: take.column(k) for k in _FLOW_EVENT_COLUMNS},
             "bp": bp,
         }
     )
