@@ -53,22 +53,64 @@ def _dictionary_columns(name: str, stages) -> list[str]:
     return [c.name for c in schema.table(name).columns if c.stage in stages and c.type == "dict"]
 
 
-class TableWriter:
-    """Append tables of one kind to a Parquet file, conforming to its schema, in large row groups."""
+_DICTIONARY = pa.dictionary(pa.int32(), pa.string())
 
-    def __init__(self, path: Path, name: str, stages=("flatten",), buffer_rows: int = BUFFER_ROWS):
+
+class TableWriter:
+    """Append tables of one kind to a Parquet file, conforming to its schema, in large row groups.
+
+    `dictionaries`: the `dict` columns may come as Arrow dictionaries (read so from another
+    Parquet file, or polars categoricals), which are written as they are: Parquet dictionary-encodes
+    these columns anyway, and expanding the dictionaries only to hash the strings again was a third
+    of the writing (pass 2 of `cost.enrich`). The file's own schema is not stored then, so that
+    readers see plain strings, as in every other file."""
+
+    def __init__(
+        self, path: Path, name: str, stages=("flatten",), buffer_rows: int = BUFFER_ROWS, dictionaries: bool = False
+    ):
         self.name, self.stages, self.rows, self.buffer_rows = name, stages, 0, buffer_rows
         self._schema = schema.table(name).arrow_schema(stages)
+        encoded = _dictionary_columns(name, stages)
+        self._dictionaries = dictionaries
+        if dictionaries:
+            self._schema = pa.schema([f.with_type(_DICTIONARY) if f.name in encoded else f for f in self._schema])
         self._writer = pq.ParquetWriter(
-            str(path), self._schema, use_dictionary=_dictionary_columns(name, stages), **PARQUET_OPTIONS
+            str(path),
+            self._schema,
+            use_dictionary=encoded,
+            **PARQUET_OPTIONS,
+            **({"store_schema": False} if dictionaries else {}),
         )
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
         self._closed = False
+        self._plans: dict[pa.Schema, list] = {}  # `_conform`'s plan for each schema of the tables given
+
+    def _conform(self, tbl: pa.Table) -> pa.Table:
+        if not self._dictionaries:
+            return schema.conform(tbl, self.name, self.stages)
+        if tbl.schema.equals(self._schema, check_metadata=False):
+            return tbl
+        plan = self._plans.get(tbl.schema)
+        if plan is None:  # worked out once per kind of batch
+            extra = set(tbl.column_names) - set(self._schema.names)
+            if extra:
+                raise ValueError(
+                    f"table {self.name} has undeclared columns {sorted(extra)}: add them to schemas/{self.name}.toml"
+                )
+            plan = self._plans[tbl.schema] = [_cast_plan(tbl.schema, f) for f in self._schema]
+        arrays = []
+        for f, (i, via) in zip(self._schema, plan):
+            if i is None:
+                arrays.append(pa.nulls(tbl.num_rows, f.type))
+                continue
+            col = tbl.column(i) if via is None else tbl.column(i).cast(via)
+            arrays.append(col if col.type == f.type else col.cast(f.type))
+        return pa.Table.from_arrays(arrays, schema=self._schema)
 
     def write(self, tbl: pa.Table):
         if tbl.num_rows:
-            self._pending.append(schema.conform(tbl, self.name, self.stages))
+            self._pending.append(self._conform(tbl))
             self._pending_rows += tbl.num_rows
             self.rows += tbl.num_rows
             if self._pending_rows >= self.buffer_rows:
@@ -76,7 +118,10 @@ class TableWriter:
 
     def _flush(self):
         if self._pending:
-            self._writer.write_table(pa.concat_tables(self._pending), row_group_size=ROW_GROUP_ROWS)
+            tbl = pa.concat_tables(self._pending)
+            if self._dictionaries and len(self._pending) > 1:  # one dictionary per column: written as it is
+                tbl = tbl.unify_dictionaries().combine_chunks()
+            self._writer.write_table(tbl, row_group_size=ROW_GROUP_ROWS)
             self._pending, self._pending_rows = [], 0
 
     def close(self):
@@ -91,6 +136,21 @@ class TableWriter:
             self._closed, self._pending = True, []
             with suppress(OSError, ValueError, pa.ArrowException):
                 self._writer.close()
+
+
+def _cast_plan(given: pa.Schema, field: pa.Field) -> tuple[int | None, pa.DataType | None]:
+    """How `TableWriter` makes a column of `given` into `field`: (its index, None if absent; the
+    type to cast it to, None if it is of it already). Arrow casts no string view to a dictionary:
+    those go through a plain string."""
+    i = given.get_field_index(field.name)
+    if i < 0:
+        return None, None
+    have = given.field(i).type
+    if have == field.type:
+        return i, None
+    if field.type == _DICTIONARY and pa.types.is_string_view(have):
+        return i, pa.string()
+    return i, field.type
 
 
 T = TypeVar("T")
@@ -140,7 +200,7 @@ def write_extended(
     whole in memory. `extend` gets the batch's `inputs` columns and returns one row per row, in
     the same order (checked on `key`); the columns of `source` that it also gives are taken from
     it. The next batch is read and extended while this one is written (`one_ahead`)."""
-    writer = TableWriter(path, name, schema.ALL_STAGES, buffer_rows=group_rows or batch_rows)
+    writer = TableWriter(path, name, schema.ALL_STAGES, buffer_rows=group_rows or batch_rows, dictionaries=True)
     for tbl in one_ahead(_extended(source, name, extend, inputs, key, batch_rows)):
         writer.write(tbl)
     writer.close()
@@ -171,14 +231,20 @@ def _extended(
 
 
 def read_batches(
-    path: Path, rows: int, columns: list[str], read_dictionary: Sequence[str] = (), use_threads: bool = True
+    path: Path,
+    rows: int,
+    columns: list[str],
+    read_dictionary: Sequence[str] = (),
+    use_threads: bool = True,
+    row_groups: Sequence[int] | None = None,
 ) -> Iterator[pa.Table]:
     """The `columns` of a Parquet file (those it has), `rows` rows at a time (the last fewer; none
     when the file has no rows); `read_dictionary` columns as dictionaries (the reader ends its
-    batches at row group ends then: they are put back together)."""
+    batches at row group ends then: they are put back together). `row_groups`: only these."""
     held, have = [], 0
     parquet = pq.ParquetFile(path, read_dictionary=list(read_dictionary))
-    for batch in parquet.iter_batches(batch_size=rows, columns=columns, use_threads=use_threads):
+    groups = {} if row_groups is None else {"row_groups": list(row_groups)}
+    for batch in parquet.iter_batches(batch_size=rows, columns=columns, use_threads=use_threads, **groups):
         while batch.num_rows:
             part = batch.slice(0, rows - have)
             batch = batch.slice(part.num_rows)
@@ -247,27 +313,42 @@ def spill_file(directory: Path, stem: str) -> Iterator[Path]:
 
 
 class SpillWriter:
-    """Rows written to an Arrow IPC stream file, frame by frame, cast to one schema. Strings are
-    kept as polars holds them (string views): converting them to plain strings on the way out
-    was most of the time of a write."""
+    """Rows written to an Arrow IPC file, frame by frame, cast to one schema. Strings are kept as
+    polars holds them (string views): converting them to plain strings on the way out was most of
+    the time of a write. Once closed, the file can also be scanned (`pl.scan_ipc`)."""
 
     def __init__(self, path: Path, fields: list[pa.Field]):
         self._schema = pa.schema(
             [f.with_type(pa.string_view()) if f.type in (pa.string(), pa.large_string()) else f for f in fields]
         )
         self._sink = pa.OSFile(str(path), "wb")
-        self._writer = pa.ipc.new_stream(self._sink, self._schema)
+        self._writer = pa.ipc.new_file(self._sink, self._schema)
 
     def write(self, frame: pl.DataFrame):
-        arrow = frame.select(self._schema.names).to_arrow(compat_level=pl.CompatLevel.newest())
+        text = [f.name for f in self._schema if f.type == pa.string_view()]
+        frame = frame.select(self._schema.names).with_columns(  # categoricals as their strings
+            pl.col(c).cast(pl.String) for c in text if frame.schema[c] == pl.Categorical
+        )
+        arrow = frame.to_arrow(compat_level=pl.CompatLevel.newest())
         self._writer.write_table(arrow.cast(self._schema))
+
+    def append(self, path: Path):
+        """Write the rows of another SpillWriter's file (of the same columns) after these."""
+        with pa.OSFile(str(path), "rb") as source:
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                self._writer.write_batch(reader.get_batch(i))
+
+    def close(self):
+        if not self._sink.closed:
+            self._writer.close()
+            self._sink.close()
 
     def __enter__(self) -> SpillWriter:
         return self
 
     def __exit__(self, *exc):
-        self._writer.close()
-        self._sink.close()
+        self.close()
 
 
 class SpillReader:
@@ -276,9 +357,9 @@ class SpillReader:
 
     def __init__(self, path: Path):
         self._source = pa.OSFile(str(path), "rb")
-        reader = pa.ipc.open_stream(self._source)
+        reader = pa.ipc.open_file(self._source)
         self._held = frame_from_arrow(reader.schema.empty_table())
-        self._batches = iter(reader)
+        self._batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
 
     def take(self, n: int) -> pl.DataFrame:
         """The next `n` rows (fewer at the end of the file)."""

@@ -338,3 +338,46 @@ def test_one_long_runs_layout_links_as_its_copies(shared_traces, tmp_path, monke
     assert g.group_by("name", "cpu_op_name").len().sort("name", "cpu_op_name", nulls_last=True)["len"].to_list() == [
         3 * n for n in names.group_by("name", "cpu_op_name").len().sort("name", "cpu_op_name", nulls_last=True)["len"]
     ]
+
+
+def _regrouped(flat: Path, dst: Path, rows: int) -> Path:
+    """A copy of a flattened directory whose gpu_ops.parquet has row groups of `rows` rows."""
+    shutil.copytree(flat, dst)
+    pq.write_table(pq.read_table(dst / "gpu_ops.parquet"), dst / "gpu_ops.parquet", row_group_size=rows)
+    return dst
+
+
+@pytest.mark.parametrize("layout", ["new", "oldest"])
+def test_parts_linked_side_by_side_give_the_same_tables(tmp_path, monkeypatch, layout):
+    """GPU ops linked in parts, each in a thread of its own (`enrich.link_pass`), give the tables
+    of one pass over them, counts and per-op kernel shares included (an op's kernels may lie in
+    two parts)."""
+    flat = _flat(tmp_path, synth.make_trace(n_steps=6, ops_per_step=5, layout=layout))
+    grouped = _regrouped(flat, tmp_path / "grouped", 7)
+    assert pq.ParquetFile(grouped / "gpu_ops.parquet").metadata.num_row_groups >= 3
+    one, one_row = _enrich(grouped, tmp_path / "one", monkeypatch, LINK_PARTS=1, BATCH_ROWS=5)
+    three, three_row = _enrich(grouped, tmp_path / "three", monkeypatch, LINK_PARTS=3, BATCH_ROWS=5)
+    assert len(link.gpu_parts(grouped, 3)) == 3
+    assert one["flops"].is_not_null().sum() > 0 and one["cpu_op_event_idx"].is_not_null().sum() > 0
+    assert three.equals(one)
+    assert three_row == one_row
+
+
+@pytest.mark.real
+def test_parts_of_a_real_trace_with_graph_replays(shared_traces, tmp_path, monkeypatch):
+    """The same on a real trace whose kernels are replayed by graph launches (pairing read in parts)."""
+    flat = flatten(shared_traces / "tracelens/mi300x_vllm_graph_replay.json.gz", tmp_path / "flat", link=False).out_dir
+    grouped = _regrouped(flat, tmp_path / "grouped", 50)
+    one, one_row = _enrich(grouped, tmp_path / "one", monkeypatch, LINK_PARTS=1)
+    two, two_row = _enrich(grouped, tmp_path / "two", monkeypatch, LINK_PARTS=2)
+    assert one["graph_id"].is_not_null().sum() > 0
+    assert two.equals(one)
+    assert two_row == one_row
+
+
+def test_gpu_parts_cover_the_row_groups_in_order(tmp_path):
+    path = tmp_path / "gpu_ops.parquet"
+    pq.write_table(pa.table({"event_idx": range(100)}), path, row_group_size=30)  # 30, 30, 30, 10
+    assert link.gpu_parts(tmp_path, 2) == [[0, 1], [2, 3]]
+    assert link.gpu_parts(tmp_path, 8) == [[0], [1], [2], [3]]
+    assert link.gpu_parts(tmp_path, 1) == [[0, 1, 2, 3]]

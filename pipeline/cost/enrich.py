@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import orjson
@@ -348,6 +350,12 @@ class OpKernels:
         if part.height:
             self._parts.append(part)
 
+    def merge(self, other: OpKernels):
+        """Add the counts of another part of the trace's GPU ops (`link_pass`)."""
+        self._parts += other._parts
+        self.shapes_recorded |= other.shapes_recorded
+        self.launches_recorded |= other.launches_recorded
+
     def of(self, ops: pl.Series) -> pl.DataFrame:
         """(op_instance, op_kernels, op_dur_ns) of the ops from the first to the last of `ops`
         (a batch's ops are a narrow range: each batch's table is sliced by binary search; graph
@@ -384,6 +392,19 @@ class Tally:
         self.n_launch_linked += int(links["launch_event_idx"].is_not_null().sum())
         self.n_cpu_op_linked += int(links["cpu_op_event_idx"].is_not_null().sum())
 
+    def merge(self, other: Tally):
+        """Add the counts of another part of the trace's GPU ops (`link_pass`)."""
+        self.links.update(other.links)
+        self.n_launch_linked += other.n_launch_linked
+        self.n_cpu_op_linked += other.n_cpu_op_linked
+        self.n_kernels += other.n_kernels
+        self.n_costed += other.n_costed
+        self.kernel_ns += other.kernel_ns
+        self.modelled_ns += other.modelled_ns
+        self.unmodelled.update(other.unmodelled)
+        for where, why in other.formula_errors.items():
+            self.formula_errors.setdefault(where, why)
+
     def add_costs(self, g: pl.DataFrame):
         k = g.filter(pl.col("kind") == "kernel")
         costed = pl.col("cost_source").is_not_null()
@@ -410,9 +431,24 @@ class Tally:
 
 
 COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  # the gpu_ops columns costing reads
+CARRIED = ["name", "stream", "ts_ns"]  # flatten columns pass 1 spills besides, for `enrich`'s beside_rewrite
+# what `enrich`'s beside_rewrite sees of each GPU op (the columns the run tables read)
+LINKED_VIEW = [
+    "event_idx",
+    "kind",
+    "name",
+    "device",
+    "stream",
+    "ts_ns",
+    "dur_ns",
+    "launch_event_idx",
+    "launch_ts_ns",
+    "category",
+]
 KERNEL_INPUTS = ["kind", "device", "dur_ns", "copy_bytes", "category"]  # of them (and their category), kernel_costs
 COST_COLUMNS = schema.table("gpu_ops").names(("cost",))  # the columns it adds
 LINKED = schema.table("gpu_ops").names(("link",))  # the columns linking adds (graphs' included)
+LINK_PARTS = 2  # threads linking parts of the GPU ops side by side (`link_pass`)
 LINK_SPILL = "gpu_links"  # the temporary file of pass 1 (see `enrich`)
 GRAPH_SPILL = "graph_pairs"  # graph-replayed kernels paired with captured nodes (`graphs.GraphLinks`)
 # GPU ops costed together in pass 2 (a block of the spill): few blocks, few fixed costs per block
@@ -420,6 +456,7 @@ COST_BLOCK_ROWS = 1 << 15
 # GPU ops written together in pass 2, a row group each: the wide rows (long kernel names) are the
 # memory; row groups of 4x as many rows make the file ~25% smaller and the peak ~25 MB higher
 WRITE_BATCH_ROWS = 1 << 13
+GROUP_ROWS = 1 << 15  # rows of a row group of the rewritten gpu_ops: ~25% smaller than one per batch
 
 
 def link_pass(
@@ -429,36 +466,88 @@ def link_pass(
     tally: Tally | None = None,
     user: UserFormulas | None = None,
     replays: graphs.GraphLinks | None = None,
+    parts: int = 1,
 ) -> OpKernels:
     """Link the GPU ops batch by batch, cost their ops (everything that reads the events) and
     categorise them into `spill`: event_idx, the link columns, op_instance, OP_COST_COLUMNS and
     KERNEL_INPUTS (pass 2 then reads no GPU op column but to copy it); link counts and the formula
     file's errors go to `tally` if given (batch groups count per trace themselves). `replays`: the
     trace's graph replays paired with their captures (`graphs.GraphLinks`), given their captured
-    ops. Returns the per-op kernel counts (`OpKernels`). This runs beside the launch lookup of the next batch
-    (`link.link_batches`): a third stage in a thread of its own measured slower on two cores, and
-    held more memory."""
-    op_kernels, memo = OpKernels(), CategoryMemo()
-    evaluated = Evaluated()  # shapes' costs, shared by the batches (`op_costs`)
-    events = pl.scan_parquet(flat_dir / "events.parquet")
+    ops. Returns the per-op kernel counts (`OpKernels`). Each batch's linking runs beside the
+    launch lookup of the next batch (`link.link_batches`).
+
+    `parts` > 1: the GPU ops are cut into that many runs of consecutive row groups
+    (`link.gpu_parts`), each linked in a thread of its own (polars works without the GIL; one
+    linking thread left a core idle: its small queries wait on each other), and spilled apart,
+    the later ones appended to `spill` in order."""
+    runs = link.gpu_parts(flat_dir, parts) if parts > 1 else [None]
+    fields = _spill_fields()
+    if len(runs) == 1:
+        with store.SpillWriter(spill, fields) as out:
+            return _link_part(flat_dir, out, dtype, tally, user, replays, None, None)
+    src = link.LinkSources.of(flat_dir)
+    tallies = [Tally() if tally is not None else None for _ in runs]
+    with ExitStack() as stack:
+        paths = [spill] + [
+            stack.enter_context(store.spill_file(spill.parent, f"{spill.stem}.{k}")) for k in range(1, len(runs))
+        ]
+        writers = [stack.enter_context(store.SpillWriter(p, fields)) for p in paths]
+        with ThreadPoolExecutor(len(runs)) as pool:
+            done = [
+                pool.submit(_link_part, flat_dir, w, dtype, t, user, replays, groups, src)
+                for w, t, groups in zip(writers, tallies, runs)
+            ]
+            results = [d.result() for d in done]
+        for p, w in zip(paths[1:], writers[1:]):
+            w.close()
+            writers[0].append(p)
+    op_kernels = results[0]
+    for more in results[1:]:
+        op_kernels.merge(more)
+    if tally is not None:
+        for t in tallies:
+            assert t is not None
+            tally.merge(t)
+    return op_kernels
+
+
+def _spill_fields() -> list[pa.Field]:
+    """The columns of pass 1's spill (`link_pass`)."""
     declared = {f.name: f for f in schema.table("gpu_ops").arrow_schema(schema.ALL_STAGES)}
-    fields = [
+    return [
         pa.field("event_idx", pa.int64()),
         *schema.table("gpu_ops").arrow_schema(("link",)),
         pa.field(OP_INSTANCE, pa.int64()),
         *(pa.field(c, OP_COST_TYPES.get(c, pa.string())) for c in OP_COST_COLUMNS),
         *(declared[c] for c in KERNEL_INPUTS),
+        *(declared[c] for c in CARRIED),
     ]
-    with store.SpillWriter(spill, fields) as out:
-        for links in link.link_batches(flat_dir, carry=tuple(COST_INPUTS)):
-            links = replays.attach(links) if replays is not None else graphs.without_graphs(links)
-            if tally is not None:
-                tally.add_links(links)
-            op_kernels.add(links)
-            costed = _with_op_costs(events, links, dtype, evaluated, user)
-            op_kernels.shapes_recorded |= bool(costed["op_shapes"].any())
-            op_kernels.launches_recorded |= bool(links["launch_event_idx"].is_not_null().any())
-            out.write(with_category(costed, memo=memo))
+
+
+def _link_part(
+    flat_dir: Path,
+    out: store.SpillWriter,
+    dtype: str | None,
+    tally: Tally | None,
+    user: UserFormulas | None,
+    replays: graphs.GraphLinks | None,
+    row_groups: list[int] | None,
+    src: link.LinkSources | None,
+) -> OpKernels:
+    """`link_pass` of the GPU ops of `row_groups` (None: all) into `out`."""
+    op_kernels, memo = OpKernels(), CategoryMemo()
+    evaluated = Evaluated()  # shapes' costs, shared by the batches (`op_costs`)
+    events = pl.scan_parquet(flat_dir / "events.parquet")
+    carry = tuple(dict.fromkeys([*COST_INPUTS, *CARRIED]))
+    for links in link.link_batches(flat_dir, carry=carry, row_groups=row_groups, src=src):
+        links = replays.attach(links) if replays is not None else graphs.without_graphs(links)
+        if tally is not None:
+            tally.add_links(links)
+        op_kernels.add(links)
+        costed = _with_op_costs(events, links, dtype, evaluated, user)
+        op_kernels.shapes_recorded |= bool(costed["op_shapes"].any())
+        op_kernels.launches_recorded |= bool(links["launch_event_idx"].is_not_null().any())
+        out.write(with_category(costed, memo=memo))
     if tally is not None:
         tally.formula_errors.update(evaluated.errors)
     return op_kernels
@@ -531,9 +620,13 @@ def enrich(
     dtype: str | None = None,
     formulas: UserFormulas | None = None,
     captures: list[CapturedGraphs] | None = None,
+    beside_rewrite: Callable[[pl.LazyFrame], None] | None = None,
 ) -> list[str]:
     """Link and cost a freshly flattened directory in place; update the trace row. Returns warnings
     (devices without specs, formula-file entries that failed on this trace's ops).
+    `beside_rewrite(linked)` runs in a thread of its own while pass 2 rewrites gpu_ops.parquet,
+    `linked` being the GPU ops with the columns of LINKED_VIEW (those the run tables read), as
+    they will be in it (the run tables of a trace beside its rewrite: they read mostly events).
 
     Two passes over the GPU ops, batch by batch, so that memory does not grow with the trace:
     1. link them (`link.link_batches`) and cost their CPU ops (`op_costs`) into a temporary Arrow
@@ -557,10 +650,23 @@ def enrich(
         replays = graphs.GraphLinks.of(flat_dir, captures or [], graph_spill)
         if replays is not None:
             tally.links.update(replays.problems)
-        op_kernels = link_pass(flat_dir, spill, dtype, tally, formulas, replays)
-        with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
-            coster = BatchCoster(links, op_kernels, devs, tally)
-            store.write_extended(gpu_ops, tmp, "gpu_ops", coster, inputs=["event_idx"], batch_rows=WRITE_BATCH_ROWS)
+        op_kernels = link_pass(flat_dir, spill, dtype, tally, formulas, replays, parts=LINK_PARTS)
+        with ThreadPoolExecutor(1) as beside:
+            linked = pl.scan_ipc(spill).select(LINKED_VIEW)
+            done = beside.submit(beside_rewrite, linked) if beside_rewrite is not None else None
+            with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
+                coster = BatchCoster(links, op_kernels, devs, tally)
+                store.write_extended(
+                    gpu_ops,
+                    tmp,
+                    "gpu_ops",
+                    coster,
+                    inputs=["event_idx"],
+                    batch_rows=WRITE_BATCH_ROWS,
+                    group_rows=GROUP_ROWS,
+                )
+            if done is not None:
+                done.result()
     store.write_table(devs.to_arrow(), flat_dir / "devices.parquet", "devices")
     tally.row_update(row)
     return warnings + [f"{where}: failed on this trace's ops: {why}" for where, why in tally.formula_errors.items()]

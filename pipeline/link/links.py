@@ -42,12 +42,13 @@ nesting, the innermost is decided among the slices the window reads.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from pipeline import schema, store
 from pipeline.kineto import (
@@ -222,28 +223,55 @@ def _read(path: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
     return pl.scan_parquet(path).filter(where).select(columns).collect(engine="streaming")
 
 
-def link_batches(flat_dir: Path, carry: tuple[str, ...] = ()) -> Iterator[pl.DataFrame]:
+def link_batches(
+    flat_dir: Path,
+    carry: tuple[str, ...] = (),
+    row_groups: Sequence[int] | None = None,
+    src: LinkSources | None = None,
+) -> Iterator[pl.DataFrame]:
     """(event_idx, correlation, *LINK_COLUMNS, *carry) of the GPU ops of a flattened trace, BATCH_ROWS
     at a time in the order of its gpu_ops.parquet; `carry` are gpu_ops columns passed through (the
-    kernel name as a categorical).
+    kernel name as a categorical). `row_groups`: only the GPU ops of these row groups of
+    gpu_ops.parquet (`gpu_parts`); `src`: the trace's `LinkSources`, when known already.
     Yields at least one frame (empty when there are no GPU ops). What the next batch reads (its
     launches and the slices around them: `_Read`) is read while this one is nested
     (`store.one_ahead`)."""
-    src = LinkSources.of(flat_dir)
-    carried = [c for c in carry if c not in GPU_LINK_INPUTS]
-    batches = _gpu_batches(src, list(dict.fromkeys([*GPU_LINK_INPUTS, *carry])))
+    src = src or LinkSources.of(flat_dir)
+    carried = [c for c in carry if c not in ("event_idx", "correlation")]  # those the links have already
+    batches = _gpu_batches(src, list(dict.fromkeys([*GPU_LINK_INPUTS, *carry])), row_groups)
     running = src.running_slices()
     read = ((_Read.of(src, running, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)) for gpu in batches)
     for batch, passed in store.one_ahead(read):
         yield _context_of(src, batch).hstack(passed)
 
 
-def _gpu_batches(src: LinkSources, columns: list[str]) -> Iterator[pl.DataFrame]:
-    """The GPU ops' `columns`, BATCH_ROWS at a time; one empty frame when there are none. Kernel
-    names come as categoricals: decoding them as strings was most of the time of the read."""
+def gpu_parts(flat_dir: Path, parts: int) -> list[list[int]]:
+    """The row groups of a flattened trace's gpu_ops.parquet in up to `parts` runs of consecutive
+    ones holding about as many GPU ops each (`link_batches` of each run, concatenated in order,
+    give the same rows as one of the whole file): parts of the work that can run side by side."""
+    meta = pq.ParquetFile(Path(flat_dir) / "gpu_ops.parquet").metadata
+    rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    out: list[list[int]] = [[]]
+    total, have = sum(rows), 0
+    for i, n in enumerate(rows):
+        if out[-1] and have >= total * len(out) / parts and len(out) < parts:
+            out.append([])
+        out[-1].append(i)
+        have += n
+    return [p for p in out if p] or [[]]
+
+
+def _gpu_batches(
+    src: LinkSources, columns: list[str], row_groups: Sequence[int] | None = None
+) -> Iterator[pl.DataFrame]:
+    """The GPU ops' `columns` (of `row_groups` only, if given), BATCH_ROWS at a time; one empty
+    frame when there are none. Kernel names come as categoricals: decoding them as strings was
+    most of the time of the read."""
     read_as_dictionary = [c for c in columns if c in _REPEATED_GPU_TEXT]
     empty = True
-    for batch in store.read_batches(src.gpu_ops, BATCH_ROWS, columns, read_dictionary=read_as_dictionary):
+    for batch in store.read_batches(
+        src.gpu_ops, BATCH_ROWS, columns, read_dictionary=read_as_dictionary, row_groups=row_groups
+    ):
         empty = False
         yield store.frame_from_arrow(batch)
     if empty:
