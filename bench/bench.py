@@ -1,12 +1,17 @@
-"""make bench: flatten speed and memory against orjson.loads and a bare ijson pass, in one run.
+"""make bench: flatten speed and memory against orjson.loads, a bare ijson pass and a bare SIMD
+JSON parse, in one run.
 
-    python bench/bench.py [--sizes 1000,2000] [--gz] [--template TRACE] [--workdir DIR]
+    python bench/bench.py [--sizes 1000,2000] [--gz] [--template TRACE] [--workdir DIR] [--no-duckdb]
 
 For each size (MB) it writes a large trace (from a realistic synthetic template, or by
 replicating the events of --template, a real trace), then measures, each in a fresh process:
-`orjson.loads` of the file (the baseline), one bare `ijson.items` pass, `tracepipe flatten`
-(wall time and peak memory of all its processes, summed PSS), and link+cost+analyze on the
-flattened directory. Everything is reported as ratios measured in the same run.
+`orjson.loads` of the file (the baseline), one bare `ijson.items` pass, a bare pysimdjson read
+and parse of the file (the floor for any reader that looks at every byte: one core, builds
+nothing; the time inside the process, the fastest of three, as `check.py limit` takes it),
+`tracepipe flatten` (wall time and peak memory of all its processes, summed PSS), and
+link+cost+analyze on the flattened directory; for the first size also DuckDB's `read_json` of
+the events into Parquet (what a data engineer would try first; unlinked, the args kept as JSON).
+Everything is reported as ratios measured in the same run.
 """
 
 from __future__ import annotations
@@ -123,10 +128,46 @@ def measure(cmd: list[str], env: dict | None = None) -> tuple[float, float, str]
     return wall, peak / 2**20, out.decode()
 
 
-def bench_file(path: Path, work: Path) -> dict:
+# DuckDB reads the events with this type (read_json's own inference fails on some traces: struct
+# keys differing only in case, such as "bytes" and "Bytes", are one name to it)
+DUCKDB_EVENTS = (
+    "STRUCT(ph VARCHAR, cat VARCHAR, name VARCHAR, pid JSON, tid JSON, ts DOUBLE, dur DOUBLE, id JSON, args JSON)[]"
+)
+
+
+def simdjson_seconds(path: Path, runs: int = 3) -> float:
+    """A bare pysimdjson read and parse of the file: seconds inside a fresh process (start-up not
+    counted), the fastest of `runs`; nan without pysimdjson."""
+    opener = "gzip.open" if path.suffix == ".gz" else "open"
+    code = (
+        "import simdjson, gzip, time; t = time.perf_counter(); "
+        f"b = {opener}({str(path)!r}, 'rb').read(); d = simdjson.Parser().parse(b); n = len(d['traceEvents']); "
+        "print(time.perf_counter() - t)"
+    )
+    try:
+        return min(float(measure([sys.executable, "-c", code])[2]) for _ in range(runs))
+    except SystemExit:  # no pysimdjson (pip install pysimdjson)
+        return float("nan")
+
+
+def duckdb_run(path: Path, work: Path) -> tuple[float, float]:
+    """DuckDB's read_json of the trace's events into one Parquet file: wall seconds, peak MB."""
+    out = work / "duckdb_events.parquet"
+    sql = (
+        f"COPY (SELECT unnest(e) FROM (SELECT unnest(traceEvents) AS e FROM read_json({str(path)!r}, "
+        f"columns={{'traceEvents': '{DUCKDB_EVENTS}'}}, maximum_object_size=2147483647))) "
+        f"TO {str(out)!r} (FORMAT parquet)"
+    )
+    t, m, _ = measure([sys.executable, "-c", f"import duckdb; duckdb.sql({sql!r})"])
+    out.unlink(missing_ok=True)
+    return t, m
+
+
+def bench_file(path: Path, work: Path, duckdb: bool = False) -> dict:
     py = sys.executable
     size_mb = path.stat().st_size / 1e6
     opener = "gzip.open" if path.suffix == ".gz" else "open"
+    t_simd = simdjson_seconds(path)
     t_orjson, m_orjson, n = measure(
         [
             py,
@@ -152,6 +193,7 @@ def bench_file(path: Path, work: Path) -> dict:
         [sys.executable, "-m", "pipeline", "analyze", str(flat_dir), "--format", "json", "-o", str(work / "a.json")]
     )
     events = int(n.strip())
+    t_duck, m_duck = duckdb_run(path, work) if duckdb else (float("nan"), float("nan"))
     return {
         "file": path.name,
         "MB": size_mb,
@@ -163,6 +205,10 @@ def bench_file(path: Path, work: Path) -> dict:
         "flatten_MB": m_flat,
         "x_orjson": t_flat / t_orjson,
         "x_ijson": t_flat / t_ijson,
+        "simdjson_s": t_simd,
+        "x_simdjson": t_flat / t_simd,
+        "duckdb_s": t_duck,
+        "duckdb_MB": m_duck,
         "Mevents_s": events / t_flat / 1e6,
         "parquet_MB": parquet_mb,
         "analyze_s": t_analyze,
@@ -215,8 +261,10 @@ def markdown(rows: list[dict]) -> str:
         ("flatten_s", "{:.1f}"),
         ("orjson_s", "{:.1f}"),
         ("ijson_s", "{:.1f}"),
+        ("simdjson_s", "{:.1f}"),
         ("x_orjson", "{:.2f}"),
         ("x_ijson", "{:.2f}"),
+        ("x_simdjson", "{:.2f}"),
         ("flatten_MB", "{:.0f}"),
         ("orjson_MB", "{:.0f}"),
         ("Mevents_s", "{:.3f}"),
@@ -225,10 +273,13 @@ def markdown(rows: list[dict]) -> str:
         ("link_s", "{:.1f}"),
         ("analyze_s", "{:.1f}"),
         ("link_analyze_s", "{:.1f}"),
+        ("duckdb_s", "{:.1f}"),
+        ("duckdb_MB", "{:.0f}"),
     ]
     head = "| " + " | ".join(c for c, _ in cols) + " |"
     sep = "|" + "---|" * len(cols)
-    body = ["| " + " | ".join(f.format(r[c]) for c, f in cols) + " |" for r in rows]
+    cell = lambda v, f: "" if isinstance(v, float) and math.isnan(v) else f.format(v)  # nan: not measured
+    body = ["| " + " | ".join(cell(r[c], f) for c, f in cols) + " |" for r in rows]
     return "\n".join([head, sep, *body])
 
 
@@ -243,6 +294,9 @@ def main():
         help="with --template: every copy's CPU block first, then every copy's GPU part (one long run's layout)",
     )
     ap.add_argument("--workdir", default="/tmp/tracepipe-bench")
+    ap.add_argument(
+        "--no-duckdb", action="store_true", help="skip DuckDB's read_json (it holds ~7x the first size in memory)"
+    )
     ap.add_argument("--batch-only", action="store_true", help="only measure batch throughput")
     ap.add_argument("--sections-only", type=Path, help="only time each analysis section on this flattened trace")
     ap.add_argument("--html-only", type=Path, help="only measure the html page of this flattened trace")
@@ -266,7 +320,7 @@ def main():
         if not path.exists():
             print(f"bench: writing {path} ...", file=sys.stderr)
             (write_replicated(a.template, path, mb, a.sectioned) if a.template else write_demo(path, mb))
-        rows.append(bench_file(path, work))
+        rows.append(bench_file(path, work, duckdb=i == 0 and not a.no_duckdb))
         print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr)
         if i == 0:
             sections = bench_sections(next((work / "flat").iterdir()), work, measure)
