@@ -251,7 +251,6 @@ def flatten(
 
             t0 = time.perf_counter()
             say_stage("link+cost")
-            counted: list = []  # the run tables, written beside the rewrite of gpu_ops
             warnings += enrich(
                 tmp,
                 row,
@@ -260,10 +259,8 @@ def flatten(
                 dtype=dtype,
                 formulas=formulas,
                 captures=captures,
-                beside_rewrite=lambda linked: counted.append(write_run_tables(tmp, row, linked)),
             )
-            for count in counted:  # the run tables' counts after link and cost's, as always
-                count(row)
+            write_run_tables(tmp, row)
             seconds["link_cost"] = time.perf_counter() - t0
         else:
             write_empty_run_tables(tmp)

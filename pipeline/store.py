@@ -325,11 +325,7 @@ class SpillWriter:
         self._writer = pa.ipc.new_file(self._sink, self._schema)
 
     def write(self, frame: pl.DataFrame):
-        text = [f.name for f in self._schema if f.type == pa.string_view()]
-        frame = frame.select(self._schema.names).with_columns(  # categoricals as their strings
-            pl.col(c).cast(pl.String) for c in text if frame.schema[c] == pl.Categorical
-        )
-        arrow = frame.to_arrow(compat_level=pl.CompatLevel.newest())
+        arrow = frame.select(self._schema.names).to_arrow(compat_level=pl.CompatLevel.newest())
         self._writer.write_table(arrow.cast(self._schema))
 
     def append(self, path: Path):

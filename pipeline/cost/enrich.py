@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -431,20 +431,6 @@ class Tally:
 
 
 COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  # the gpu_ops columns costing reads
-CARRIED = ["name", "stream", "ts_ns"]  # flatten columns pass 1 spills besides, for `enrich`'s beside_rewrite
-# what `enrich`'s beside_rewrite sees of each GPU op (the columns the run tables read)
-LINKED_VIEW = [
-    "event_idx",
-    "kind",
-    "name",
-    "device",
-    "stream",
-    "ts_ns",
-    "dur_ns",
-    "launch_event_idx",
-    "launch_ts_ns",
-    "category",
-]
 KERNEL_INPUTS = ["kind", "device", "dur_ns", "copy_bytes", "category"]  # of them (and their category), kernel_costs
 COST_COLUMNS = schema.table("gpu_ops").names(("cost",))  # the columns it adds
 LINKED = schema.table("gpu_ops").names(("link",))  # the columns linking adds (graphs' included)
@@ -520,7 +506,6 @@ def _spill_fields() -> list[pa.Field]:
         pa.field(OP_INSTANCE, pa.int64()),
         *(pa.field(c, OP_COST_TYPES.get(c, pa.string())) for c in OP_COST_COLUMNS),
         *(declared[c] for c in KERNEL_INPUTS),
-        *(declared[c] for c in CARRIED),
     ]
 
 
@@ -538,8 +523,7 @@ def _link_part(
     op_kernels, memo = OpKernels(), CategoryMemo()
     evaluated = Evaluated()  # shapes' costs, shared by the batches (`op_costs`)
     events = pl.scan_parquet(flat_dir / "events.parquet")
-    carry = tuple(dict.fromkeys([*COST_INPUTS, *CARRIED]))
-    for links in link.link_batches(flat_dir, carry=carry, row_groups=row_groups, src=src):
+    for links in link.link_batches(flat_dir, carry=tuple(COST_INPUTS), row_groups=row_groups, src=src):
         links = replays.attach(links) if replays is not None else graphs.without_graphs(links)
         if tally is not None:
             tally.add_links(links)
@@ -620,13 +604,9 @@ def enrich(
     dtype: str | None = None,
     formulas: UserFormulas | None = None,
     captures: list[CapturedGraphs] | None = None,
-    beside_rewrite: Callable[[pl.LazyFrame], None] | None = None,
 ) -> list[str]:
     """Link and cost a freshly flattened directory in place; update the trace row. Returns warnings
     (devices without specs, formula-file entries that failed on this trace's ops).
-    `beside_rewrite(linked)` runs in a thread of its own while pass 2 rewrites gpu_ops.parquet,
-    `linked` being the GPU ops with the columns of LINKED_VIEW (those the run tables read), as
-    they will be in it (the run tables of a trace beside its rewrite: they read mostly events).
 
     Two passes over the GPU ops, batch by batch, so that memory does not grow with the trace:
     1. link them (`link.link_batches`) and cost their CPU ops (`op_costs`) into a temporary Arrow
@@ -651,22 +631,17 @@ def enrich(
         if replays is not None:
             tally.links.update(replays.problems)
         op_kernels = link_pass(flat_dir, spill, dtype, tally, formulas, replays, parts=LINK_PARTS)
-        with ThreadPoolExecutor(1) as beside:
-            linked = pl.scan_ipc(spill).select(LINKED_VIEW)
-            done = beside.submit(beside_rewrite, linked) if beside_rewrite is not None else None
-            with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
-                coster = BatchCoster(links, op_kernels, devs, tally)
-                store.write_extended(
-                    gpu_ops,
-                    tmp,
-                    "gpu_ops",
-                    coster,
-                    inputs=["event_idx"],
-                    batch_rows=WRITE_BATCH_ROWS,
-                    group_rows=GROUP_ROWS,
-                )
-            if done is not None:
-                done.result()
+        with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
+            coster = BatchCoster(links, op_kernels, devs, tally)
+            store.write_extended(
+                gpu_ops,
+                tmp,
+                "gpu_ops",
+                coster,
+                inputs=["event_idx"],
+                batch_rows=WRITE_BATCH_ROWS,
+                group_rows=GROUP_ROWS,
+            )
     store.write_table(devs.to_arrow(), flat_dir / "devices.parquet", "devices")
     tally.row_update(row)
     return warnings + [f"{where}: failed on this trace's ops: {why}" for where, why in tally.formula_errors.items()]

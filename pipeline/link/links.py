@@ -237,7 +237,7 @@ def link_batches(
     launches and the slices around them: `_Read`) is read while this one is nested
     (`store.one_ahead`)."""
     src = src or LinkSources.of(flat_dir)
-    carried = [c for c in carry if c not in ("event_idx", "correlation")]  # those the links have already
+    carried = [c for c in carry if c not in GPU_LINK_INPUTS]
     batches = _gpu_batches(src, list(dict.fromkeys([*GPU_LINK_INPUTS, *carry])), row_groups)
     running = src.running_slices()
     read = ((_Read.of(src, running, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)) for gpu in batches)

@@ -228,19 +228,12 @@ def _coalesced(launched: pl.DataFrame, ops: pl.DataFrame, source: SizeSource, pr
     )
 
 
-def gpu_ops_of(flat_dir: Path, gpu_ops: pl.LazyFrame | None = None) -> pl.LazyFrame:
-    """The linked GPU ops the run tables read: `gpu_ops` if given (any frame with the columns read:
-    event_idx, kind, name, device, stream, ts_ns, dur_ns, launch_event_idx, launch_ts_ns, category),
-    else the flattened trace's gpu_ops.parquet."""
-    return gpu_ops if gpu_ops is not None else pl.scan_parquet(Path(flat_dir) / "gpu_ops.parquet")
-
-
-def _nccl_kernels(flat_dir: Path, gpu_ops: pl.LazyFrame | None = None) -> tuple[pl.DataFrame, list[str]]:
+def _nccl_kernels(flat_dir: Path) -> tuple[pl.DataFrame, list[str]]:
     """The collective kernels with their args, the CPU events' kind and pg args around their launch,
     and one message reading per source of `SIZE_SOURCES` (columns `<prefix>m_in_nelems`...); and
     the prefixes in the sources' order."""
     g = (
-        gpu_ops_of(flat_dir, gpu_ops)
+        pl.scan_parquet(flat_dir / "gpu_ops.parquet")
         .filter((pl.col("kind") == "kernel") & pl.col("name").str.contains(NCCL_KERNEL) & pl.col("ts_ns").is_not_null())
         .select(
             "event_idx",
@@ -482,15 +475,12 @@ COLUMNS = [
 ]
 
 
-def collectives(
-    flat_dir: Path, rank: int | None, distributed: dict, gpu_ops: pl.LazyFrame | None = None
-) -> tuple[pl.DataFrame, dict]:
+def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl.DataFrame, dict]:
     """The `collectives` table of one flattened trace (schemas/collectives.toml), and counts of what
-    could not be classified, by reason. `gpu_ops`: its linked GPU ops, if not from its directory
-    (`gpu_ops_of`)."""
+    could not be classified, by reason."""
     flat_dir = Path(flat_dir)
     problems: dict[str, int] = {}
-    rows, prefixes = _nccl_kernels(flat_dir, gpu_ops)
+    rows, prefixes = _nccl_kernels(flat_dir)
     names = [source.name for source in SIZE_SOURCES]
     if rows.height:
         rows = _pg_of_stream(rows)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.runs.collectives import gpu_ops_of, profiler_steps, with_steps
+from pipeline.runs.collectives import profiler_steps, with_steps
 
 IS_COMM = pl.col("category") == "communication"
 
@@ -36,9 +36,9 @@ def union_ns(
     )
 
 
-def _kernels(flat_dir: Path, gpu_ops: pl.LazyFrame | None = None) -> pl.DataFrame:
+def _kernels(flat_dir: Path) -> pl.DataFrame:
     return (
-        gpu_ops_of(flat_dir, gpu_ops)
+        pl.scan_parquet(flat_dir / "gpu_ops.parquet")
         .filter((pl.col("kind") == "kernel") & pl.col("ts_ns").is_not_null())
         .select(
             "device",
@@ -62,15 +62,13 @@ SCHEMA = {
 }
 
 
-def steps(flat_dir: Path, collectives: pl.DataFrame, gpu_ops: pl.LazyFrame | None = None) -> pl.DataFrame:
-    """The `steps` table of one flattened trace (schemas/steps.toml); `gpu_ops`: its linked GPU
-    ops, if not from its directory (`collectives.gpu_ops_of`)."""
+def steps(flat_dir: Path, collectives: pl.DataFrame) -> pl.DataFrame:
+    """The `steps` table of one flattened trace (schemas/steps.toml)."""
     flat_dir = Path(flat_dir)
     intervals = profiler_steps(flat_dir)
     if not intervals.height:
         return pl.DataFrame(schema=SCHEMA)
-    have = gpu_ops is not None or (flat_dir / "gpu_ops.parquet").is_file()
-    kernels = _kernels(flat_dir, gpu_ops) if have else pl.DataFrame()
+    kernels = _kernels(flat_dir) if (flat_dir / "gpu_ops.parquet").is_file() else pl.DataFrame()
     if kernels.height:
         k = with_steps(kernels, intervals).filter(pl.col("step").is_not_null())
         by = ["step", "device"]

@@ -3,11 +3,9 @@ flattened trace's others once it is linked; what could not be classified counted
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import orjson
-import polars as pl
 
 from pipeline import store
 from pipeline.runs.collectives import collectives
@@ -16,28 +14,20 @@ from pipeline.runs.steps import steps
 RUN_TABLES = ("collectives", "steps")
 
 
-def write_run_tables(flat_dir: Path, row: dict, gpu_ops: pl.LazyFrame | None = None) -> Callable[[dict], None]:
-    """Write collectives.parquet and steps.parquet into a linked flattened directory. Returns what
-    counts them in a trace row (how many collectives; what could not be classified, in its
-    problems_json), to be applied when the row's other counts are in. `gpu_ops`: its linked GPU
-    ops, if not from its gpu_ops.parquet (`collectives.gpu_ops_of`: while that file is being
-    rewritten); `row` is only read."""
+def write_run_tables(flat_dir: Path, row: dict):
+    """Write collectives.parquet and steps.parquet into a linked flattened directory; count what
+    could not be classified in the trace row's problems_json."""
     flat_dir = Path(flat_dir)
     meta = orjson.loads(row.get("metadata_json") or "{}")
     distributed = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    colls, problems = collectives(flat_dir, row.get("rank"), distributed, gpu_ops)
+    colls, problems = collectives(flat_dir, row.get("rank"), distributed)
     store.write_table(colls.to_arrow(), flat_dir / "collectives.parquet", "collectives")
-    store.write_table(steps(flat_dir, colls, gpu_ops).to_arrow(), flat_dir / "steps.parquet", "steps")
-    n = colls.height
-
-    def count(row: dict):
-        if problems:
-            known = orjson.loads(row["problems_json"])
-            known.update({f"collectives:{k}": v for k, v in problems.items()})
-            row["problems_json"] = orjson.dumps(known).decode()
-        row["n_collectives"] = n
-
-    return count
+    store.write_table(steps(flat_dir, colls).to_arrow(), flat_dir / "steps.parquet", "steps")
+    if problems:
+        known = orjson.loads(row["problems_json"])
+        known.update({f"collectives:{k}": v for k, v in problems.items()})
+        row["problems_json"] = orjson.dumps(known).decode()
+    row["n_collectives"] = colls.height
 
 
 def write_empty_run_tables(flat_dir: Path):

@@ -54,7 +54,7 @@ def run_tables(members: list[Member], t: Tables, work: Path) -> tuple[pa.Table, 
             store.write_table(
                 rows, d / f"{name}.parquet", name, ("flatten",) if name == "events" else schema.ALL_STAGES
             )
-        write_run_tables(d, m.row)(m.row)
+        write_run_tables(d, m.row)
         for name in got:
             got[name][k] = pq.read_table(d / f"{name}.parquet")
         shutil.rmtree(d, ignore_errors=True)
