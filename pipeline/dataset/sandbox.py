@@ -202,7 +202,25 @@ class Sandbox:
             finally:
                 timer.cancel()
                 cur.close()
-        return df.head(n), df.height > n
+        return _plain(df.head(n)), df.height > n
+
+
+def _plain(df):
+    """Numbers as polars' SQL gives them: DuckDB's sums of BIGINT (HUGEINT) as Int64 where they fit
+    (else Float64), DECIMALs (a literal 1.5) as Float64, so that JSON writes them as numbers."""
+    import polars as pl
+
+    fixed = []
+    for name, dtype in df.schema.items():
+        integral = dtype in (pl.Int128, pl.UInt64) or (isinstance(dtype, pl.Decimal) and not dtype.scale)
+        if integral:
+            try:
+                fixed.append(df[name].cast(pl.Int64, strict=True))
+            except pl.exceptions.InvalidOperationError:
+                fixed.append(df[name].cast(pl.Float64))
+        elif isinstance(dtype, pl.Decimal):
+            fixed.append(df[name].cast(pl.Float64))
+    return df.with_columns(fixed) if fixed else df
 
 
 def _first_line(e: BaseException) -> str:
