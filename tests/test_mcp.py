@@ -19,8 +19,8 @@ from conftest import PROJECT, run_cli
 pytest.importorskip("mcp")
 pytest.importorskip("duckdb")
 
-from pipeline.dataset.sandbox import Refused, check  # noqa: E402
-from pipeline.integrations.mcp import bounded  # noqa: E402
+from pipeline.dataset.sandbox import Refused, check
+from pipeline.integrations.mcp import bounded
 
 TOOLS = {"list_traces", "schema", "query", "analyze", "findings", "compare", "ranks"}
 SECRET = "outside-the-dataset-4711"
@@ -35,7 +35,9 @@ def session(args: list[str], calls: list[tuple[str, dict]]):
     env = {k: v for k, v in os.environ.items() if k != "TRACEPIPE_DEBUG"}
 
     async def go():
-        params = StdioServerParameters(command=sys.executable, args=["-m", "pipeline", "mcp", *args], env=env, cwd=PROJECT)
+        params = StdioServerParameters(
+            command=sys.executable, args=["-m", "pipeline", "mcp", *args], env=env, cwd=PROJECT
+        )
         async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
             init = await s.initialize()
             names = {t.name for t in (await s.list_tools()).tools}
