@@ -78,8 +78,10 @@ def two_runs(tmp_path_factory) -> Path:
         args = ["--world", "2", "--collectives", "8", "--straggler", "1", "--delayed", "3", "--delay-us", delay]
         p = run_cli(["demo-run", tmp / "src" / name, *args])
         assert p.returncode == 0, p.stderr
+    (tmp / "src" / "broken").mkdir()
+    (tmp / "src" / "broken" / "cut.json").write_text('{"traceEvents": 7}')  # quarantined by batch
     p = run_cli(["batch", tmp / "src", "-o", tmp / "ds", "-q", "-j", "1"])
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1, p.stderr
     return tmp / "ds"
 
 
@@ -172,6 +174,8 @@ def test_every_tool_answers_as_the_command_does(two_runs):
         (w["trace_id"], w["stem"], w["rank"]) for w in want
     ]
     assert all(t["devices"] and t["run"].endswith(("monday", "tuesday")) for t in listed["traces"])
+    (bad,) = listed["not_read"]
+    assert bad["path"].endswith("broken/cut.json") and bad["status"] == "quarantined" and bad["error"]
     some = json.loads(t_some)["traces"]
     assert not e_some and [(t["run"].rsplit("/", 1)[-1], t["rank"]) for t in some] == [("tuesday", 1)]
     cols = {c["name"]: c for c in json.loads(t_schema)["tables"][0]["columns"]}

@@ -17,6 +17,7 @@ analyses are imported when first needed, so that the server answers `initialize`
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = ["Answers", "Settings", "serve", "bounded"]
 MAX_ROWS_CAP = 10_000  # a query's max_rows may not exceed this
 MAX_CELL = 2_000  # characters of one text cell of a query's rows (args_json can be long)
 LIST_LIMIT = 100  # traces list_traces returns unless asked for more
+RUN_FINDINGS = 16  # traces of a run whose findings one call computes (each is a trace's analysis)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Answers:
         self.settings = settings
         self._sandbox: Any = None
         self._sandbox_key: Any = None
+        self._making = threading.Lock()
 
     # ---------------------------------------------------------------- list_traces
     def list_traces(
@@ -126,11 +129,12 @@ class Answers:
         from pipeline.dataset.sandbox import Limits, Sandbox
 
         key = _manifest_key(self.path)
-        if self._sandbox is None or key != self._sandbox_key:
-            s = self.settings
-            limits = Limits(s.seconds, s.max_rows, s.memory_mb, s.threads)
-            self._sandbox, self._sandbox_key = Sandbox(self.path, limits), key
-        return self._sandbox
+        with self._making:  # two first queries at once make one sandbox
+            if self._sandbox is None or key != self._sandbox_key:
+                s = self.settings
+                limits = Limits(s.seconds, s.max_rows, s.memory_mb, s.threads)
+                self._sandbox, self._sandbox_key = Sandbox(self.path, limits), key
+            return self._sandbox
 
     def query(self, sql: str, max_rows: int | None = None) -> dict:
         from pipeline.dataset.query import as_text
@@ -184,10 +188,16 @@ class Answers:
 
         r = load_run(self.path, run, "run")
         out = []
-        for t in r.traces.iter_rows(named=True):
+        for t in r.traces.head(RUN_FINDINGS).iter_rows(named=True):
             doc = json.loads(self.analyze(t["trace_id"], "findings"))
             out.append({"trace_id": t["trace_id"], "stem": t["stem"], "rank": t["rank"], **doc})
-        return {"run": r.name, "traces": out}
+        answer: dict = {"run": r.name, "traces": out}
+        if r.traces.height > RUN_FINDINGS:
+            answer["truncated"] = (
+                f"the findings of the first {RUN_FINDINGS} of the run's {r.traces.height} traces (by rank): "
+                "ask for the others by trace"
+            )
+        return answer
 
     # ---------------------------------------------------------------- compare, ranks
     def compare(self, base: str | None = None, new: str | None = None, level: list[str] | None = None) -> str:
