@@ -161,6 +161,7 @@ def test_every_tool_answers_as_the_command_does(two_runs):
         ("findings", {"trace": tid}),
         ("compare", {"base": "monday", "new": "tuesday"}),
         ("ranks", {"run": str(ds.parent / "src" / "tuesday")}),
+        ("findings", {"run": str(ds.parent / "src" / "tuesday")}),
         ("analyze", {"trace": tid, "section": "no-such-section"}),
         ("query", {"sql": "select count(*) as n from trace"}),  # still serving after an error
     ]
@@ -201,8 +202,14 @@ def test_every_tool_answers_as_the_command_does(two_runs):
     p = run_cli(["ranks", ds, "--run", str(ds.parent / "src" / "tuesday"), "-f", "json"])
     assert not e and same(json.loads(text), json.loads(p.stdout))
     e, text, _ = res[9]
-    assert e and "unknown section 'no-such-section'; sections: " in text and "\n" not in text.strip()
+    run = json.loads(p.stdout)["runs"][0]
+    if "findings" in run:  # ranks gives a run's findings across its ranks
+        assert not e and same(json.loads(text), {"run": run["run"], "findings": run["findings"]})
+    else:  # not in this version yet: said in one line
+        assert e and "gives no findings of a run" in text
     e, text, _ = res[10]
+    assert e and "unknown section 'no-such-section'; sections: " in text and "\n" not in text.strip()
+    e, text, _ = res[11]
     assert not e and json.loads(text)["rows"] == [{"n": 4}]
 
 

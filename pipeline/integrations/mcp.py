@@ -29,7 +29,6 @@ __all__ = ["Answers", "Settings", "serve", "bounded"]
 MAX_ROWS_CAP = 10_000  # a query's max_rows may not exceed this
 MAX_CELL = 2_000  # characters of one text cell of a query's rows (args_json can be long)
 LIST_LIMIT = 100  # traces list_traces returns unless asked for more
-RUN_FINDINGS = 16  # traces of a run whose findings one call computes (each is a trace's analysis)
 
 
 @dataclass(frozen=True)
@@ -178,26 +177,16 @@ class Answers:
             return rp.format_analysis(f, sections, "json", top=top, only=[section])
 
     def findings(self, trace: str | None = None, run: str | None = None) -> Any:
-        """The findings section of a trace (as `analyze --section findings -f json`), or of every
-        trace of a run."""
+        """The findings of a trace, as `analyze -t TRACE --section findings -f json` gives them, or
+        of a run across its ranks, as `ranks --run RUN -f json` gives them (its runs' `findings`)."""
         if (trace is None) == (run is None):
-            raise UsageError("give one of trace (a trace_id from list_traces) or run (a run's name)")
+            raise UsageError("give one of trace (a trace_id from list_traces) or run (a run's name from list_traces)")
         if trace is not None:
             return self.analyze(trace, "findings")
-        from pipeline.compare.runs import load_run
-
-        r = load_run(self.path, run, "run")
-        out = []
-        for t in r.traces.head(RUN_FINDINGS).iter_rows(named=True):
-            doc = json.loads(self.analyze(t["trace_id"], "findings"))
-            out.append({"trace_id": t["trace_id"], "stem": t["stem"], "rank": t["rank"], **doc})
-        answer: dict = {"run": r.name, "traces": out}
-        if r.traces.height > RUN_FINDINGS:
-            answer["truncated"] = (
-                f"the findings of the first {RUN_FINDINGS} of the run's {r.traces.height} traces (by rank): "
-                "ask for the others by trace"
-            )
-        return answer
+        (r,) = json.loads(self.ranks(run))["runs"]
+        if "findings" not in r:
+            raise UsageError("tracepipe ranks gives no findings of a run in this version: ask for a trace's")
+        return {"run": r["run"], "findings": r["findings"]}
 
     # ---------------------------------------------------------------- compare, ranks
     def compare(self, base: str | None = None, new: str | None = None, level: list[str] | None = None) -> str:
@@ -328,7 +317,8 @@ TOOL_DOCS = {
     "findings": (
         "What to fix: the findings of one trace (trace: its trace_id), each with its evidence, an "
         "estimated saving and a remedy, as `tracepipe analyze DATASET -t TRACE --section findings "
-        "-f json` gives them; or of every trace of one run (run: its name from list_traces)."
+        "-f json` gives them; or of one run across its ranks (run: its whole name from list_traces), as "
+        "`tracepipe ranks DATASET --run RUN -f json` gives them."
     ),
     "compare": (
         "Compare two runs (folders of traces, see list_traces' run) as `tracepipe compare DATASET "
