@@ -25,6 +25,7 @@ from pipeline.errors import BadTrace, TracepipeError, UsageError
 from pipeline.kineto import trace_stem
 from pipeline.read.chunks import ordered_results
 from pipeline.read.decode import build_chunk, build_from_text
+from pipeline.read.durations import Durations
 from pipeline.read.limits import not_regular
 from pipeline.read.metadata import devices_table, sampled_content_id, trace_row
 from pipeline.read.source import TraceSource
@@ -116,7 +117,9 @@ def flatten_into(
             on_corrupt=corrupt.append,
         )
         offset = 0
+        durations = Durations()  # B/E pairs across chunks
         for ct in map(unspill, results):
+            durations.feed(ct.open_ends, offset)
             writers["events"].write(_offset(ct.events, offset))
             writers["gpu_ops"].write(_offset(ct.gpu_ops, offset))
             writers["flows"].write(_offset(ct.flows, offset))
@@ -128,6 +131,8 @@ def flatten_into(
                 progress(src.file_bytes_read)
         for w in writers.values():
             w.close()
+        problems.unmatched.update(durations.finish())
+        durations.patch(tmp / "events.parquet", lambda path: store.TableWriter(path, "events"))
         if src.values_cut:
             problems.coerced[TOO_LARGE] += src.values_cut
     tail = src.tail

@@ -19,6 +19,7 @@ from pipeline.read.arrays import (
     int_or_str_columns,
     plain_ints,
 )
+from pipeline.read.chunks import NeedsExactParse
 from pipeline.read.tables import EVENT_COLUMNS, events_table
 from pipeline.read.timestamps import TimestampTexts, ns_column
 from pipeline.read.values import (
@@ -33,6 +34,7 @@ from pipeline.read.values import (
     dumps,
     json_default,
     us_to_ns,
+    wide_int,
 )
 
 EMPTY_ARGS: dict = {}
@@ -184,6 +186,10 @@ def events_by_event(events: list, text: bytes | None, raw_args: list | None, pro
         if fid is not None:
             if type(fid) is int and -INT64_MAX <= fid <= INT64_MAX:
                 id_c[i] = fid
+            elif type(fid) is int:
+                id_c[i], id_s[i] = wide_int(fid)
+            elif type(fid) is float and not -INT64_MAX <= fid <= INT64_MAX:
+                raise NeedsExactParse("id")  # orjson reads an integer beyond 64 bits as a float
             else:
                 id_s[i] = fid if type(fid) is str else dumps_(fid).decode()
         args = e.get("args")
@@ -229,11 +235,16 @@ def events_by_event(events: list, text: bytes | None, raw_args: list | None, pro
 
 
 def _int_or_str(v, what: str, problems: Problems) -> tuple:
-    """(int, None) for an in-range integer, (None, str) for a string, else (coerced int or None, None)."""
+    """(int, None) for an in-range integer, (None, str) for a string, an integer beyond int64 as
+    `wide_int` keeps it, else (coerced int or None, None)."""
     if type(v) is int and -INT64_MAX <= v <= INT64_MAX:
         return v, None
     if type(v) is str:
         return None, v
+    if type(v) is int:
+        return wide_int(v)
+    if type(v) is float and not -INT64_MAX <= v <= INT64_MAX:
+        raise NeedsExactParse(what)  # orjson reads an integer beyond 64 bits as a float
     return (None if v is None else as_int(v, what, problems)), None
 
 

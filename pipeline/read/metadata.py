@@ -72,6 +72,7 @@ def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail,
     issues = {
         **{f"coerced:{k}": v for k, v in problems.coerced.items()},
         **{f"dropped:{k}": v for k, v in problems.dropped.items()},
+        **{f"unmatched:{k}": v for k, v in problems.unmatched.items()},
     }
     if tail.truncated:
         issues["truncated"] = 1

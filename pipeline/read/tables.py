@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from pipeline import schema
 from pipeline.kineto import FLOW_PHASES, GPU_KINDS, THREAD_ID_FORMS
 from pipeline.read.arrays import coerced_ints
+from pipeline.read.durations import OpenEnds
 from pipeline.read.values import Problems
 
 
@@ -21,6 +22,7 @@ class ChunkTables:
     flows: pa.Table
     problems: Problems
     device_ids: set
+    open_ends: OpenEnds | None = None  # B/E events left to pair across chunks (`read.durations`)
 
 
 def gpu_and_flow_rows(ev: pa.Table) -> tuple[list, list]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +72,8 @@ def decode_some(members: list[Member]) -> tuple[list[Member], Tables]:
             joined = _build(b",".join(texts[:-1]))
         except (ChunkParseError, RecursionError, ValueError):
             joined = None
-        if joined is not None and not (joined.problems.coerced or joined.problems.dropped):
+        # B/E events pair per thread: joined, one member's could close another's (`read.durations`)
+        if joined is not None and joined.open_ends is None and not (joined.problems.coerced or joined.problems.dropped):
             cuts = pc.indices_nonzero(pc.fill_null(pc.equal(joined.events.column("ph"), _SENTINEL_PH), False))
             if len(cuts) == len(with_text) - 1:
                 for m in members:
@@ -89,6 +91,7 @@ def decode_some(members: list[Member]) -> tuple[list[Member], Tables]:
                 m.alone, m.text = True, None
                 continue
             m.problems = ct.problems
+            m.problems.unmatched.update(_unpaired(ct.open_ends))
             ct_tables = {"events": ct.events, "gpu_ops": ct.gpu_ops, "flows": ct.flows}
         m.text = None
         decoded.append(m)
@@ -96,6 +99,15 @@ def decode_some(members: list[Member]) -> tuple[list[Member], Tables]:
     tables = {n: pa.concat_tables([p[n] for p in parts]) if parts else _empty(n) for n in READ_TABLES}
     owner = {n: np.repeat(np.arange(len(parts), dtype=np.int64), [p[n].num_rows for p in parts]) for n in READ_TABLES}
     return decoded, Tables(tables, owner, len(decoded))
+
+
+def _unpaired(left) -> Counter:
+    """What a whole trace decoded as one chunk left of its B/E events: all unmatched."""
+    from pipeline.read.durations import Durations
+
+    pairs = Durations()
+    pairs.feed(left, 0)
+    return pairs.finish()
 
 
 def _split_joined(joined, cuts: np.ndarray, members: list[Member], with_text: list[Member]) -> Tables:
