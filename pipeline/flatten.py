@@ -28,7 +28,7 @@ from pipeline.read.decode import build_chunk, build_from_text
 from pipeline.read.durations import Durations
 from pipeline.read.limits import not_regular
 from pipeline.read.metadata import devices_table, sampled_content_id, trace_row
-from pipeline.read.source import TraceSource
+from pipeline.read.source import ARRAY_NOT_CLOSED, TraceSource
 from pipeline.read.tables import ChunkTables
 from pipeline.read.tame import BAD_UNICODE, TOO_LARGE, scrub
 from pipeline.read.values import Problems
@@ -136,6 +136,8 @@ def flatten_into(
         if src.values_cut:
             problems.coerced[TOO_LARGE] += src.values_cut
     tail = src.tail
+    if tail.unclosed:
+        problems.coerced[ARRAY_NOT_CLOSED] += 1
     src.metadata, bad_strings = scrub(src.metadata)
     if bad_strings:
         problems.coerced[BAD_UNICODE] += bad_strings

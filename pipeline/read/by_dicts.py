@@ -21,7 +21,7 @@ from pipeline.read.arrays import (
 )
 from pipeline.read.chunks import NeedsExactParse
 from pipeline.read.tables import EVENT_COLUMNS, events_table
-from pipeline.read.timestamps import TimestampTexts, ns_column
+from pipeline.read.timestamps import TimestampTexts, ns_column, ts_column
 from pipeline.read.values import (
     FLOAT_EXACT_US,
     INT64_MAX,
@@ -40,12 +40,15 @@ from pipeline.read.values import (
 EMPTY_ARGS: dict = {}
 
 
-def events_by_column(events: list, text: bytes | None, raw_args: list | None = None) -> pa.Table | None:
+def events_by_column(
+    events: list, text: bytes | None, raw_args: list | None = None, problems: Problems | None = None
+) -> pa.Table | None:
     """The events table built a column at a time with C-level loops (map, Arrow compute).
 
     Returns None as soon as any value is not of its column's plain type (a non-object event,
     a non-string name, a float id, an out-of-range integer, ...): such chunks go through
-    `events_by_event`, which counts each coercion.
+    `events_by_event`, which counts each coercion. Timestamps written as decimal strings (torch_npu)
+    are read here, exactly, and counted in `problems` as `events_by_event` counts them.
     """
     if set(map(type, events)) - {dict}:
         return None
@@ -61,7 +64,8 @@ def events_by_column(events: list, text: bytes | None, raw_args: list | None = N
         if split is None:
             return None
         cols[k], cols[f"{k}_str"] = split
-    ts = ns_column(raw["ts"], text)
+    counted = Problems()  # merged into `problems` once the chunk is built here
+    ts = ts_column(raw["ts"], text, counted)
     dur = ns_column(raw["dur"], None)
     ids = int_or_str_columns(raw["id"])
     args = raw["args"]
@@ -80,6 +84,8 @@ def events_by_column(events: list, text: bytes | None, raw_args: list | None = N
     cols["correlation"], cols["external_id"] = corr, ext
     cols["args_json"] = args_json_of(raw_args if raw_args is not None else _dump_all(args))
     cols["extra_json"] = _extra_json(events, cols)
+    if problems is not None:
+        problems.merge(counted)
     return events_table({k: cols[k] for k in EVENT_COLUMNS})
 
 

@@ -21,7 +21,7 @@ from pipeline.read.arrays import (
     valid_utf8,
 )
 from pipeline.read.tables import EVENT_COLUMNS, ChunkTables, events_table, flows_of, gpu_and_flow_rows, gpu_ops_of
-from pipeline.read.timestamps import ns_column
+from pipeline.read.timestamps import ns_column, ts_column
 from pipeline.read.values import Problems
 
 # ---------------------------------------------------------------- 1. typed structs (msgspec)
@@ -39,7 +39,7 @@ class _Event(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     name: str | None = None
     pid: int | str | None = None
     tid: int | str | None = None
-    ts: int | float | None = None
+    ts: int | float | str | None = None  # a string: torch_npu's exact decimal text
     dur: int | float | None = None
     id: int | str | None = None
     args: msgspec.Raw = _NULL
@@ -108,7 +108,8 @@ def tables_by_struct(text: bytes) -> ChunkTables | None:
     fields = _transpose(events, _Event)
     del events
     extras = {k: raw_texts(v) for k in _EXTRA_KEYS if (v := fields.pop(k)).count(_ABSENT) < len(v)}
-    cols = _event_columns_by_struct(fields, extras, text)
+    problems = Problems()
+    cols = _event_columns_by_struct(fields, extras, text, problems)
     if cols is None:
         return None
     ev_table = events_table(cols)
@@ -116,7 +117,6 @@ def tables_by_struct(text: bytes) -> ChunkTables | None:
     arg_cols = _gpu_arg_columns_by_struct([fields["args"][i] for i in gpu_rows])
     if arg_cols is None:
         return None
-    problems = Problems()
     gpu_table, device_ids = gpu_ops_of(
         gpu_rows,
         [fields["cat"][i] for i in gpu_rows],
@@ -130,9 +130,10 @@ def tables_by_struct(text: bytes) -> ChunkTables | None:
     return ChunkTables(ev_table, gpu_table, flows_of(rows, bp, ev_table), problems, device_ids)
 
 
-def _event_columns_by_struct(fields: dict, extras: dict, text: bytes) -> dict | None:
+def _event_columns_by_struct(fields: dict, extras: dict, text: bytes, problems: Problems) -> dict | None:
     """The events columns from the structs' fields (`_Event`'s, each a tuple) and extra keys
-    (`_EXTRA_KEYS`, raw JSON texts); None if a value needs the dict path."""
+    (`_EXTRA_KEYS`, raw JSON texts); None if a value needs the dict path. Timestamps written as
+    decimal strings are counted in `problems` as the dict path counts them."""
     raws = fields["args"]
     try:
         ids = _DECODE_ID_ARGS.decode(b"[" + b",".join(raws) + b"]")
@@ -145,7 +146,7 @@ def _event_columns_by_struct(fields: dict, extras: dict, text: bytes) -> dict | 
             return None
         cols[k], cols[f"{k}_str"] = split
     cols["ts_ns"], cols["dur_ns"] = (
-        ns_column(fields["ts"], text, typed=True),
+        ts_column(fields["ts"], text, problems, typed=True),
         ns_column(fields["dur"], None, typed=True),
     )
     id_args = _transpose([a or _EMPTY_ID_ARGS for a in ids], _IdArgs)

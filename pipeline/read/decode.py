@@ -89,7 +89,7 @@ def _build_chunk(events: list, text: bytes | None = None, raw_args: list | None 
     are serialised again.
     """
     problems = Problems()
-    ev_table = events_by_column(events, text, raw_args)
+    ev_table = events_by_column(events, text, raw_args, problems)
     if ev_table is None:
         ev_table = events_by_event(events, text, raw_args, problems)
     gpu_rows, flow_rows = gpu_and_flow_rows(ev_table)
