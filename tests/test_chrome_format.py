@@ -120,7 +120,8 @@ EVERY_PHASE = [  # one event of each phase the format defines, with the keys it 
 
 @pytest.mark.parametrize("form", ["object", "array"])
 def test_every_phase_and_key_the_format_allows_is_kept(tmp_path, form):
-    doc = {"traceEvents": EVERY_PHASE, "displayTimeUnit": "ns", "otherData": {"v": 1}} if form == "object" else EVERY_PHASE
+    doc = {"traceEvents": EVERY_PHASE, "displayTimeUnit": "ns", "otherData": {"v": 1}}
+    doc = doc if form == "object" else EVERY_PHASE
     path = tmp_path / "every.json"
     path.write_text(json.dumps(doc))
     r = flatten(path, tmp_path / "out", link=False)

@@ -111,7 +111,7 @@ class Durations:
         if left is None:
             return
         self.unmatched.update(left.unmatched)
-        for thread, row, ts in left.ends:
+        for thread, _row, ts in left.ends:
             stack = self.open.get(thread)
             if not stack:
                 self.unmatched[END_WITHOUT_BEGIN] += 1
