@@ -88,7 +88,8 @@ def _ints_beside_strings(values: list) -> tuple[pa.Array, pa.Array] | None:
 
 def _wide_ints(values: list) -> tuple[pa.Array, pa.Array]:
     """`int_or_str_columns` of values among which some ints lie beyond int64 (`values.wide_int`)."""
-    ints, strs = list(values), [None] * len(values)
+    ints: list[int | None] = list(values)
+    strs: list[str | None] = [None] * len(values)
     for i, v in enumerate(values):
         if v.__class__ is str:
             strs[i], ints[i] = v, None
