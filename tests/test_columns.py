@@ -232,6 +232,7 @@ _args = st.one_of(
                 "bytes",
                 "warps per SM",
                 "Input Dims",
+                "sycl queue",
                 "x",
             ]
         ),

@@ -11,6 +11,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.kineto import GPU_ARG_ALIASES
 from pipeline.read.arrays import (
     DICT_OR_NONE,
     STR_OR_NONE,
@@ -257,7 +258,7 @@ def _int_or_str(v, what: str, problems: Problems) -> tuple:
 def gpu_arg_columns(args: list) -> dict:
     """The args gpu_ops reads, from a dict per GPU event: `device` and `stream` as raw values (for
     `gpu_ops_of` to coerce and count), the rest as columns (a value of another type is null)."""
-    arg = lambda key: list(map(dict.get, args, repeat(key)))
+    arg = lambda key: _with_aliases(args, key)
     grid, block = arg("grid"), arg("block")
     return {
         "device": arg("device"),
@@ -271,3 +272,12 @@ def gpu_arg_columns(args: list) -> dict:
         "occupancy_pct": pa.array(list(map(as_float, arg("est. achieved occupancy %"))), pa.float64()),
         "copy_bw_gbps": pa.array(list(map(as_float, arg("memory bandwidth (GB/s)"))), pa.float64()),
     }
+
+
+def _with_aliases(args: list, key: str) -> list:
+    """Each dict's value of `key`, else of the first alias a backend writes instead that it has
+    (`kineto.GPU_ARG_ALIASES`: XPU's `sycl queue` for `stream`)."""
+    values = list(map(dict.get, args, repeat(key)))
+    for alias in GPU_ARG_ALIASES.get(key, ()):
+        values = [v if v is not None else a.get(alias) for v, a in zip(values, args)]
+    return values
