@@ -195,7 +195,7 @@ _GpuArgs = msgspec.defstruct(
 )
 
 
-_DECODE_GPU_ARGS = msgspec.json.Decoder(list[_GpuArgs | None])
+_DECODE_GPU_ARGS = msgspec.json.Decoder(list[_GpuArgs | None])  # type: ignore[valid-type]  # a defstruct
 
 
 _EMPTY_GPU_ARGS = _GpuArgs()
