@@ -41,6 +41,11 @@ LAUNCH_CATS = (
     "privateuse1_runtime",
     "privateuse1_driver",
 )
+# the launch calls that put work on a device (each makes one device op or more: a graph launch many):
+# what they are called, and what a call so called may be that is not one (RE2 regexes)
+# cudaLaunchKernel(ExC), cuLaunchKernel, hip(Ext)(Module)LaunchKernel, *GraphLaunch, urEnqueueKernelLaunch
+DEVICE_LAUNCH = r"(?i)launch"
+NOT_DEVICE_LAUNCH = r"(?i)host"  # cudaLaunchHostFunc, cuLaunchHostFunc: run on the host
 CPU_OP_CATS = ("cpu_op", "operator")
 ANNOTATION_CATS = ("user_annotation",)
 MODULE_CATS = ("python_function",)

@@ -141,6 +141,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")  # what `scrub` may have to 
 def finish_read(members: list[Member], t: Tables, memo: dict):
     """The rest of `flatten_into` per member: metadata scrubbed, devices, the trace row. Members
     whose deviceProperties text and device ids are the same share one devices table (`memo`)."""
+    from pipeline.read.launches import LaunchCount
     from pipeline.read.metadata import devices_table, trace_row
     from pipeline.read.source import Tail
     from pipeline.read.tame import BAD_UNICODE, scrub
@@ -157,6 +158,7 @@ def finish_read(members: list[Member], t: Tables, memo: dict):
     for k, c in held.drop_nulls().unique().iter_rows():
         cats[k].add(c)
     counts = {n: t.counts(n) for n in READ_TABLES}
+    first = t.starts("events")
     for k, m in enumerate(members):
         if m.raw_metadata is None or _SURROGATE_ESCAPE.search(m.raw_metadata):
             m.metadata, bad_strings = scrub(m.metadata)
@@ -178,7 +180,9 @@ def finish_read(members: list[Member], t: Tables, memo: dict):
             "n_flows": int(counts["flows"][k]),
             "n_devices": devices.num_rows,
         }
-        m.row = trace_row(m.path, m.metadata, n, m.problems, Tail(), cats[k])
+        launches = LaunchCount()  # against the device ops: device activity lost? (as `flatten_into`)
+        launches.add(t.tables["events"].slice(first[k], first[k + 1] - first[k]))
+        m.row = trace_row(m.path, m.metadata, n, m.problems, Tail(), cats[k], launches.problems(n["n_gpu_ops"]))
         m.metadata = {}
 
 
