@@ -230,6 +230,7 @@ _args = st.one_of(
                 "grid",
                 "block",
                 "bytes",
+                "graph id",
                 "warps per SM",
                 "Input Dims",
                 "sycl queue",

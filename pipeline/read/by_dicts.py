@@ -268,6 +268,8 @@ def gpu_arg_columns(args: list) -> dict:
         "registers_per_thread": plain_ints(arg("registers per thread")),
         "shared_memory": plain_ints(arg("shared memory")),
         "copy_bytes": plain_ints(arg("bytes")),
+        "kineto_graph_id": plain_ints(arg("graph id")),
+        "kineto_graph_node_id": plain_ints(arg("graph node id")),
         "warps_per_sm": pa.array(list(map(as_float, arg("warps per SM"))), pa.float64()),
         "occupancy_pct": pa.array(list(map(as_float, arg("est. achieved occupancy %"))), pa.float64()),
         "copy_bw_gbps": pa.array(list(map(as_float, arg("memory bandwidth (GB/s)"))), pa.float64()),

@@ -179,6 +179,8 @@ _GPU_ARG_FIELDS = (
     ("warps_per_sm", int | float | None, "warps per SM"),
     ("occupancy_pct", int | float | None, "est. achieved occupancy %"),
     ("copy_bw_gbps", int | float | None, "memory bandwidth (GB/s)"),
+    ("kineto_graph_id", int | None, "graph id"),
+    ("kineto_graph_node_id", int | None, "graph node id"),
 )
 _ALIAS_FIELDS = tuple(
     (f"{field}__{i}", field, typ, alias)
@@ -217,7 +219,7 @@ def _gpu_arg_columns_by_struct(raws: list) -> dict | None:
         if dims is None:
             return None
         cols.update({f"{key}_{d}": v for d, v in zip("xyz", dims)})
-    for k in ("registers_per_thread", "shared_memory", "copy_bytes"):
+    for k in ("registers_per_thread", "shared_memory", "copy_bytes", "kineto_graph_id", "kineto_graph_node_id"):
         cols[k] = plain_ints(field(k))
     for k in ("warps_per_sm", "occupancy_pct", "copy_bw_gbps"):
         cols[k] = pa.array(field(k), pa.float64())
