@@ -82,12 +82,7 @@ NAMES = {
     "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
     "NVIDIA RTX PRO 6000 Blackwell Server Edition": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
     "NVIDIA GB10": "NVIDIA GB10",  # DGX Spark
-    "NVIDIA GB200": "NVIDIA GB200",
     "NVIDIA GB300": "NVIDIA GB300",
-    "NVIDIA B300 SXM6 AC": "NVIDIA B300",
-    "NVIDIA H20": "NVIDIA H20",
-    "NVIDIA L40S": "NVIDIA L40S",
-    "NVIDIA L4": "NVIDIA L4",
     "AMD Instinct MI100": "AMD Instinct MI100",
     "AMD Instinct MI210": "AMD Instinct MI210",
     "AMD Instinct MI250X / MI250": "AMD Instinct MI250X (single GCD)",

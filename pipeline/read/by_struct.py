@@ -118,7 +118,7 @@ def tables_by_struct(text: bytes) -> ChunkTables | None:
     arg_cols = _gpu_arg_columns_by_struct([fields["args"][i] for i in gpu_rows])
     if arg_cols is None:
         return None
-    gpu_table, device_ids = gpu_ops_of(
+    gpu_table, device_ids, task_pids = gpu_ops_of(
         gpu_rows,
         [fields["cat"][i] for i in gpu_rows],
         [fields["pid"][i] for i in gpu_rows],
@@ -128,7 +128,7 @@ def tables_by_struct(text: bytes) -> ChunkTables | None:
     )
     rows = pa.array(flow_rows, pa.int64())
     bp = plain_strings(extras["bp"].take(rows)) if "bp" in extras else pa.nulls(len(rows), pa.string())
-    return ChunkTables(ev_table, gpu_table, flows_of(rows, bp, ev_table), problems, device_ids)
+    return ChunkTables(ev_table, gpu_table, flows_of(rows, bp, ev_table), problems, device_ids, task_pids)
 
 
 def _event_columns_by_struct(fields: dict, extras: dict, text: bytes, problems: Problems) -> dict | None:

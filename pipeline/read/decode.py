@@ -95,9 +95,14 @@ def _build_chunk(events: list, text: bytes | None = None, raw_args: list | None 
     gpu_rows, flow_rows = gpu_and_flow_rows(ev_table)
     gpu = [events[i] for i in gpu_rows]  # GPU events and flow endpoints are objects (their ph and cat say so)
     gpu_args = [a if type(a) is dict else EMPTY_ARGS for a in map(dict.get, gpu, repeat("args"))]
-    gpu_table, device_ids = gpu_ops_of(
-        gpu_rows, [e["cat"] for e in gpu], [e.get("pid") for e in gpu], gpu_arg_columns(gpu_args), ev_table, problems
+    gpu_table, device_ids, task_pids = gpu_ops_of(
+        gpu_rows,
+        [e.get("cat") for e in gpu],
+        [e.get("pid") for e in gpu],
+        gpu_arg_columns(gpu_args),
+        ev_table,
+        problems,
     )
     bp = pa.array([v if type(v) is str else None for v in (events[i].get("bp") for i in flow_rows)], pa.string())
     flows_table = flows_of(pa.array(flow_rows, pa.int64()), bp, ev_table)
-    return ChunkTables(ev_table, gpu_table, flows_table, problems, device_ids)
+    return ChunkTables(ev_table, gpu_table, flows_table, problems, device_ids, task_pids)
