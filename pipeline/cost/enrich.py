@@ -30,9 +30,11 @@ from pipeline.cost.categories import CategoryMemo, with_category
 from pipeline.cost.formulas.expression import FormulaError
 from pipeline.cost.formulas.user import UserFormulas
 from pipeline.kineto import ARG_ALIASES, COMPILED_REGION, canonical_args
+from pipeline.link import graph_ids as graph_id_args
 from pipeline.link import graphs
 from pipeline.link import links as link
 from pipeline.link.captures import CapturedGraphs
+from pipeline.link.graph_ids import GraphIds
 
 SIGNATURE_KEYS = formulas.ARGS_READ
 OP_INSTANCE = graphs.OP_INSTANCE
@@ -452,6 +454,7 @@ def link_pass(
     tally: Tally | None = None,
     user: UserFormulas | None = None,
     replays: graphs.GraphLinks | None = None,
+    graph_ids: GraphIds | None = None,
     parts: int = 1,
 ) -> OpKernels:
     """Link the GPU ops batch by batch, cost their ops (everything that reads the events) and
@@ -459,7 +462,8 @@ def link_pass(
     KERNEL_INPUTS (pass 2 then reads no GPU op column but to copy it); link counts and the formula
     file's errors go to `tally` if given (batch groups count per trace themselves). `replays`: the
     trace's graph replays paired with their captures (`graphs.GraphLinks`), given their captured
-    ops. Returns the per-op kernel counts (`OpKernels`). Each batch's linking runs beside the
+    ops; `graph_ids`: the graphs its activity names (`graph_ids.GraphIds`), for the replays not
+    paired. Returns the per-op kernel counts (`OpKernels`). Each batch's linking runs beside the
     launch lookup of the next batch (`link.link_batches`).
 
     `parts` > 1: the GPU ops are cut into that many runs of consecutive row groups
@@ -470,7 +474,7 @@ def link_pass(
     fields = _spill_fields()
     if len(runs) == 1:
         with store.SpillWriter(spill, fields) as out:
-            return _link_part(flat_dir, out, dtype, tally, user, replays, None, None)
+            return _link_part(flat_dir, out, dtype, tally, user, replays, graph_ids, None, None)
     src = link.LinkSources.of(flat_dir)
     tallies = [Tally() if tally is not None else None for _ in runs]
     with ExitStack() as stack:
@@ -480,7 +484,7 @@ def link_pass(
         writers = [stack.enter_context(store.SpillWriter(p, fields)) for p in paths]
         with ThreadPoolExecutor(len(runs)) as pool:
             done = [
-                pool.submit(_link_part, flat_dir, w, dtype, t, user, replays, groups, src)
+                pool.submit(_link_part, flat_dir, w, dtype, t, user, replays, graph_ids, groups, src)
                 for w, t, groups in zip(writers, tallies, runs)
             ]
             results = [d.result() for d in done]
@@ -516,6 +520,7 @@ def _link_part(
     tally: Tally | None,
     user: UserFormulas | None,
     replays: graphs.GraphLinks | None,
+    graph_ids: GraphIds | None,
     row_groups: list[int] | None,
     src: link.LinkSources | None,
 ) -> OpKernels:
@@ -523,8 +528,11 @@ def _link_part(
     op_kernels, memo = OpKernels(), CategoryMemo()
     evaluated = Evaluated()  # shapes' costs, shared by the batches (`op_costs`)
     events = pl.scan_parquet(flat_dir / "events.parquet")
-    for links in link.link_batches(flat_dir, carry=tuple(COST_INPUTS), row_groups=row_groups, src=src):
+    carry = (*COST_INPUTS, *((graph_id_args.GRAPH, graph_id_args.NODE) if graph_ids else ()))
+    for links in link.link_batches(flat_dir, carry=carry, row_groups=row_groups, src=src):
         links = replays.attach(links) if replays is not None else graphs.without_graphs(links)
+        if graph_ids is not None:  # replays not paired with a capture: their graph by Kineto's graph id
+            links = graph_ids.label(links)
         if tally is not None:
             tally.add_links(links)
         op_kernels.add(links)
@@ -630,7 +638,7 @@ def enrich(
         replays = graphs.GraphLinks.of(flat_dir, captures or [], graph_spill)
         if replays is not None:
             tally.links.update(replays.problems)
-        op_kernels = link_pass(flat_dir, spill, dtype, tally, formulas, replays, parts=LINK_PARTS)
+        op_kernels = link_pass(flat_dir, spill, dtype, tally, formulas, replays, GraphIds.of(gpu_ops), parts=LINK_PARTS)
         with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
             coster = BatchCoster(links, op_kernels, devs, tally)
             store.write_extended(
