@@ -90,9 +90,6 @@ EVENT_COLUMNS = (
 )
 
 
-_GPU_EVENT_COLUMNS = ("cat", "name", "pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")
-
-
 def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table, problems: Problems):
     """The gpu_ops rows of a chunk: launch geometry and copy sizes from each GPU event's args
     (`arg_cols`: `gpu_arg_columns`; `cats`, `pids`: the rows' cat and raw pid values); a device task
