@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -381,3 +382,28 @@ def test_gpu_parts_cover_the_row_groups_in_order(tmp_path):
     assert link.gpu_parts(tmp_path, 2) == [[0, 1], [2, 3]]
     assert link.gpu_parts(tmp_path, 8) == [[0], [1], [2], [3]]
     assert link.gpu_parts(tmp_path, 1) == [[0, 1, 2, 3]]
+
+
+def test_dictionaries_written_as_they_are_read_back_as_plain_strings(tmp_path):
+    """Pass 2 hands the writer its text columns as Arrow dictionaries (as read), string views (from
+    polars) and plain strings, in batches with different dictionaries: the file reads back exactly
+    as the one the plain writer makes, strings as strings."""
+    names = [f"kernel_{i % 5}" for i in range(40)]
+    rows = pa.table({"event_idx": range(40), "name": names, "kind": ["kernel"] * 40, "cat": ["kernel"] * 40})
+    plain, coded = tmp_path / "plain.parquet", tmp_path / "coded.parquet"
+    w = store.TableWriter(plain, "gpu_ops", buffer_rows=16)
+    for k in range(0, 40, 8):
+        w.write(rows.slice(k, 8))
+    w.close()
+    w = store.TableWriter(coded, "gpu_ops", buffer_rows=16, dictionaries=True)
+    for k in range(0, 40, 8):
+        part = rows.slice(k, 8)
+        part = part.set_column(1, "name", pc.dictionary_encode(part.column("name")))  # a dictionary per batch
+        part = part.set_column(2, "kind", part.column("kind").cast(pa.string_view()))
+        w.write(part)
+    w.close()
+    back = pq.read_table(coded)
+    assert back.equals(pq.read_table(plain))
+    assert back.schema.field("name").type == pa.string()
+    assert pl.read_parquet(coded).equals(pl.read_parquet(plain))
+    assert pq.ParquetFile(coded).metadata.num_row_groups == 3  # 16 + 16 + 8 rows
