@@ -129,6 +129,78 @@ def augment(
     raise typer.Exit(EXIT_PROBLEMS if r.truncated else EXIT_OK)
 
 
+# ------------------------------------------------------------------ slice
+@app.command("slice")
+def slice_command(
+    trace: Path = typer.Argument(..., help="a trace file, or a run folder of rank traces (with --ranks)"),
+    out: Path = typer.Option(
+        ..., "-o", "--out", help="output trace (.json, or .json.gz to compress); a folder for a run"
+    ),
+    steps: Optional[str] = typer.Option(None, "--steps", metavar="A:B", help="ProfilerSteps A to B (A:B, A:, :B or N)"),
+    start_us: Optional[float] = typer.Option(None, "--start-us", help="from this µs after the trace starts"),
+    end_us: Optional[float] = typer.Option(None, "--end-us", help="up to this µs after the trace starts"),
+    annotation: Optional[str] = typer.Option(None, "--annotation", help="inside the user_annotations so named"),
+    ranks: Optional[str] = typer.Option(
+        None,
+        "--ranks",
+        metavar="all|R,R-R",
+        help="TRACE is a run folder: slice these ranks (each to OUT/<its file name>); "
+        "--start-us/--end-us count from the run's first event, on its aligned clock",
+    ),
+    keep_secrets: bool = typer.Option(
+        False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"
+    ),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
+):
+    """Write a window of a trace as a trace of its own: every event that overlaps it, the launches and
+    kernels that keep its links, whole flows, all metadata; streamed, for a trace too large to open."""
+    from pipeline.analyses.window import Window, parse_steps
+    from pipeline.errors import UsageError
+
+    if steps is not None:
+        parse_steps(steps)  # a usage error before any work
+    window = Window(steps=steps, start_us=start_us, end_us=end_us, annotation=annotation)
+    if ranks is not None or trace.is_dir():
+        from pipeline.rewrite.run_slice import slice_run
+
+        results = slice_run(trace, out, window, ranks or "all", keep_secrets=keep_secrets)
+    else:
+        if ranks is not None:
+            raise UsageError("--ranks needs a run folder")
+        from pipeline.progress import FileProgress
+        from pipeline.rewrite.slice import slice_trace
+
+        with FileProgress(trace.name, trace.stat().st_size if trace.is_file() else None, quiet) as shown:
+            results = [
+                slice_trace(
+                    trace,
+                    out,
+                    window,
+                    keep_secrets=keep_secrets,
+                    progress=shown.advance_to if shown.on else None,
+                    stage=shown.stage,
+                )
+            ]
+    code = EXIT_OK
+    for r in results:
+        for w in r.warnings:
+            err(f"{r.out_path.name}: {w}")
+        if r.n_moved:
+            err(
+                f"{r.out_path}: {r.n_moved} slices partially overlapped another on their track: moved to sibling tracks"
+            )
+        if r.truncated:
+            err(f"{r.out_path}: the trace was truncated ({r.truncation_reason}); sliced its complete events")
+            code = EXIT_PROBLEMS
+        if not quiet:
+            span = ", ".join(f"{a / 1e3:.3f}-{b / 1e3:.3f}" for a, b in r.window[:3])
+            typer.echo(
+                f"{r.out_path}: {r.n_events} events ({r.n_in_window} in the window [{span}] µs, "
+                f"{r.n_linked} linked to them, {r.n_flow_events} flow endpoints)"
+            )
+    raise typer.Exit(code)
+
+
 # ------------------------------------------------------------------ combine
 @app.command()
 def combine(

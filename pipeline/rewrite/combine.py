@@ -27,13 +27,12 @@ inputs start when the earliest one does (metadata events keep their ts).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 
 from pipeline.errors import UsageError
 from pipeline.kineto import trace_stem
-from pipeline.read.values import FLOAT_EXACT_US, Problems, us_to_ns
-from pipeline.rewrite.jsonout import TraceWriter, open_trace, read_events
+from pipeline.read.values import Problems, us_to_ns
+from pipeline.rewrite.jsonout import TraceWriter, open_trace, read_events, us_number
 
 ALIGNS = ("none", "start")
 ID_KEYS = ("id", "bind_id")
@@ -94,15 +93,6 @@ class CombineResult:
 
 
 # ------------------------------------------------------------------ per event
-def _us(ns: int):
-    """ns as a µs JSON number: an int when whole, else a float that keeps its 3 decimals."""
-    if ns % 1000 == 0:
-        return ns // 1000
-    if abs(ns) < FLOAT_EXACT_US * 1000:
-        return ns / 1000
-    return Decimal(ns).scaleb(-3)
-
-
 def _renumber_args(args: dict, r: Renumber):
     for key in LINK_ARGS:
         if key in args:
@@ -133,7 +123,7 @@ def rewrite(e, inp: Input, problems: Problems):
     if inp.shift_ns and not is_meta and "ts" in e:
         ns = us_to_ns(e["ts"], "ts", problems)
         if ns is not None:
-            e["ts"] = _us(ns - inp.shift_ns)
+            e["ts"] = us_number(ns - inp.shift_ns)
 
 
 # ------------------------------------------------------------------ per input
@@ -219,7 +209,7 @@ def combined_metadata(inputs: list[Input], metas: list[dict]) -> dict:
             "label": inp.label,
             "path": inp.path,
             "index": inp.renumber.k,
-            "ts_shift_us": _us(-inp.shift_ns),
+            "ts_shift_us": us_number(-inp.shift_ns),
         }
         for inp, m in zip(inputs, metas)
     ]

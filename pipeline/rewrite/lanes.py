@@ -1,0 +1,220 @@
+"""lanes: slices Perfetto cannot nest, moved to sibling tracks, so that every track of a trace we
+write nests.
+
+Perfetto draws the `X` slices of one thread (pid, tid) as a stack: it takes them in time order
+(at one start the longer first, then file order), pops the open slices that ended at or before a
+new one's start, and a slice that starts inside the innermost open one but ends after it cannot
+nest. Such a slice was dropped (Perfetto 2025) or is spilled onto an overflow track and counted as
+an import error (2026; perfetto#4280); chrome://tracing misdraws it. Real traces hold them: PDL
+kernels on one stream (b200_eager: 42), HIP kernels (mi300x_vllm_graph_capture: 100), CPU ops whose
+rounded durations outlast their parent.
+
+`plan` finds them and moves each offending slice to a sibling track of its thread (same pid, a new
+tid named "<the thread's name> · overlapping slices"); a slice that still cannot nest there goes
+one lane further. The test is Perfetto's: a slice's parent is the innermost slice open at its
+start (`link.nesting`, starts ordered longer first then in file order), and it offends when it
+ends after its parent. Moving the offenders of one round can reveal others (a slice nested in a
+moved one), so rounds repeat, over the tracks that moved anything, until none offends.
+
+Timestamps are read by viewers as float64 µs: a trace whose times are beyond FLOAT_EXACT_US (µs
+since the epoch with decimals, torch_npu's) is seen on a grid of ~0.25 µs, where exactly nested
+slices can overlap. For such traces the test runs on the times as Perfetto computes them
+(`llround(ts * 1000)` ns, plus the duration) and as a float64 reader does (ts + dur in µs), as
+well as exactly; a slice offending in any of them moves.
+
+Flow endpoints (`s`, `t`, `f`) bind to the slice open on their thread at their time: an endpoint at
+the start of a moved slice, on its thread, moves with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from pipeline.link import nesting
+from pipeline.read.values import FLOAT_EXACT_US
+
+TRACK = ["pid", "pid_str", "tid", "tid_str"]
+LANE_NAME = "{name} · overlapping slices"
+MAX_ROUNDS = 256  # lanes a track may need; beyond, the slices left are counted, not moved
+_LANE_STEP = 1_000_000_000  # a lane's tid: the thread's + k * this (then the next free one)
+
+
+@dataclass
+class Lanes:
+    """Where slices move: `tid` event_idx -> the tid to write (slices and their flow endpoints),
+    `threads` the metadata events naming the new tracks, `moved` how many slices moved,
+    `left` how many still could not nest after MAX_ROUNDS (0 in every trace seen)."""
+
+    tid: dict[int, object] = field(default_factory=dict)
+    threads: list[dict] = field(default_factory=list)
+    moved: int = 0
+    left: int = 0
+
+    def apply(self, events: list, first_idx: int) -> None:
+        """Move the events of one batch (traceEvents[first_idx:...]) in place."""
+        if not self.tid:
+            return
+        for i, e in enumerate(events, first_idx):
+            t = self.tid.get(i)
+            if t is not None and type(e) is dict:
+                e["tid"] = t
+
+
+def slices_of(events: pl.LazyFrame) -> pl.LazyFrame:
+    """The X slices Perfetto draws on thread tracks, from an events table: (event_idx, *TRACK,
+    ts_ns, end_ns)."""
+    return events.filter(
+        (pl.col("ph") == "X") & pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null() & (pl.col("dur_ns") >= 0)
+    ).select("event_idx", *TRACK, "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
+
+
+def _views(x: pl.DataFrame) -> list[tuple[pl.Series, pl.Series, int]]:
+    """(start, end, tolerance) in ns of each way a viewer reads the slices' times."""
+    exact = (x["ts_ns"], x["end_ns"], 0)
+    limit = int(FLOAT_EXACT_US * 1000)
+    lossy = (x["ts_ns"].abs() >= limit) & (x["ts_ns"] % 1000 != 0)
+    if not lossy.any():
+        return [exact]
+    ts = x["ts_ns"].to_numpy()
+    dur = (x["end_ns"] - x["ts_ns"]).to_numpy()
+    us = ts / 1000  # one rounding below 2**53 ns; the lossy ones are done exactly below
+    for i in np.flatnonzero(lossy.to_numpy()):
+        us[i] = int(ts[i]) / 1000  # Python's int division rounds correctly: the float a parser reads
+    start = np.rint(us * 1000.0).astype(np.int64)  # Perfetto: llround(ts * 1000)
+    perfetto = (pl.Series(start), pl.Series(start + dur), 0)
+    reader = (pl.Series(start), pl.Series(np.rint((us + dur / 1000) * 1000.0).astype(np.int64)), 1)
+    return [exact, perfetto, reader]
+
+
+def _offenders(g: pl.Series, lane: pl.Series, start: pl.Series, end: pl.Series, tol: int, idx: pl.Series) -> pl.Series:
+    """The rows (positions) whose slice ends after its parent on its (track g, lane)."""
+    iv = pl.DataFrame({"iv_idx": idx, "pid": g, "tid": lane, "ts_ns": start, "end_ns": end})
+    nest = nesting.nesting(iv, nesting.LONGER_FIRST)
+    if not nest.height:
+        return pl.Series([], dtype=pl.Int64)
+    pos = iv.with_row_index("row").select("iv_idx", "row", "ts_ns", "end_ns")
+    parent = pos.select(parent_idx="iv_idx", p_ts="ts_ns", p_end="end_ns")
+    j = nest.join(pos, on="iv_idx").join(parent, on="parent_idx", how="inner")
+    bad = j.filter((pl.col("ts_ns") < pl.col("p_end")) & (pl.col("end_ns") > pl.col("p_end") + tol))
+    return bad["row"].cast(pl.Int64)
+
+
+def lanes_of(x: pl.DataFrame) -> pl.DataFrame:
+    """(event_idx, g, lane) of every slice that moves (lane >= 1); g numbers its thread (TRACK).
+    `x`: slices_of(...) collected."""
+    x = x.with_columns(g=pl.struct(TRACK).rank("dense").cast(pl.Int64))
+    views = _views(x)
+    idx, g = x["event_idx"], x["g"]
+    lane = np.zeros(x.height, np.int64)
+    active = np.ones(x.height, bool)  # the slices of threads still being settled
+    for _ in range(MAX_ROUNDS):
+        rows = np.flatnonzero(active)
+        sub = pl.Series(rows)
+        bad: set[int] = set()
+        for start, end, tol in views:
+            found = _offenders(
+                g.gather(sub), pl.Series(lane[rows]), start.gather(sub), end.gather(sub), tol, idx.gather(sub)
+            )
+            bad.update(rows[found.to_numpy()].tolist())
+        if not bad:
+            break
+        moved = np.fromiter(bad, np.int64)
+        lane[moved] += 1
+        active = np.isin(g.to_numpy(), np.unique(g.to_numpy()[moved]))
+    out = x.select("event_idx", "g", *TRACK, "ts_ns").with_columns(lane=pl.Series(lane))
+    return out.filter(pl.col("lane") > 0)
+
+
+def _thread_names(meta: pl.DataFrame) -> dict[tuple, tuple[str | None, object]]:
+    """(pid, pid_str, tid, tid_str) -> (thread name, sort index) from M thread_name / thread_sort_index."""
+    out: dict[tuple, list] = {}
+    args = pl.col("args_json")
+    rows = meta.select(
+        *TRACK,
+        "name",
+        value=pl.when(pl.col("name") == "thread_name")
+        .then(args.str.json_path_match("$.name"))
+        .otherwise(args.str.json_path_match("$.sort_index")),
+    )
+    for r in rows.iter_rows(named=True):
+        key = tuple(r[c] for c in TRACK)
+        slot = out.setdefault(key, [None, None])
+        if r["name"] == "thread_name" and r["value"]:
+            slot[0] = r["value"]
+        elif r["name"] == "thread_sort_index" and r["value"] is not None:
+            with contextlib.suppress(ValueError):
+                slot[1] = int(r["value"])
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def plan(events: pl.LazyFrame, flows: pl.LazyFrame | None = None, only: pl.Series | None = None) -> Lanes:
+    """Where the slices of an events table move (`Lanes`); `flows` (the flows table) gives the
+    endpoints that move with them; `only`: the event_idx of the events written (a slice of the
+    trace), the others left out."""
+    x = slices_of(events)
+    if only is not None:
+        x = x.filter(pl.col("event_idx").is_in(only.implode()))
+    moved = lanes_of(x.collect(engine="streaming"))
+    if not moved.height:
+        return Lanes()
+    tracks = moved.select(*TRACK).unique()
+    meta = (
+        events.filter((pl.col("ph") == "M") & pl.col("name").is_in(["thread_name", "thread_sort_index"]))
+        .select(*TRACK, "name", "args_json")
+        .collect(engine="streaming")
+    )
+    names = _thread_names(meta)
+    pids = moved.select("pid", "pid_str").unique()
+    used = (
+        events.filter(pl.col("tid").is_not_null())
+        .select("pid", "pid_str", "tid")
+        .unique()
+        .join(pids.lazy(), on=["pid", "pid_str"], nulls_equal=True)
+        .collect(engine="streaming")
+    )
+    taken: dict[tuple, set] = {}
+    for p, ps, t in used.iter_rows():
+        taken.setdefault((p, ps), set()).add(t)
+    new_tid: dict[tuple, object] = {}  # (*TRACK, lane) -> tid
+    out = Lanes(moved=moved.height)
+    for key in tracks.iter_rows():
+        pid, pid_str, tid, tid_str = key
+        name, sort = names.get(key, (None, None))
+        base = name or tid_str or f"thread {tid}"
+        for k in sorted(moved.filter(pl.all_horizontal(_eq(c, v) for c, v in zip(TRACK, key)))["lane"].unique()):
+            label = LANE_NAME.format(name=base) + (f" ({k})" if k > 1 else "")
+            if tid_str is not None and tid is None:
+                t: object = label  # a string tid names its own thread
+            else:
+                t = (tid or 0) + k * _LANE_STEP
+                while t in taken.setdefault((pid, pid_str), set()):
+                    t += 1
+                taken[(pid, pid_str)].add(t)
+            new_tid[(*key, k)] = t
+            p = pid if pid is not None else pid_str
+            out.threads.append({"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": label}})
+            if sort is not None:
+                index = {"sort_index": sort}
+                out.threads.append({"ph": "M", "name": "thread_sort_index", "pid": p, "tid": t, "args": index})
+    for r in moved.iter_rows(named=True):
+        out.tid[r["event_idx"]] = new_tid[(*(r[c] for c in TRACK), r["lane"])]
+    if flows is not None:
+        starts = moved.select(*TRACK, "ts_ns", "lane").unique(subset=[*TRACK, "ts_ns"])
+        ends = (
+            flows.filter(pl.col("ts_ns").is_not_null())
+            .select("event_idx", *TRACK, "ts_ns")
+            .join(starts.lazy(), on=[*TRACK, "ts_ns"], nulls_equal=True)
+        )
+        if only is not None:
+            ends = ends.filter(pl.col("event_idx").is_in(only.implode()))
+        for r in ends.collect(engine="streaming").iter_rows(named=True):
+            out.tid[r["event_idx"]] = new_tid[(*(r[c] for c in TRACK), r["lane"])]
+    return out
+
+
+def _eq(column: str, value) -> pl.Expr:
+    return pl.col(column).is_null() if value is None else pl.col(column) == value
