@@ -102,7 +102,9 @@ def augment(
     ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
-    """Write the trace again with FLOPs, bytes and roofline figures in each costed kernel's args."""
+    """Write the trace again with FLOPs, bytes and roofline figures in each costed kernel's args, counter
+    tracks (launch queue per stream, memory per device), the critical path as a track of its own, and
+    slices Perfetto cannot nest moved to sibling tracks."""
     from pipeline.progress import FileProgress
     from pipeline.rewrite.augment import augment as run
 
@@ -122,8 +124,18 @@ def augment(
         )
     for w in r.warnings:
         err(f"{trace.name}: {w}")
+    if r.n_moved:
+        err(
+            f"{trace.name}: {r.n_moved} slices partially overlapped another on their track "
+            "(Perfetto cannot nest them): moved to sibling tracks"
+        )
     if not quiet:
-        typer.echo(f"{trace.name}: {r.n_events} events, {r.n_costed} kernels costed -> {r.out_path}")
+        added = ", ".join(f"{n} {what}" for what, n in r.added.items() if n)
+        typer.echo(
+            f"{trace.name}: {r.n_events} events, {r.n_costed} kernels costed"
+            + (f", added {added}" if added else "")
+            + f" -> {r.out_path}"
+        )
     if r.truncated:
         err(f"{trace}: truncated ({r.truncation_reason}); wrote the {r.n_events} complete events")
     raise typer.Exit(EXIT_PROBLEMS if r.truncated else EXIT_OK)

@@ -16,11 +16,11 @@ start (`link.nesting`, starts ordered longer first then in file order), and it o
 ends after its parent. Moving the offenders of one round can reveal others (a slice nested in a
 moved one), so rounds repeat, over the tracks that moved anything, until none offends.
 
-Timestamps are read by viewers as float64 µs: a trace whose times are beyond FLOAT_EXACT_US (µs
-since the epoch with decimals, torch_npu's) is seen on a grid of ~0.25 µs, where exactly nested
-slices can overlap. For such traces the test runs on the times as Perfetto computes them
-(`llround(ts * 1000)` ns, plus the duration) and as a float64 reader does (ts + dur in µs), as
-well as exactly; a slice offending in any of them moves.
+Timestamps are read by viewers as float64 µs: ts + dur in floats can end a slice a fraction of a
+ns past its parent's end (Chrome, a Python reader), and a trace whose times are beyond
+FLOAT_EXACT_US (µs since the epoch with decimals, torch_npu's) is seen by Perfetto on a grid of
+~0.25 µs (`llround(ts * 1000)` ns), where exactly nested slices can overlap. The test runs on each
+of these readings as well as on the exact times; a slice offending in any of them moves.
 
 Flow endpoints (`s`, `t`, `f`) bind to the slice open on their thread at their time: an endpoint at
 the start of a moved slice, on its thread, moves with it.
@@ -72,34 +72,46 @@ def slices_of(events: pl.LazyFrame) -> pl.LazyFrame:
     ).select("event_idx", *TRACK, "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
 
 
-def _views(x: pl.DataFrame) -> list[tuple[pl.Series, pl.Series, int]]:
-    """(start, end, tolerance) in ns of each way a viewer reads the slices' times."""
-    exact = (x["ts_ns"], x["end_ns"], 0)
-    limit = int(FLOAT_EXACT_US * 1000)
-    lossy = (x["ts_ns"].abs() >= limit) & (x["ts_ns"] % 1000 != 0)
-    if not lossy.any():
-        return [exact]
+def _views(x: pl.DataFrame) -> list[tuple[pl.Series, pl.Series, object]]:
+    """(start, end, test) of each way a viewer reads the slices' times: exactly, in ns (as Perfetto
+    does below FLOAT_EXACT_US); as float64 µs, ts + dur (Chrome, Python: an end may round past the
+    next slice's start), as the ordered bits of the floats with the tolerance tested on the floats;
+    and, for times beyond FLOAT_EXACT_US, as Perfetto reads them (`llround(ts * 1000)` ns + dur)."""
     ts = x["ts_ns"].to_numpy()
     dur = (x["end_ns"] - x["ts_ns"]).to_numpy()
-    us = ts / 1000  # one rounding below 2**53 ns; the lossy ones are done exactly below
-    for i in np.flatnonzero(lossy.to_numpy()):
+    us = (ts // 1000).astype(np.float64) + (ts % 1000) / 1000  # whole µs exactly, the lossy ones below
+    lossy = (np.abs(ts) >= int(FLOAT_EXACT_US * 1000)) & (ts % 1000 != 0)
+    for i in np.flatnonzero(lossy):
         us[i] = int(ts[i]) / 1000  # Python's int division rounds correctly: the float a parser reads
-    start = np.rint(us * 1000.0).astype(np.int64)  # Perfetto: llround(ts * 1000)
-    perfetto = (pl.Series(start), pl.Series(start + dur), 0)
-    reader = (pl.Series(start), pl.Series(np.rint((us + dur / 1000) * 1000.0).astype(np.int64)), 1)
-    return [exact, perfetto, reader]
+    end_us = us + dur / 1000
+    views: list[tuple[pl.Series, pl.Series, object]] = [(x["ts_ns"], x["end_ns"], None)]
+    if (us > 0).all():  # positive doubles order as their bits
+        views.append((pl.Series(us.view(np.int64)), pl.Series(end_us.view(np.int64)), (us, end_us)))
+    if lossy.any():
+        start = np.rint(us * 1000.0).astype(np.int64)  # Perfetto: llround(ts * 1000)
+        views.append((pl.Series(start), pl.Series(start + dur), None))
+    return views
 
 
-def _offenders(g: pl.Series, lane: pl.Series, start: pl.Series, end: pl.Series, tol: int, idx: pl.Series) -> pl.Series:
-    """The rows (positions) whose slice ends after its parent on its (track g, lane)."""
+READER_TOLERANCE_US = 1e-3  # a float reader's end may pass its parent's by float error, not by 1 ns
+
+
+def _offenders(g: pl.Series, lane: pl.Series, start: pl.Series, end: pl.Series, floats, idx: pl.Series) -> pl.Series:
+    """The rows (positions) whose slice ends after its parent on its (track g, lane); `floats`:
+    (start, end) µs to test with, when start/end are their bits."""
     iv = pl.DataFrame({"iv_idx": idx, "pid": g, "tid": lane, "ts_ns": start, "end_ns": end})
-    nest = nesting.nesting(iv, nesting.LONGER_FIRST)
+    if floats is not None:
+        iv = iv.with_columns(s_us=pl.Series(floats[0]), e_us=pl.Series(floats[1]))
+    else:
+        iv = iv.with_columns(s_us=pl.col("ts_ns"), e_us=pl.col("end_ns"))
+    nest = nesting.nesting(iv.select("iv_idx", "pid", "tid", "ts_ns", "end_ns"), nesting.LONGER_FIRST)
     if not nest.height:
         return pl.Series([], dtype=pl.Int64)
-    pos = iv.with_row_index("row").select("iv_idx", "row", "ts_ns", "end_ns")
-    parent = pos.select(parent_idx="iv_idx", p_ts="ts_ns", p_end="end_ns")
+    pos = iv.with_row_index("row").select("iv_idx", "row", "s_us", "e_us")
+    parent = pos.select(parent_idx="iv_idx", p_end="e_us")
     j = nest.join(pos, on="iv_idx").join(parent, on="parent_idx", how="inner")
-    bad = j.filter((pl.col("ts_ns") < pl.col("p_end")) & (pl.col("end_ns") > pl.col("p_end") + tol))
+    tol = READER_TOLERANCE_US if floats is not None else 0
+    bad = j.filter((pl.col("s_us") < pl.col("p_end")) & (pl.col("e_us") > pl.col("p_end") + tol))
     return bad["row"].cast(pl.Int64)
 
 
@@ -115,9 +127,10 @@ def lanes_of(x: pl.DataFrame) -> pl.DataFrame:
         rows = np.flatnonzero(active)
         sub = pl.Series(rows)
         bad: set[int] = set()
-        for start, end, tol in views:
+        for start, end, floats in views:
+            part = None if floats is None else (floats[0][rows], floats[1][rows])
             found = _offenders(
-                g.gather(sub), pl.Series(lane[rows]), start.gather(sub), end.gather(sub), tol, idx.gather(sub)
+                g.gather(sub), pl.Series(lane[rows]), start.gather(sub), end.gather(sub), part, idx.gather(sub)
             )
             bad.update(rows[found.to_numpy()].tolist())
         if not bad:
