@@ -216,27 +216,49 @@ def slice_command(
 # ------------------------------------------------------------------ combine
 @app.command()
 def combine(
-    traces: list[Path] = typer.Argument(..., help="trace files to put into one"),
+    traces: list[Path] = typer.Argument(
+        ..., help="trace files to put into one, or a run folder (or archive) of a run's rank traces"
+    ),
     out: Path = typer.Option(..., "-o", "--out", help="output trace (.json, or .json.gz to compress)"),
-    align: Literal["none", "start"] = typer.Option(
-        "none", "--align", help="none: keep timestamps; start: shift each trace to start together"
+    align: Literal["none", "start", "clocks"] = typer.Option(
+        "none",
+        "--align",
+        help="none: keep timestamps; start: shift each trace to start together; "
+        "clocks: shift each rank of a run by the clock offset `tracepipe ranks` estimates",
     ),
     label: Optional[list[str]] = typer.Option(None, "--label", help="label per trace, in order (default: file stems)"),
+    run_by: Optional[str] = typer.Option(
+        None, "--run-by", metavar="REGEX|col:NAME", help="what makes a run (as for `tracepipe ranks`)"
+    ),
+    run: Optional[str] = typer.Option(None, "--run", help="the run to combine, when the folder holds several"),
     keep_secrets: bool = typer.Option(
         False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"
     ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no summary"),
 ):
-    """Combine traces into one: pids, flow ids and link ids renumbered apart, process names labelled."""
-    from pipeline.rewrite.combine import combine as run
+    """Combine traces into one: pids, flow ids and link ids renumbered apart, process names labelled. A
+    run's ranks: named `rank N`, on one clock (--align clocks), each collective linked across ranks by
+    flows, waits and stragglers marked."""
+    from pipeline.rewrite.combine import combine as run_combine
 
-    r = run(traces, out, align=align, labels=label or None, keep_secrets=keep_secrets)
+    r = run_combine(traces, out, align=align, labels=label or None, keep_secrets=keep_secrets, run_by=run_by, run=run)
     for i in r.truncated_inputs:
         err(f"{i.path}: truncated ({i.truncation_reason}); wrote its {i.n_events} complete events")
+    unaligned = [i for i in r.inputs if i.rank is not None and i.offset_ns is None and align == "clocks"]
+    for i in unaligned:
+        err(f"{i.path}: rank {i.rank} shares no blocking collective with another rank: its clock is not aligned")
+    if r.n_moved:
+        err(f"{r.n_moved} slices partially overlapped another on their track: moved to sibling tracks")
     if not quiet:
-        parts = ", ".join(f"{i.label} {i.n_events}" for i in r.inputs)
-        typer.echo(f"{len(r.inputs)} traces ({parts}): {r.n_events} events -> {r.out_path}")
-    raise typer.Exit(EXIT_PROBLEMS if r.truncated_inputs else EXIT_OK)
+        parts = ", ".join(f"{i.label} {i.n_events}" for i in r.inputs[:8]) + (", ..." if len(r.inputs) > 8 else "")
+        linked = ""
+        if r.run is not None:
+            shifts = ", ".join(f"{i.label} {-i.shift_ns / 1e3:+.1f}" for i in r.inputs[:8] if i.shift_ns)
+            linked = f"; {r.run.n_collectives} collectives linked across ranks" + (
+                f"; clocks shifted (µs): {shifts}" if shifts else ""
+            )
+        typer.echo(f"{len(r.inputs)} traces ({parts}): {r.n_events} events -> {r.out_path}{linked}")
+    raise typer.Exit(EXIT_PROBLEMS if r.truncated_inputs or unaligned else EXIT_OK)
 
 
 @app.command()

@@ -26,15 +26,21 @@ inputs start when the earliest one does (metadata events keep their ts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import polars as pl
+
 from pipeline.errors import UsageError
-from pipeline.kineto import trace_stem
+from pipeline.kineto import is_trace_name, trace_stem
 from pipeline.read.values import Problems, us_to_ns
 from pipeline.rewrite.jsonout import TraceWriter, open_trace, read_events, us_number
+from pipeline.rewrite.lanes import Lanes
+from pipeline.rewrite.lanes import plan as plan_lanes
+from pipeline.rewrite.run_timeline import WAITS_NAME, WAITS_TID, RunPlan
 
-ALIGNS = ("none", "start")
+ALIGNS = ("none", "start", "clocks")
 ID_KEYS = ("id", "bind_id")
 LINK_ARGS = ("External id", "external id", "correlation", "Python id", "Python parent id", "Sequence number")
 DEVICE_ARGS = ("device", "Device Id")
@@ -78,6 +84,12 @@ class Input:
     shift_ns: int = 0
     n_events: int = 0
     truncated: bool = False
+    rank: int | None = None  # a run's rank (align="clocks"): its processes are named "rank N · ..."
+    offset_ns: float | None = None  # its clock's offset as `ranks` estimated it (None: not aligned)
+    marks: dict = field(default_factory=dict)  # (ts_ns, dur_ns) of an event -> events to add beside it
+    lanes: Lanes = field(default_factory=Lanes)  # slices that move to sibling tracks
+    pids: dict = field(default_factory=dict)  # written pid -> its original, for the unnamed ones
+    named: set = field(default_factory=set)  # written pids with a process_name
     truncation_reason: str | None = None
 
 
@@ -86,6 +98,11 @@ class CombineResult:
     out_path: Path
     n_events: int
     inputs: list
+    run: RunPlan | None = None  # a run's: its collectives linked, flows
+
+    @property
+    def n_moved(self) -> int:
+        return sum(i.lanes.moved for i in self.inputs)
 
     @property
     def truncated_inputs(self) -> list:
@@ -119,7 +136,8 @@ def rewrite(e, inp: Input, problems: Problems):
         _renumber_args(args, r)
     is_meta = e.get("ph") == "M"
     if is_meta and e.get("name") == "process_name" and type(args) is dict and type(args.get("name")) is str:
-        args["name"] = f"{args['name']} [{inp.label}]"
+        args["name"] = f"{args['name']} [{inp.label}]" if inp.rank is None else f"rank {inp.rank} · {args['name']}"
+        inp.named.add(e.get("pid"))
     if inp.shift_ns and not is_meta and "ts" in e:
         ns = us_to_ns(e["ts"], "ts", problems)
         if ns is not None:
@@ -141,16 +159,71 @@ def first_ts_ns(path: str) -> int | None:
 
 
 def _copy_events(inp: Input, out: TraceWriter) -> dict:
-    """Write every event of one input, renumbered; return its top-level metadata."""
+    """Write every event of one input, renumbered, moved off overlaps (`lanes`), with what its
+    marks add beside their events; return its top-level metadata."""
     problems = Problems()
+    marks, base = dict(inp.marks), 0
     with open_trace(inp.path) as src:
         for events in read_events(src):
+            inp.lanes.apply(events, base)
+            base += len(events)
+            added: list = []
             for e in events:
+                key = _key(e, problems) if marks else None
                 rewrite(e, inp, problems)
+                if type(e) is dict and "pid" in e:
+                    inp.pids.setdefault(e["pid"], None)
+                if key is not None and key in marks:
+                    added += _beside(e, marks.pop(key), problems)
             out.write(events)
+            out.write(added)
             inp.n_events += len(events)
+        out.write(_process_names(inp))
         inp.truncated, inp.truncation_reason = src.tail.truncated, src.tail.reason
         return src.metadata
+
+
+def _key(e, problems: Problems) -> tuple | None:
+    """(ts_ns, dur_ns) of a complete event (on its own clock), the key of the run's marks."""
+    if type(e) is not dict or e.get("ph") != "X" or "dur" not in e:
+        return None
+    ts, dur = us_to_ns(e.get("ts"), "ts", problems), us_to_ns(e.get("dur"), "dur", problems)
+    return None if ts is None or dur is None else (ts, dur)
+
+
+def _beside(e: dict, marks: list, problems: Problems) -> list:
+    """The marks of one (renumbered, shifted) event: flows on it, waits and instants on its process."""
+    start = us_to_ns(e.get("ts"), "ts", problems) or 0
+    out = []
+    for m in marks:
+        m = {**m, "pid": e.get("pid"), "tid": m.get("tid", e.get("tid")), "ts": e.get("ts")}
+        if "dur_ns" in m:
+            m["dur"] = us_number(m.pop("dur_ns"))
+            m["ts"] = us_number(start)
+        out.append(m)
+    if any(m.get("tid") == WAITS_TID for m in marks):
+        out.append(
+            {"ph": "M", "name": "thread_name", "pid": e.get("pid"), "tid": WAITS_TID, "args": {"name": WAITS_NAME}}
+        )
+    return out
+
+
+def _process_names(inp: Input) -> list:
+    """A run's rank names its processes: those the trace left unnamed get `rank N · process P`."""
+    if inp.rank is None:
+        return []
+    scale = inp.renumber.scale
+    return [
+        {
+            "ph": "M",
+            "name": "process_name",
+            "pid": p,
+            "tid": 0,
+            "args": {"name": f"rank {inp.rank} · process {p // scale if type(p) is int else p}"},
+        }
+        for p in inp.pids
+        if p not in inp.named
+    ]
 
 
 def _unique_labels(labels: list[str]) -> list[str]:
@@ -182,6 +255,10 @@ def _inputs(paths: list[str], labels, align: str) -> list[Input]:
 
 
 # ------------------------------------------------------------------ metadata
+def _offset_us(ns: float | None) -> float | None:
+    return None if ns is None else round(ns) / 1000
+
+
 def _device_entries(inp: Input, props) -> list:
     out = []
     for p in props if isinstance(props, list) else []:
@@ -210,16 +287,94 @@ def combined_metadata(inputs: list[Input], metas: list[dict]) -> dict:
             "path": inp.path,
             "index": inp.renumber.k,
             "ts_shift_us": us_number(-inp.shift_ns),
+            **({} if inp.rank is None else {"rank": inp.rank, "clock_offset_us": _offset_us(inp.offset_ns)}),
         }
         for inp, m in zip(inputs, metas)
     ]
     return {**common, **({"deviceProperties": devices} if devices else {}), "combinedFrom": sources}
 
 
-def combine(paths, out_path, align: str = "none", labels=None, keep_secrets: bool = False) -> CombineResult:
-    """Write one trace holding every event of every input, ids renumbered apart (module docstring)."""
-    inputs = _inputs([str(p) for p in paths], labels, align)
+def _lanes(path: str) -> Lanes:
+    """Where the input's slices that Perfetto cannot nest move (`lanes`), from its events flattened
+    (no link) into a temporary directory."""
+    from pipeline.flatten import flatten
+
+    with tempfile.TemporaryDirectory(prefix="tracepipe-combine-") as tmp:
+        flat = flatten(path, tmp, link=False).out_dir
+        return plan_lanes(pl.scan_parquet(flat / "events.parquet"), pl.scan_parquet(flat / "flows.parquet"))
+
+
+def _run_inputs(paths: list[str], align: str, run_by: str | None, run: str | None) -> tuple[list[Input], RunPlan]:
+    """The ranks of one run (a run folder, archive or list, or several rank traces) as inputs, with
+    their clock shifts (align="clocks") and the flows, waits and names `run_timeline` adds."""
+    from pipeline.rewrite.run_timeline import plan, run_sources
+
+    with tempfile.TemporaryDirectory(prefix="tracepipe-combine-") as tmp:
+        src = paths[0]
+        if len(paths) > 1 or is_trace_name(src):  # rank traces: scanned from a list of them
+            src = str(Path(tmp) / "traces.txt")
+            Path(src).write_text("".join(f"{Path(p).resolve()}\n" for p in paths))
+        with run_sources(Path(src)) as extracts:
+            rp = plan(extracts, run_by, run)
+    if not rp.ranks:
+        raise UsageError(f"{paths[0]}: no rank trace of run {rp.run} could be read")
+    for r in rp.ranks:
+        open_trace(r.path).close()
+    inputs = []
+    for k, r in enumerate(rp.ranks):
+        inp = Input(r.path, f"rank {r.rank}", Renumber(k, len(rp.ranks)), rank=r.rank, offset_ns=r.offset_ns)
+        inp.marks = r.marks
+        if align == "clocks" and r.offset_ns is not None:
+            inp.shift_ns = round(r.offset_ns)
+        inputs.append(inp)
+    if align == "start":
+        starts = [first_ts_ns(i.path) for i in inputs]
+        common = min((s for s in starts if s is not None), default=0)
+        for inp, s in zip(inputs, starts):
+            inp.shift_ns = 0 if s is None else s - common
+    return inputs, rp
+
+
+def is_run(paths, align: str) -> bool:
+    """Whether `combine` puts the ranks of a run together: a folder (or archive) given, or clocks asked."""
+    return align == "clocks" or (len(paths) == 1 and Path(paths[0]).is_dir())
+
+
+def combine(
+    paths,
+    out_path,
+    align: str = "none",
+    labels=None,
+    keep_secrets: bool = False,
+    run_by: str | None = None,
+    run: str | None = None,
+) -> CombineResult:
+    """Write one trace holding every event of every input, ids renumbered apart (module docstring).
+    A run (a folder, archive or list of a run's rank traces; or align="clocks"): its ranks, each
+    named `rank N` and, with align="clocks", shifted by the clock offset `ranks` estimates, its
+    collectives linked across ranks by flows (`run_timeline`)."""
+    paths = [str(p) for p in paths]
+    if align not in ALIGNS:
+        raise UsageError(f"--align must be one of {', '.join(ALIGNS)}, not {align!r}")
+    rp = None
+    if is_run(paths, align):
+        if labels is not None:
+            raise UsageError("--label names single traces: a run's ranks are named by their rank")
+        inputs, rp = _run_inputs(paths, align, run_by, run)
+    else:
+        inputs = _inputs(paths, labels, align)
+    for inp in inputs:
+        inp.lanes = _lanes(inp.path)
     with TraceWriter(out_path, keep_secrets=keep_secrets) as out:
         metas = [_copy_events(inp, out) for inp in inputs]
-        out.tail = combined_metadata(inputs, metas)
-    return CombineResult(Path(out_path), out.n_events, inputs)
+        tail = combined_metadata(inputs, metas)
+        if rp is not None:
+            tail["run"] = {
+                "name": rp.run,
+                "align": align,
+                "ranks": [i.rank for i in inputs],
+                "collectives_linked": rp.n_collectives,
+                "unaligned_ranks": [i.rank for i in inputs if i.offset_ns is None],
+            }
+        out.tail = tail
+    return CombineResult(Path(out_path), out.n_events, inputs, rp)
