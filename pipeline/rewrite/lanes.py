@@ -19,7 +19,8 @@ moved one), so rounds repeat, over the tracks that moved anything, until none of
 Timestamps are read by viewers as float64 µs: ts + dur in floats can end a slice a fraction of a
 ns past its parent's end (Chrome, a Python reader), and a trace whose times are beyond
 FLOAT_EXACT_US (µs since the epoch with decimals, torch_npu's) is seen by Perfetto on a grid of
-~0.25 µs (`llround(ts * 1000)` ns), where exactly nested slices can overlap. The test runs on each
+~0.25 µs (a whole float x 1000, else `llround(ts * 1000)` ns), where exactly nested slices can
+overlap. The test runs on each
 of these readings as well as on the exact times; a slice offending in any of them moves.
 
 Flow endpoints (`s`, `t`, `f`) bind to the slice open on their thread at their time: an endpoint at
@@ -88,7 +89,8 @@ def _views(x: pl.DataFrame) -> list[tuple[pl.Series, pl.Series, object]]:
     if (us > 0).all():  # positive doubles order as their bits
         views.append((pl.Series(us.view(np.int64)), pl.Series(end_us.view(np.int64)), (us, end_us)))
     if lossy.any():
-        start = np.rint(us * 1000.0).astype(np.int64)  # Perfetto: llround(ts * 1000)
+        whole = np.trunc(us)
+        start = np.where(us == whole, whole.astype(np.int64) * 1000, np.rint(us * 1000.0).astype(np.int64))
         views.append((pl.Series(start), pl.Series(start + dur), None))
     return views
 

@@ -21,6 +21,7 @@ of events; the counters hold one event per change, the critical path one per seg
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import polars as pl
@@ -96,12 +97,25 @@ def free_pid(f: Flat) -> int:
     return max(int(top or 0), 0) + 1
 
 
+def _perfetto_ns(ns: int) -> int:
+    """A time as Perfetto reads what we write for it: llround(µs as a float64 x 1000)."""
+    v = float(us_number(ns))
+    if v == math.trunc(v):
+        return int(v) * 1000
+    x = v * 1000.0
+    whole = math.floor(abs(x))
+    whole += 1 if abs(x) - whole >= 0.5 else 0  # C's llround: halves away from zero
+    return int(whole if x >= 0 else -whole)
+
+
 def float_fit(start: int, end: int) -> int:
-    """The duration (ns) of a slice [start, end) that a float64 reader (ts + dur in µs) does not see
-    end past `end`, where the next segment starts: end - start, or a ns or two less."""
+    """The duration (ns) of a slice [start, end) that no reader sees end past `end`, where the next
+    segment starts: a float64 reader adding ts and dur in µs, nor Perfetto (its start read as
+    llround(ts x 1000) ns, past FLOAT_EXACT_US a ns off): end - start, or a ns or two less."""
     d = end - start
-    limit = float(us_number(end))
-    while d > 0 and float(us_number(start)) + float(us_number(d)) > limit:
+    limit, p_limit = float(us_number(end)), _perfetto_ns(end)
+    p_start = _perfetto_ns(start)
+    while d > 0 and (float(us_number(start)) + float(us_number(d)) > limit or p_start + d > p_limit):
         d -= 1
     return d
 
