@@ -169,3 +169,12 @@ def run_sources(src: Path, jobs: int | None = None):
     from pipeline.runs.scan.folder import scanned
 
     return scanned(src, jobs, use_cache=True)
+
+
+def rank_traces(src: Path, run: str | None = None, run_by: str | None = None) -> list[tuple[int, str, float | None]]:
+    """(rank, trace path, clock offset ns or None) of each rank of the run in `src`, by rank."""
+    with run_sources(src) as extracts:
+        res, name = _extracts_run(extracts, run_by, run)
+        paths = {(ex.info.get("stem"), ex.info.get("rank")): ex.info.get("source") for ex in extracts}
+    rows = [r for r in res.ranks.iter_rows(named=True) if r["run"] == name and r["status"] != "quarantined"]
+    return sorted((r["rank"], paths[(r["trace"], r["rank"])], r["offset_ns"]) for r in rows)
