@@ -73,7 +73,10 @@ def slices_of(events: pl.LazyFrame) -> pl.LazyFrame:
     ).select("event_idx", *TRACK, "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
 
 
-def _views(x: pl.DataFrame) -> list[tuple[pl.Series, pl.Series, object]]:
+View = tuple[pl.Series, pl.Series, "tuple[np.ndarray, np.ndarray] | None"]
+
+
+def _views(x: pl.DataFrame) -> list[View]:
     """(start, end, test) of each way a viewer reads the slices' times: exactly, in ns (as Perfetto
     does below FLOAT_EXACT_US); as float64 µs, ts + dur (Chrome, Python: an end may round past the
     next slice's start), as the ordered bits of the floats with the tolerance tested on the floats;
@@ -85,7 +88,7 @@ def _views(x: pl.DataFrame) -> list[tuple[pl.Series, pl.Series, object]]:
     for i in np.flatnonzero(lossy):
         us[i] = int(ts[i]) / 1000  # Python's int division rounds correctly: the float a parser reads
     end_us = us + dur / 1000
-    views: list[tuple[pl.Series, pl.Series, object]] = [(x["ts_ns"], x["end_ns"], None)]
+    views: list[View] = [(x["ts_ns"], x["end_ns"], None)]
     if (us > 0).all():  # positive doubles order as their bits
         views.append((pl.Series(us.view(np.int64)), pl.Series(end_us.view(np.int64)), (us, end_us)))
     if lossy.any():
@@ -192,23 +195,23 @@ def plan(events: pl.LazyFrame, flows: pl.LazyFrame | None = None, only: pl.Serie
         .collect(engine="streaming")
     )
     taken: dict[tuple, set] = {}
-    for p, ps, t in used.iter_rows():
-        taken.setdefault((p, ps), set()).add(t)
+    for p, ps, used_tid in used.iter_rows():
+        taken.setdefault((p, ps), set()).add(used_tid)
     new_tid: dict[tuple, object] = {}  # (*TRACK, lane) -> tid
     out = Lanes(moved=moved.height)
     for key in tracks.iter_rows():
         pid, pid_str, tid, tid_str = key
         name, sort = names.get(key, (None, None))
-        base = name or tid_str or f"thread {tid}"
+        base = (name or tid_str or f"thread {tid}").strip()
         for k in sorted(moved.filter(pl.all_horizontal(_eq(c, v) for c, v in zip(TRACK, key)))["lane"].unique()):
             label = LANE_NAME.format(name=base) + (f" ({k})" if k > 1 else "")
-            if tid_str is not None and tid is None:
-                t: object = label  # a string tid names its own thread
-            else:
-                t = (tid or 0) + k * _LANE_STEP
-                while t in taken.setdefault((pid, pid_str), set()):
-                    t += 1
-                taken[(pid, pid_str)].add(t)
+            t: object = label  # a string tid names its own thread
+            if tid_str is None or tid is not None:
+                n = (tid or 0) + k * _LANE_STEP
+                while n in taken.setdefault((pid, pid_str), set()):
+                    n += 1
+                taken[(pid, pid_str)].add(n)
+                t = n
             new_tid[(*key, k)] = t
             p = pid if pid is not None else pid_str
             out.threads.append({"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": label}})

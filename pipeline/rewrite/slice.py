@@ -131,8 +131,8 @@ def _whole_flows(flows: pl.LazyFrame, kept: pl.DataFrame) -> pl.DataFrame:
     )
     inside = nesting.around_each(pts, iv, nesting.LONGER_FIRST)["outermost"].is_not_null()
     bound = near.filter(inside).select(FLOW_KEY).unique()
-    ends = flows.join(bound.lazy(), on=FLOW_KEY, nulls_equal=True).select("event_idx", *FLOW_KEY, "ph")
-    ends = ends.collect(engine="streaming").join(
+    of_bound = flows.join(bound.lazy(), on=FLOW_KEY, nulls_equal=True).select("event_idx", *FLOW_KEY, "ph")
+    ends = of_bound.collect(engine="streaming").join(
         near.filter(inside).select("event_idx", bound=pl.lit(True)), on="event_idx", how="left"
     )
     whole = ends.group_by(FLOW_KEY).agg(
@@ -177,7 +177,7 @@ def select(flat_dir: Path, intervals: Intervals) -> Selection:
     meta = ev.filter(pl.col("ph") == "M").select("event_idx").collect(engine="streaming")
     slices = pl.concat([window, linked]).filter(pl.col("ph") == "X")
     flow_idx = _whole_flows(flows, slices.select(*TRACK, "ts_ns", "end_ns"))
-    keep = pl.concat(
+    every = pl.concat(
         [
             window["event_idx"],
             linked["event_idx"],
@@ -188,7 +188,7 @@ def select(flat_dir: Path, intervals: Intervals) -> Selection:
             flow_idx["event_idx"],
         ]
     )
-    keep = np.unique(keep.cast(pl.Int64).to_numpy())
+    keep = np.unique(every.cast(pl.Int64).to_numpy())
     return Selection(
         keep,
         dict.fromkeys(carried["event_idx"].to_list(), first),
