@@ -146,7 +146,6 @@ def augment(
                 moves.apply(events, base)
                 base += len(events)
                 out.write(events)
-            out.write(moves.threads)
             out.write(added)
             out.tail = metadata_after(src)
     return AugmentResult(

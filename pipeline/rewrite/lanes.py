@@ -9,19 +9,22 @@ an import error (2026; perfetto#4280); chrome://tracing misdraws it. Real traces
 kernels on one stream (b200_eager: 42), HIP kernels (mi300x_vllm_graph_capture: 100), CPU ops whose
 rounded durations outlast their parent.
 
-`plan` finds them and moves each offending slice to a sibling track of its thread (same pid, a new
-tid named "<the thread's name> · overlapping slices"); a slice that still cannot nest there goes
-one lane further. The test is Perfetto's: a slice's parent is the innermost slice open at its
-start (`link.nesting`, starts ordered longer first then in file order), and it offends when it
-ends after its parent. Moving the offenders of one round can reveal others (a slice nested in a
-moved one), so rounds repeat, over the tracks that moved anything, until none offends.
+`plan` finds them and moves each offending slice to a sibling track of its thread: the same pid,
+and as tid the string "<the thread's name> · overlapping slices", which Perfetto (and Chrome)
+take as a thread of its own named by it, so that no event is added (a numeric tid would need an
+`M` thread_name event, and `combine`'s contract is every event of its inputs, no more); a slice
+that still cannot nest there goes one lane further, "... (2)". The test is Perfetto's: a slice's
+parent is the innermost slice open at its start (`link.nesting`, starts ordered longer first
+then in file order), and it offends when it ends after its parent. Moving the offenders of one
+round can reveal others (a slice nested in a moved one), so rounds repeat, over the tracks that
+moved anything, until none offends.
 
 Timestamps are read by viewers as float64 µs: ts + dur in floats can end a slice a fraction of a
 ns past its parent's end (Chrome, a Python reader), and a trace whose times are beyond
 FLOAT_EXACT_US (µs since the epoch with decimals, torch_npu's) is seen by Perfetto on a grid of
 ~0.25 µs (a whole float x 1000, else `llround(ts * 1000)` ns), where exactly nested slices can
-overlap. The test runs on each
-of these readings as well as on the exact times; a slice offending in any of them moves.
+overlap. The test runs on each of these readings as well as on the exact times; a slice
+offending in any of them moves.
 
 Flow endpoints (`s`, `t`, `f`) bind to the slice open on their thread at their time: an endpoint at
 the start of a moved slice, on its thread, moves with it.
@@ -29,7 +32,6 @@ the start of a moved slice, on its thread, moves with it.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,17 +43,15 @@ from pipeline.read.values import FLOAT_EXACT_US
 TRACK = ["pid", "pid_str", "tid", "tid_str"]
 LANE_NAME = "{name} · overlapping slices"
 MAX_ROUNDS = 256  # lanes a track may need; beyond, the slices left are counted, not moved
-_LANE_STEP = 1_000_000_000  # a lane's tid: the thread's + k * this (then the next free one)
 
 
 @dataclass
 class Lanes:
-    """Where slices move: `tid` event_idx -> the tid to write (slices and their flow endpoints),
-    `threads` the metadata events naming the new tracks, `moved` how many slices moved,
-    `left` how many still could not nest after MAX_ROUNDS (0 in every trace seen)."""
+    """Where slices move: `tid` event_idx -> the tid to write (slices and their flow endpoints: a
+    string, the sibling track's name), `moved` how many slices moved, `left` how many still could
+    not nest after MAX_ROUNDS (0 in every trace seen)."""
 
     tid: dict[int, object] = field(default_factory=dict)
-    threads: list[dict] = field(default_factory=list)
     moved: int = 0
     left: int = 0
 
@@ -147,26 +147,12 @@ def lanes_of(x: pl.DataFrame) -> pl.DataFrame:
     return out.filter(pl.col("lane") > 0)
 
 
-def _thread_names(meta: pl.DataFrame) -> dict[tuple, tuple[str | None, object]]:
-    """(pid, pid_str, tid, tid_str) -> (thread name, sort index) from M thread_name / thread_sort_index."""
-    out: dict[tuple, list] = {}
-    args = pl.col("args_json")
-    rows = meta.select(
-        *TRACK,
-        "name",
-        value=pl.when(pl.col("name") == "thread_name")
-        .then(args.str.json_path_match("$.name"))
-        .otherwise(args.str.json_path_match("$.sort_index")),
+def _thread_names(meta: pl.DataFrame) -> dict[tuple, str]:
+    """(pid, pid_str, tid, tid_str) -> the thread's name, from its M thread_name events."""
+    rows = meta.filter(pl.col("name") == "thread_name").select(
+        *TRACK, n=pl.col("args_json").str.json_path_match("$.name")
     )
-    for r in rows.iter_rows(named=True):
-        key = tuple(r[c] for c in TRACK)
-        slot = out.setdefault(key, [None, None])
-        if r["name"] == "thread_name" and r["value"]:
-            slot[0] = r["value"]
-        elif r["name"] == "thread_sort_index" and r["value"] is not None:
-            with contextlib.suppress(ValueError):
-                slot[1] = int(r["value"])
-    return {k: (v[0], v[1]) for k, v in out.items()}
+    return {tuple(r[:4]): r[4] for r in rows.iter_rows() if r[4]}
 
 
 def plan(events: pl.LazyFrame, flows: pl.LazyFrame | None = None, only: pl.Series | None = None) -> Lanes:
@@ -181,43 +167,23 @@ def plan(events: pl.LazyFrame, flows: pl.LazyFrame | None = None, only: pl.Serie
         return Lanes()
     tracks = moved.select(*TRACK).unique()
     meta = (
-        events.filter((pl.col("ph") == "M") & pl.col("name").is_in(["thread_name", "thread_sort_index"]))
+        events.filter((pl.col("ph") == "M") & (pl.col("name") == "thread_name"))
         .select(*TRACK, "name", "args_json")
         .collect(engine="streaming")
     )
     names = _thread_names(meta)
-    pids = moved.select("pid", "pid_str").unique()
-    used = (
-        events.filter(pl.col("tid").is_not_null())
-        .select("pid", "pid_str", "tid")
-        .unique()
-        .join(pids.lazy(), on=["pid", "pid_str"], nulls_equal=True)
-        .collect(engine="streaming")
-    )
-    taken: dict[tuple, set] = {}
-    for p, ps, used_tid in used.iter_rows():
-        taken.setdefault((p, ps), set()).add(used_tid)
-    new_tid: dict[tuple, object] = {}  # (*TRACK, lane) -> tid
+    new_tid: dict[tuple, str] = {}  # (*TRACK, lane) -> tid
+    used: set[tuple] = set()  # (pid, pid_str, label)
     out = Lanes(moved=moved.height)
-    for key in tracks.iter_rows():
+    for key in tracks.sort(TRACK, nulls_last=True).iter_rows():
         pid, pid_str, tid, tid_str = key
-        name, sort = names.get(key, (None, None))
-        base = (name or tid_str or f"thread {tid}").strip()
+        base = (names.get(key) or tid_str or f"thread {tid}").strip()
         for k in sorted(moved.filter(pl.all_horizontal(_eq(c, v) for c, v in zip(TRACK, key)))["lane"].unique()):
             label = LANE_NAME.format(name=base) + (f" ({k})" if k > 1 else "")
-            t: object = label  # a string tid names its own thread
-            if tid_str is None or tid is not None:
-                n = (tid or 0) + k * _LANE_STEP
-                while n in taken.setdefault((pid, pid_str), set()):
-                    n += 1
-                taken[(pid, pid_str)].add(n)
-                t = n
-            new_tid[(*key, k)] = t
-            p = pid if pid is not None else pid_str
-            out.threads.append({"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": label}})
-            if sort is not None:
-                index = {"sort_index": sort}
-                out.threads.append({"ph": "M", "name": "thread_sort_index", "pid": p, "tid": t, "args": index})
+            if (pid, pid_str, label) in used:  # two threads of one process with one name
+                label += f" [tid {tid if tid is not None else tid_str}]"
+            used.add((pid, pid_str, label))
+            new_tid[(*key, k)] = label
     for r in moved.iter_rows(named=True):
         out.tid[r["event_idx"]] = new_tid[(*(r[c] for c in TRACK), r["lane"])]
     if flows is not None:

@@ -252,7 +252,6 @@ def slice_trace(
         with TraceWriter(out_path, head, keep_secrets=keep_secrets) as out:
             for events in _kept(read_events(src), sel, moves):
                 out.write(events)
-            out.write(moves.threads)
             out.tail = {
                 **metadata_after(src),
                 "slicedFrom": {
