@@ -311,3 +311,20 @@ def test_slice_of_a_run_then_combine(skewed_run, tmp_path):
     assert "collectives linked across ranks" in p.stdout
     ends = _ends_by_rank(load(tmp_path / "cut.json")["traceEvents"])
     assert sorted(ends) == [0, 1, 2, 3] and len(ends[0]) < 24
+
+
+def test_combine_a_runs_dataset_as_its_folder(skewed_run, tmp_path):
+    """A batch dataset is often all that is kept of a run: its events table rebuilds each rank."""
+    from pipeline.dataset.batch import run_batch
+
+    run_dir, _ = skewed_run
+    run_batch(run_dir, tmp_path / "ds", jobs=1)
+    combine([run_dir], tmp_path / "folder.json", align="clocks")
+    r = combine([tmp_path / "ds"], tmp_path / "ds.json", align="clocks")
+    a, b = load(tmp_path / "folder.json"), load(tmp_path / "ds.json")
+    assert r.run.n_collectives == 24 and all(i.trace_id for i in r.inputs)
+
+    def key(e: dict) -> str:  # times as numbers: 50.0 in a trace is 50 once rebuilt from ns
+        return json.dumps({**e, **{k: float(e[k]) for k in ("ts", "dur") if k in e}}, sort_keys=True)
+
+    assert sorted(map(key, a["traceEvents"])) == sorted(map(key, b["traceEvents"]))

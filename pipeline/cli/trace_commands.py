@@ -100,6 +100,9 @@ def augment(
     keep_secrets: bool = typer.Option(
         False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"
     ),
+    tracks: bool = typer.Option(
+        True, "--tracks/--no-tracks", help="add the counter tracks and the critical path (default: yes)"
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
     """Write the trace again with FLOPs, bytes and roofline figures in each costed kernel's args, counter
@@ -115,6 +118,7 @@ def augment(
             trace,
             out,
             keep_secrets=keep_secrets,
+            tracks=tracks,
             device_specs=str(device_specs) if device_specs else None,
             device=device,
             dtype=dtype,

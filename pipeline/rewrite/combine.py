@@ -27,6 +27,7 @@ inputs start when the earliest one does (metadata events keep their ts).
 from __future__ import annotations
 
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,7 +89,9 @@ class Input:
     offset_ns: float | None = None  # its clock's offset as `ranks` estimated it (None: not aligned)
     marks: dict = field(default_factory=dict)  # (ts_ns, dur_ns) of an event -> events to add beside it
     lanes: Lanes = field(default_factory=Lanes)  # slices that move to sibling tracks
-    pids: dict = field(default_factory=dict)  # written pid -> its original, for the unnamed ones
+    pids: dict = field(default_factory=dict)  # written pids, for the unnamed ones
+    dataset: str | None = None  # read from this dataset's tables (trace `trace_id`), not from `path`
+    trace_id: str | None = None
     named: set = field(default_factory=set)  # written pids with a process_name
     truncation_reason: str | None = None
 
@@ -158,13 +161,27 @@ def first_ts_ns(path: str) -> int | None:
     return first
 
 
+@contextmanager
+def _opened(inp: Input):
+    """(batches of events, the source: metadata and tail) of an input: a trace file, or a trace's
+    rows in a dataset (`from_tables`)."""
+    if inp.dataset is not None:
+        from pipeline.rewrite.from_tables import TableSource
+
+        table = TableSource(inp.dataset, inp.trace_id or "")
+        yield table.events(), table
+        return
+    with open_trace(inp.path) as src:
+        yield read_events(src), src
+
+
 def _copy_events(inp: Input, out: TraceWriter) -> dict:
     """Write every event of one input, renumbered, moved off overlaps (`lanes`), with what its
     marks add beside their events; return its top-level metadata."""
     problems = Problems()
     marks, base = dict(inp.marks), 0
-    with open_trace(inp.path) as src:
-        for events in read_events(src):
+    with _opened(inp) as (batches, src):
+        for events in batches:
             inp.lanes.apply(events, base)
             base += len(events)
             added: list = []
@@ -294,41 +311,76 @@ def combined_metadata(inputs: list[Input], metas: list[dict]) -> dict:
     return {**common, **({"deviceProperties": devices} if devices else {}), "combinedFrom": sources}
 
 
-def _lanes(path: str) -> Lanes:
-    """Where the input's slices that Perfetto cannot nest move (`lanes`), from its events flattened
-    (no link) into a temporary directory."""
+def _lanes(inp: Input) -> Lanes:
+    """Where the input's slices that Perfetto cannot nest move (`lanes`), from its events: a
+    dataset's rows, or the trace flattened (no link) into a temporary directory."""
+    if inp.dataset is not None:
+        from pipeline.dataset.tables import tables
+
+        t = tables(inp.dataset, {"events", "flows"})
+        key = pl.col("trace_id") == inp.trace_id
+        return plan_lanes(t["events"].filter(key), t["flows"].filter(key))
     from pipeline.flatten import flatten
 
     with tempfile.TemporaryDirectory(prefix="tracepipe-combine-") as tmp:
-        flat = flatten(path, tmp, link=False).out_dir
+        flat = flatten(inp.path, tmp, link=False).out_dir
         return plan_lanes(pl.scan_parquet(flat / "events.parquet"), pl.scan_parquet(flat / "flows.parquet"))
+
+
+def _first_ns(inp: Input) -> int | None:
+    if inp.dataset is None:
+        return first_ts_ns(inp.path)
+    from pipeline.dataset.tables import tables
+
+    ev = tables(inp.dataset, {"events"})["events"].filter((pl.col("trace_id") == inp.trace_id) & (pl.col("ph") != "M"))
+    return ev.select(pl.col("ts_ns").min()).collect().item()
+
+
+def _dataset_run(ds: str, run_by: str | None, run: str | None) -> tuple[RunPlan, dict]:
+    """The run plan of a batch dataset's run, and source path -> trace_id of its traces."""
+    from pipeline.dataset.tables import tables
+    from pipeline.rewrite.run_timeline import plan
+    from pipeline.runs.from_tables import extracts_of_tables
+
+    ids = tables(ds, {"trace"})["trace"].select("source_path", "trace_id").collect()
+    with tempfile.TemporaryDirectory(prefix="tracepipe-combine-") as tmp:
+        rp = plan(extracts_of_tables(ds, Path(tmp)), run_by, run)
+    return rp, dict(ids.iter_rows())
 
 
 def _run_inputs(paths: list[str], align: str, run_by: str | None, run: str | None) -> tuple[list[Input], RunPlan]:
     """The ranks of one run (a run folder, archive or list, or several rank traces) as inputs, with
     their clock shifts (align="clocks") and the flows, waits and names `run_timeline` adds."""
     from pipeline.rewrite.run_timeline import plan, run_sources
+    from pipeline.runs.report import is_trace_folder
 
-    with tempfile.TemporaryDirectory(prefix="tracepipe-combine-") as tmp:
-        src = paths[0]
-        if len(paths) > 1 or is_trace_name(src):  # rank traces: scanned from a list of them
-            src = str(Path(tmp) / "traces.txt")
-            Path(src).write_text("".join(f"{Path(p).resolve()}\n" for p in paths))
-        with run_sources(Path(src)) as extracts:
-            rp = plan(extracts, run_by, run)
+    ids = None
+    if len(paths) == 1 and not is_trace_folder(Path(paths[0])):  # a batch dataset (or flattened traces)
+        rp, ids = _dataset_run(paths[0], run_by, run)
+    else:
+        with tempfile.TemporaryDirectory(prefix="tracepipe-combine-") as tmp:
+            src = paths[0]
+            if len(paths) > 1 or is_trace_name(src):  # rank traces: scanned from a list of them
+                src = str(Path(tmp) / "traces.txt")
+                Path(src).write_text("".join(f"{Path(p).resolve()}\n" for p in paths))
+            with run_sources(Path(src)) as extracts:
+                rp = plan(extracts, run_by, run)
     if not rp.ranks:
         raise UsageError(f"{paths[0]}: no rank trace of run {rp.run} could be read")
-    for r in rp.ranks:
-        open_trace(r.path).close()
+    if ids is None:
+        for r in rp.ranks:
+            open_trace(r.path).close()
     inputs = []
     for k, r in enumerate(rp.ranks):
         inp = Input(r.path, f"rank {r.rank}", Renumber(k, len(rp.ranks)), rank=r.rank, offset_ns=r.offset_ns)
+        if ids is not None:
+            inp.dataset, inp.trace_id = paths[0], ids.get(r.path)
         inp.marks = r.marks
         if align == "clocks" and r.offset_ns is not None:
             inp.shift_ns = round(r.offset_ns)
         inputs.append(inp)
     if align == "start":
-        starts = [first_ts_ns(i.path) for i in inputs]
+        starts = [_first_ns(i) for i in inputs]
         common = min((s for s in starts if s is not None), default=0)
         for inp, s in zip(inputs, starts):
             inp.shift_ns = 0 if s is None else s - common
@@ -364,7 +416,7 @@ def combine(
     else:
         inputs = _inputs(paths, labels, align)
     for inp in inputs:
-        inp.lanes = _lanes(inp.path)
+        inp.lanes = _lanes(inp)
     with TraceWriter(out_path, keep_secrets=keep_secrets) as out:
         metas = [_copy_events(inp, out) for inp in inputs]
         tail = combined_metadata(inputs, metas)
