@@ -184,7 +184,9 @@ def bench_slice(path: Path, work: Path, flatten_s: float | None = None, flatten_
         flatten_s, flatten_mb, _ = measure([sys.executable, "-m", "pipeline", "flatten", str(path), "-o", str(out)])
     events = pl.scan_parquet(next(out.iterdir()) / "events.parquet").filter(pl.col("ph") != "M")
     lo, hi = (
-        events.select(pl.col("ts_ns").min(), (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max()).collect().row(0)
+        events.select(lo=pl.col("ts_ns").min(), hi=(pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max())
+        .collect()
+        .row(0)
     )
     a, b = 0.495 * (hi - lo) / 1e3, 0.505 * (hi - lo) / 1e3
     target = work / "slice.json.gz"
