@@ -93,6 +93,7 @@ class Input:
     dataset: str | None = None  # read from this dataset's tables (trace `trace_id`), not from `path`
     trace_id: str | None = None
     named: set = field(default_factory=set)  # written pids with a process_name
+    waits_named: set = field(default_factory=set)  # written pids whose waits track has its name
     truncation_reason: str | None = None
 
 
@@ -193,7 +194,7 @@ def _copy_events(inp: Input, out: TraceWriter) -> dict:
                 if key is not None and key in marks:
                     added += _beside(e, marks.pop(key), problems)
             out.write(events)
-            out.write(added)
+            out.write(added + _waits_names(inp, added))
             inp.n_events += len(events)
         out.write(_process_names(inp))
         inp.truncated, inp.truncation_reason = src.tail.truncated, src.tail.reason
@@ -218,10 +219,17 @@ def _beside(e: dict, marks: list, problems: Problems) -> list:
             m["dur"] = us_number(m.pop("dur_ns"))
             m["ts"] = us_number(start)
         out.append(m)
-    if any(m.get("tid") == WAITS_TID for m in marks):
-        out.append(
-            {"ph": "M", "name": "thread_name", "pid": e.get("pid"), "tid": WAITS_TID, "args": {"name": WAITS_NAME}}
-        )
+    return out
+
+
+def _waits_names(inp: Input, added: list) -> list:
+    """A thread_name for the waits track of each process that got one first in this batch."""
+    out = []
+    for m in added:
+        pid = m.get("pid")
+        if m.get("tid") == WAITS_TID and pid not in inp.waits_named:
+            inp.waits_named.add(pid)
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": WAITS_TID, "args": {"name": WAITS_NAME}})
     return out
 
 
@@ -236,10 +244,10 @@ def _process_names(inp: Input) -> list:
             "name": "process_name",
             "pid": p,
             "tid": 0,
-            "args": {"name": f"rank {inp.rank} · process {p // scale if type(p) is int else p}"},
+            "args": {"name": f"rank {inp.rank} · process {p // scale}"},
         }
         for p in inp.pids
-        if p not in inp.named
+        if p not in inp.named and type(p) is int  # string pids ("Spans") are every input's: not a rank's
     ]
 
 
