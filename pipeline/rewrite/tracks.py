@@ -92,8 +92,10 @@ def memory_counters(f: Flat) -> Iterator[dict]:
 
 
 def free_pid(f: Flat) -> int:
-    """A process id no event of the trace uses (for the tracks tracepipe adds)."""
-    top = f.scan("events").select(pl.col("pid").max()).collect().item()
+    """A process id no event of the trace uses (for the tracks tracepipe adds): one past the largest
+    below 2^31 (Perfetto reads pids as 32-bit: a larger one would wrap onto another)."""
+    small = pl.col("pid").filter(pl.col("pid") < (1 << 31) - 1)
+    top = f.scan("events").select(small.max()).collect().item()
     return max(int(top or 0), 0) + 1
 
 
