@@ -222,14 +222,23 @@ def _kept(batches, sel: Selection, moves: lanes.Lanes):
 def slice_trace(
     trace_path,
     out_path,
-    window: Window,
+    window: Window | None = None,
     flat_dir=None,
     keep_secrets: bool = False,
+    *,
+    steps: str | None = None,
+    start_us: float | None = None,
+    end_us: float | None = None,
+    annotation: str | None = None,
     **flatten_kwargs,
 ) -> SliceResult:
-    """Write the events of `trace_path` in `window` (with what keeps their links) to `out_path`
-    (.json or .json.gz); see the module docstring. `flat_dir`: the trace already flattened (else
-    it is, into a temporary directory; `flatten_kwargs`: workers, progress, ...)."""
+    """Write the events of `trace_path` in a window (with what keeps their links) to `out_path`
+    (.json or .json.gz); see the module docstring. The window: `window`, or `steps` ("3:5"),
+    `start_us`/`end_us` (after the trace's first event), `annotation`, as `analyze` has them.
+    `flat_dir`: the trace already flattened (else it is, into a temporary directory;
+    `flatten_kwargs`: workers, progress, ...)."""
+    if window is None:
+        window = Window(steps=steps, start_us=start_us, end_us=end_us, annotation=annotation)
     if window.empty:
         raise UsageError("slice needs a window: --steps, --start-us/--end-us or --annotation")
     path = str(trace_path)
