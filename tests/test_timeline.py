@@ -328,3 +328,19 @@ def test_combine_a_runs_dataset_as_its_folder(skewed_run, tmp_path):
         return json.dumps({**e, **{k: float(e[k]) for k in ("ts", "dur") if k in e}}, sort_keys=True)
 
     assert sorted(map(key, a["traceEvents"])) == sorted(map(key, b["traceEvents"]))
+
+
+def test_combine_a_real_run_draws(shared_traces, tmp_path):
+    """dlrm8_v100: 8 real ranks with epoch-µs times and a shared "Spans" pseudo-process: shifts in
+    whole µs keep the times exact, each rank's spans stay on its own track."""
+    run = shared_traces.parent / "runs" / "dlrm8_v100"
+    if not run.is_dir():
+        pytest.skip("no real runs beside the traces")
+    r = combine([run], tmp_path / "dlrm.json.gz", align="clocks")
+    d = load(tmp_path / "dlrm.json.gz")
+    assert r.run.n_collectives == 8 and all(i.shift_ns % 1000 == 0 for i in r.inputs)
+    m = import_trace(d)
+    assert not m.overlaps and m.unbound == 0
+    names = {e["args"]["name"] for e in d["traceEvents"] if e.get("name") == "process_name"}
+    assert {n.split(" · ")[0] for n in names if n.startswith("rank ")} == {f"rank {k}" for k in range(8)}
+    assert sum(1 for e in d["traceEvents"] if e.get("cat") == "collective" and e["ph"] == "f") == 8 * 7

@@ -7,7 +7,8 @@ pids stay small and `pid // 10**d` is the original); string ids get k appended a
 (Chrome/Perfetto read string flow ids as hex, so this is the same scheme in base 16).
 What is renumbered, always the same way within an input, so links stay inside their input:
 
-- integer `pid`s (string pseudo-pids like "Spans", "Traces" stay shared);
+- integer `pid`s; string pseudo-pids ("Spans", "Traces") get " [label]" appended: shared, each
+  input's profiler spans would overlap the others' on one track, which Perfetto cannot draw;
 - `id`, `bind_id` and `id2` values, so no (cat, id, ph) flow/async triple is shared by two inputs;
 - args that link events (`LINK_ARGS`: External id, correlation, Python id, ...) when positive
   (0 and negative values are "no link" sentinels and stay as they are);
@@ -35,7 +36,7 @@ import polars as pl
 
 from pipeline.errors import UsageError
 from pipeline.kineto import is_trace_name, trace_stem
-from pipeline.read.values import Problems, us_to_ns
+from pipeline.read.values import FLOAT_EXACT_US, Problems, us_to_ns
 from pipeline.rewrite.jsonout import TraceWriter, open_trace, read_events, us_number
 from pipeline.rewrite.lanes import Lanes
 from pipeline.rewrite.lanes import plan as plan_lanes
@@ -128,8 +129,11 @@ def rewrite(e, inp: Input, problems: Problems):
     if type(e) is not dict:
         return
     r = inp.renumber
-    if type(e.get("pid")) is int:
-        e["pid"] = r.num(e["pid"])
+    pid = e.get("pid")
+    if type(pid) is int:
+        e["pid"] = r.num(pid)
+    elif type(pid) is str:
+        e["pid"] = f"{pid} [{inp.label}]"
     for key in ID_KEYS:
         if key in e:
             e[key] = r.id(e[key])
@@ -247,7 +251,7 @@ def _process_names(inp: Input) -> list:
             "args": {"name": f"rank {inp.rank} · process {p // scale}"},
         }
         for p in inp.pids
-        if p not in inp.named and type(p) is int  # string pids ("Spans") are every input's: not a rank's
+        if p not in inp.named and type(p) is int  # a string pid names itself ("Spans [rank 0]")
     ]
 
 
@@ -319,20 +323,32 @@ def combined_metadata(inputs: list[Input], metas: list[dict]) -> dict:
     return {**common, **({"deviceProperties": devices} if devices else {}), "combinedFrom": sources}
 
 
+def shift_of(offset_ns: float, some_ts_ns: int) -> int:
+    """The shift (ns) that puts a rank on the run's clock: its offset, to the ns; to the µs where
+    its times are past FLOAT_EXACT_US (µs since the epoch: a viewer reads them as float64 µs, on a
+    ~0.25 µs grid, so a sub-µs shift would make whole-µs times inexact and nested slices overlap)."""
+    if abs(some_ts_ns) >= FLOAT_EXACT_US * 1000:
+        return round(offset_ns / 1000) * 1000
+    return round(offset_ns)
+
+
 def _lanes(inp: Input) -> Lanes:
-    """Where the input's slices that Perfetto cannot nest move (`lanes`), from its events: a
-    dataset's rows, or the trace flattened (no link) into a temporary directory."""
+    """Where the input's slices that Perfetto cannot nest move (`lanes`), from its events as they
+    are written (shifted): a dataset's rows, or the trace flattened (no link) into a temporary
+    directory."""
+    shifted = pl.col("ts_ns") - inp.shift_ns
     if inp.dataset is not None:
         from pipeline.dataset.tables import tables
 
         t = tables(inp.dataset, {"events", "flows"})
         key = pl.col("trace_id") == inp.trace_id
-        return plan_lanes(t["events"].filter(key), t["flows"].filter(key))
+        return plan_lanes(t["events"].filter(key).with_columns(shifted), t["flows"].filter(key).with_columns(shifted))
     from pipeline.flatten import flatten
 
     with tempfile.TemporaryDirectory(prefix="tracepipe-combine-") as tmp:
         flat = flatten(inp.path, tmp, link=False).out_dir
-        return plan_lanes(pl.scan_parquet(flat / "events.parquet"), pl.scan_parquet(flat / "flows.parquet"))
+        events, flows = pl.scan_parquet(flat / "events.parquet"), pl.scan_parquet(flat / "flows.parquet")
+        return plan_lanes(events.with_columns(shifted), flows.with_columns(shifted))
 
 
 def _first_ns(inp: Input) -> int | None:
@@ -385,7 +401,7 @@ def _run_inputs(paths: list[str], align: str, run_by: str | None, run: str | Non
             inp.dataset, inp.trace_id = paths[0], ids.get(r.path)
         inp.marks = r.marks
         if align == "clocks" and r.offset_ns is not None:
-            inp.shift_ns = round(r.offset_ns)
+            inp.shift_ns = shift_of(r.offset_ns, next(iter(r.marks), (0, 0))[0])
         inputs.append(inp)
     if align == "start":
         starts = [_first_ns(i) for i in inputs]
