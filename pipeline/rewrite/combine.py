@@ -145,7 +145,8 @@ def rewrite(e, inp: Input, problems: Problems):
     is_meta = e.get("ph") == "M"
     if is_meta and e.get("name") == "process_name" and type(args) is dict and type(args.get("name")) is str:
         args["name"] = f"{args['name']} [{inp.label}]" if inp.rank is None else f"rank {inp.rank} · {args['name']}"
-        inp.named.add(e.get("pid"))
+        if type(e.get("pid")) in (int, str):
+            inp.named.add(e["pid"])
     if inp.shift_ns and not is_meta and "ts" in e:
         ns = us_to_ns(e["ts"], "ts", problems)
         if ns is not None:
@@ -193,7 +194,7 @@ def _copy_events(inp: Input, out: TraceWriter) -> dict:
             for e in events:
                 key = _key(e, problems) if marks else None
                 rewrite(e, inp, problems)
-                if type(e) is dict and "pid" in e:
+                if type(e) is dict and type(e.get("pid")) in (int, str):
                     inp.pids.setdefault(e["pid"], None)
                 if key is not None and key in marks:
                     added += _beside(e, marks.pop(key), problems)
