@@ -91,8 +91,17 @@ def _flattened(path: str, flat_dir, flatten_kwargs: dict):
         yield r.out_dir, r.warnings
 
 
+def _is_device_activity(event) -> bool:
+    """A GPU activity as gpu_ops has them: a GPU category, or a complete event without one
+    (torch_npu's device tasks on the `Ascend Hardware` process carry no `cat`)."""
+    if type(event) is not dict:
+        return False
+    cat = event.get("cat")
+    return cat in GPU_KINDS or (cat is None and event.get("ph") == "X")
+
+
 def _add_cost(event, fields: dict, idx: int):
-    if type(event) is not dict or event.get("cat") not in GPU_KINDS:
+    if not _is_device_activity(event):
         raise DatasetError(f"traceEvents[{idx}] is not the kernel gpu_ops names: the flattened tables are stale")
     args = event.get("args")
     if args is None:
