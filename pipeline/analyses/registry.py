@@ -113,6 +113,7 @@ REGISTRY: tuple[Section, ...] = (
             "achieved_flops_pct",
             "achieved_bw_pct",
             "roofline_bound",
+            "math_mode",
             "category",
             "flops",
             "achieved_tflops",
