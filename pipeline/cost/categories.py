@@ -65,7 +65,7 @@ CATEGORIES: tuple[Category, ...] = (
     ),
     Category(
         "gemm",
-        kernel=r"(?i)gemm|gemv|Cijk_|xmma|wgmma|nvjet|matmul|splitKreduce|^bmm_|^triton_tem_fused_(?:addmm|mm|bmm)",
+        kernel=r"(?i)(?:^|[^b])gemm|gemv|Cijk_|xmma|wgmma|nvjet|matmul|splitKreduce|^bmm_|^triton_tem_fused_(?:addmm|mm|bmm)",
         op=r"^aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|dot|_addmm_activation)$",
     ),
     Category("triton_other", kernel=r"^triton_"),  # templates (tem_) matched above; old `triton__0d1d2d...`

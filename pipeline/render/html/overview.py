@@ -13,6 +13,7 @@ import polars as pl
 
 import pipeline.render.html.charts as ch
 from pipeline.analyses.flat import Flat
+from pipeline.analyses.registry import pct_meanings
 from pipeline.render.html.cells import duration, percent
 from pipeline.render.html.costing import costing_parts, tone
 from pipeline.render.html.model import Chart, Group, Part, Table, Tile
@@ -182,7 +183,8 @@ def top_kernels(kernels: pl.DataFrame, several: bool) -> Table:
     if not several:
         cols.remove("device")
     top = kernels.sort("dur_us", descending=True).head(TOP).select(cols)
-    return Table(top, f"Top {top.height} kernels by time (of {kernels.height:,}; all in Kernels below)", compact=True)
+    title = f"Top {top.height} kernels by time (of {kernels.height:,}; all in Kernels below)"
+    return Table(top, title, compact=True, meanings=pct_meanings("kernels", cols))
 
 
 def top_ops(ops: pl.DataFrame) -> Table:
