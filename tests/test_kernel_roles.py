@@ -3,6 +3,8 @@ the data tables on real kernel names from the shared traces and the vendors' nam
 how costing uses them (FLOPs to math kernels only, peaks by math mode, the cache bound) on
 hand-made traces."""
 
+# ruff: noqa: E501  (whole kernel names, as the traces hold them)
+
 from __future__ import annotations
 
 import gzip
@@ -41,38 +43,101 @@ def test_every_mode_row_gives_its_own_example_its_mode():
 # kernel names as the shared traces hold them (../shared/traces: which one in the comment)
 REAL_ROLES = [
     # triosim/h100_vgg13: cuDNN's layout conversions and workspace fill around TF32 convolutions
-    ("void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)0>(cudnn::ops::nchw2nhwc_params_t<float>, float const*, float*)", "layout"),  # noqa: E501
-    ("void cudnn::ops::nhwcToNchwKernel<float, float, float, true, false, (cudnnKernelDataType_t)0>(cudnn::ops::nhwc2nchw_params_t<float>, float const*, float*)", "layout"),  # noqa: E501
-    ("void cask_plugin_cudnn_infer::xmma_cudnn_infer::init_device_workspace_kernel<xmma_cudnn_infer::implicit_gemm::fprop::Warp_specialized_params_non_template<xmma_cudnn_infer::Grid_constant_params> >(xmma_cudnn_infer::implicit_gemm::fprop::Warp_specialized_params_non_template<xmma_cudnn_infer::Grid_constant_params>)", "fill"),  # noqa: E501
-    ("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x256x32_cgasize2x1x1_warpgroupsize2x1x1_g1_execute_segment_k_off_kernel_cudnn_infer", "math"),  # noqa: E501
+    (
+        "void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)0>(cudnn::ops::nchw2nhwc_params_t<float>, float const*, float*)",
+        "layout",
+    ),
+    (
+        "void cudnn::ops::nhwcToNchwKernel<float, float, float, true, false, (cudnnKernelDataType_t)0>(cudnn::ops::nhwc2nchw_params_t<float>, float const*, float*)",
+        "layout",
+    ),
+    (
+        "void cask_plugin_cudnn_infer::xmma_cudnn_infer::init_device_workspace_kernel<xmma_cudnn_infer::implicit_gemm::fprop::Warp_specialized_params_non_template<xmma_cudnn_infer::Grid_constant_params> >(xmma_cudnn_infer::implicit_gemm::fprop::Warp_specialized_params_non_template<xmma_cudnn_infer::Grid_constant_params>)",
+        "fill",
+    ),
+    (
+        "sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x256x32_cgasize2x1x1_warpgroupsize2x1x1_g1_execute_segment_k_off_kernel_cudnn_infer",
+        "math",
+    ),
     # hta/diff_control_a100, hta/a100_nccl: split-K GEMMs, the bias epilogue, copies under aten::addmm
-    ("void splitKreduce_kernel<float, float, float, float, true, true, false>(cublasSplitKParams<float>, float const*, float const*, float*, float const*, float const*, float const*, float const*, float*, void*, long, float*, int*)", "reduce"),  # noqa: E501
-    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, false>(cublasLt::cublasSplitKParams<float>, float const*, float const*, float*, float const*, float const*, float const*, float const*, float*, void*, long, float*, int*)", "reduce"),  # noqa: E501
-    ("void epilogue::impl::globalKernel<float, float, float, true, true>(int, int, long, float*, cublasLtEpilogue_t, int, float*, long, void*, long, long, long, float*, float const*, float const*, float const*)", "epilogue"),  # noqa: E501
-    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x128_32x3_tn_align4>(cutlass_80_tensorop_s1688gemm_256x128_32x3_tn_align4::Params)", "math"),  # noqa: E501
-    ("void at::native::unrolled_elementwise_kernel<at::native::(anonymous namespace)::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2>, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >(int, at::native::(anonymous namespace)::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2>, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1>)", "copy"),  # noqa: E501
-    ("void cutlass_cudnn_train::Kernel<cutlass_cudnn_train::reduction::kernel::ReduceSplitK<cutlass_cudnn_train::MatrixShape<4, 128>, cutlass_cudnn_train::epilogue::thread::LinearCombination<float, 4, float, float, (cutlass_cudnn_train::epilogue::thread::ScaleType::Kind)0, (cutlass_cudnn_train::FloatRoundStyle)2>, cutlass_cudnn_train::reduction::thread::ReduceAdd<float, float, 4>, 4> >(cutlass_cudnn_train::reduction::kernel::ReduceSplitK<...>::Params)", "reduce"),  # noqa: E501
+    (
+        "void splitKreduce_kernel<float, float, float, float, true, true, false>(cublasSplitKParams<float>, float const*, float const*, float*, float const*, float const*, float const*, float const*, float*, void*, long, float*, int*)",
+        "reduce",
+    ),
+    (
+        "void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, false>(cublasLt::cublasSplitKParams<float>, float const*, float const*, float*, float const*, float const*, float const*, float const*, float*, void*, long, float*, int*)",
+        "reduce",
+    ),
+    (
+        "void epilogue::impl::globalKernel<float, float, float, true, true>(int, int, long, float*, cublasLtEpilogue_t, int, float*, long, void*, long, long, long, float*, float const*, float const*, float const*)",
+        "epilogue",
+    ),
+    (
+        "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x128_32x3_tn_align4>(cutlass_80_tensorop_s1688gemm_256x128_32x3_tn_align4::Params)",
+        "math",
+    ),
+    (
+        "void at::native::unrolled_elementwise_kernel<at::native::(anonymous namespace)::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2>, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >(int, at::native::(anonymous namespace)::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2>, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1>)",
+        "copy",
+    ),
+    (
+        "void cutlass_cudnn_train::Kernel<cutlass_cudnn_train::reduction::kernel::ReduceSplitK<cutlass_cudnn_train::MatrixShape<4, 128>, cutlass_cudnn_train::epilogue::thread::LinearCombination<float, 4, float, float, (cutlass_cudnn_train::epilogue::thread::ScaleType::Kind)0, (cutlass_cudnn_train::FloatRoundStyle)2>, cutlass_cudnn_train::reduction::thread::ReduceAdd<float, float, 4>, 4> >(cutlass_cudnn_train::reduction::kernel::ReduceSplitK<...>::Params)",
+        "reduce",
+    ),
     # hta/sampled_no_device_props: cuBLAS's beta scaling, masked fills
-    ("void scal_kernel<float, float, 1, false, 6, 5, 5, 3>(cublasTransposeParams<float>, float const*, float*, float const*)", "epilogue"),  # noqa: E501
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::masked_fill_kernel(at::TensorIterator&, c10::Scalar const&)::{lambda()#1}::operator()() const::{lambda()#7}::operator()() const::{lambda(float, bool)#1}, at::detail::Array<char*, 3> >(int, ...)", "fill"),  # noqa: E501
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)", "fill"),  # noqa: E501
+    (
+        "void scal_kernel<float, float, 1, false, 6, 5, 5, 3>(cublasTransposeParams<float>, float const*, float*, float const*)",
+        "epilogue",
+    ),
+    (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::masked_fill_kernel(at::TensorIterator&, c10::Scalar const&)::{lambda()#1}::operator()() const::{lambda()#7}::operator()() const::{lambda(float, bool)#1}, at::detail::Array<char*, 3> >(int, ...)",
+        "fill",
+    ),
+    (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)",
+        "fill",
+    ),
     # tracelens/h100_qwen1.5_0.5b: RoPE's concatenation, bf16 casts, flash attention, elementwise math
-    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType<2u>, unsigned int, 4, 64, 64>(...)", "copy"),  # noqa: E501
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int, ...)", "copy"),  # noqa: E501
-    ("void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >, false, true, false, false, false, true, false, false>(pytorch_flash::Flash_fwd_params)", "math"),  # noqa: E501
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)", "math"),  # noqa: E501
+    (
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType<2u>, unsigned int, 4, 64, 64>(...)",
+        "copy",
+    ),
+    (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int, ...)",
+        "copy",
+    ),
+    (
+        "void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >, false, true, false, false, false, true, false, false>(pytorch_flash::Flash_fwd_params)",
+        "math",
+    ),
+    (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)",
+        "math",
+    ),
     # param/rtx2080_resnet, kineto/v100_tbplugin_resnet50: cuDNN's offsets, Winograd transforms, im2col
     ("void cask_cudnn::computeOffsetsKernel<false, false>(cask_cudnn::ComputeOffsetsParams)", "setup"),
-    ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::WinogradDataParams<float, float>)", "transform"),  # noqa: E501
-    ("void cudnn::cnn::im2col4d_kernel<float, long>(cudnn::cnn::im2col4d_params, cudnnConvolutionStruct, cudnnTensor4dStruct, float const*, float*)", "layout"),  # noqa: E501
+    (
+        "void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::WinogradDataParams<float, float>)",
+        "transform",
+    ),
+    (
+        "void cudnn::cnn::im2col4d_kernel<float, long>(cudnn::cnn::im2col4d_params, cudnnConvolutionStruct, cudnnTensor4dStruct, float const*, float*)",
+        "layout",
+    ),
     ("cudnn_volta_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1", "math"),
     # Inductor: a Triton kernel is its launch record's own op (its estimate is its own)
     ("triton_poi_fused__to_copy_0", "math"),
     # vLLM (tracelens/b200_eager, mi300x_vllm_graph_replay): the paged KV cache write
-    ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, unsigned char, (vllm::Fp8KVCacheDataType)1>(__nv_bfloat16 const*, __nv_bfloat16 const*, unsigned char*, unsigned char*, long const*, long, long, long, long, int, int, int, float const*, float const*)", "copy"),  # noqa: E501
+    (
+        "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, unsigned char, (vllm::Fp8KVCacheDataType)1>(__nv_bfloat16 const*, __nv_bfloat16 const*, unsigned char*, unsigned char*, long const*, long, long, long, long, int, int, int, float const*, float const*)",
+        "copy",
+    ),
     ("_combined_routing_memset", "fill"),
     # a name holding "mma" inside another word is no matrix kernel; "prefill" no fill
-    ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>(long, long, float const*, float const*, float const*, float const*, float*, float*)", "math"),  # noqa: E501
+    (
+        "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>(long, long, float const*, float const*, float const*, float const*, float*, float*)",
+        "math",
+    ),
     ("_fwd_prefill_attention_kernel", "math"),
 ]
 
@@ -84,27 +149,69 @@ def test_roles_of_real_kernel_names(name, want):
 
 REAL_MODES = [
     # NVIDIA: cuBLAS / cuDNN / CUTLASS / xmma naming, from the shared traces
-    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4>(cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4::Params)", "tf32"),  # noqa: E501  diff_control_a100
-    ("sm90_xmma_wgrad_indexed_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32_warpgroupsize1x1x1_g1_execute_segment_k_on_kernel_cudnn_train", "tf32"),  # noqa: E501  h100_vgg13
-    ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_execute_kernel_cudnn_infer", "tf32"),  # noqa: E501  a100_nccl
-    ("void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688dgrad_optimized_tf32_64x128_32x3_nhwc_align4>(cutlass_tensorop_s1688dgrad_optimized_tf32_64x128_32x3_nhwc_align4::Params)", "tf32"),  # noqa: E501  a100_nccl
-    ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas", "fp32"),  # noqa: E501  h100_vgg13: FP32 SIMT (ffma)
-    ("void cutlass::Kernel<cutlass_80_simt_sgemm_256x128_8x4_nt_align1>(cutlass_80_simt_sgemm_256x128_8x4_nt_align1::Params)", "fp32"),  # noqa: E501  h100_vgg13
+    (
+        "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4>(cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4::Params)",
+        "tf32",
+    ),  # diff_control_a100
+    (
+        "sm90_xmma_wgrad_indexed_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32_warpgroupsize1x1x1_g1_execute_segment_k_on_kernel_cudnn_train",
+        "tf32",
+    ),  # h100_vgg13
+    (
+        "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_warpsize2x2x1_g1_tensor16x8x8_execute_kernel_cudnn_infer",
+        "tf32",
+    ),  # a100_nccl
+    (
+        "void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688dgrad_optimized_tf32_64x128_32x3_nhwc_align4>(cutlass_tensorop_s1688dgrad_optimized_tf32_64x128_32x3_nhwc_align4::Params)",
+        "tf32",
+    ),  # a100_nccl
+    (
+        "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
+        "fp32",
+    ),  # h100_vgg13: FP32 SIMT (ffma)
+    (
+        "void cutlass::Kernel<cutlass_80_simt_sgemm_256x128_8x4_nt_align1>(cutlass_80_simt_sgemm_256x128_8x4_nt_align1::Params)",
+        "fp32",
+    ),  # h100_vgg13
     ("volta_sgemm_128x64_nt", "fp32"),  # diff_test_v100
     ("ampere_sgemm_128x64_nn", "fp32"),  # a100_old_format_rank0
     ("cudnn_volta_scudnn_128x64_relu_xregs_large_nn_v1", "fp32"),  # rtx2080_resnet
-    ("void cudnn::detail::dgrad_engine<float, 128, 6, 7, 3, 3, 5, false>(int, int, int, float const*, int, float const*, int, float*, kernel_grad_params, unsigned long long, int, unsigned long long, int, float, int, int, int)", "fp32"),  # noqa: E501  rtx2080_resnet
-    ("void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false, cublasGemvParams<cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float>, float> >(...)", "fp32"),  # noqa: E501  diff_test_v100
-    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", "bf16"),  # noqa: E501  h100_qwen
+    (
+        "void cudnn::detail::dgrad_engine<float, 128, 6, 7, 3, 3, 5, false>(int, int, int, float const*, int, float const*, int, float*, kernel_grad_params, unsigned long long, int, unsigned long long, int, float, int, int, int)",
+        "fp32",
+    ),  # rtx2080_resnet
+    (
+        "void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false, cublasGemvParams<cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float>, float> >(...)",
+        "fp32",
+    ),  # diff_test_v100
+    (
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+        "bf16",
+    ),  # h100_qwen
     ("nvjet_tst_144x128_64x6_2x1_v_bz_bias_TNN", "bf16"),  # b200_eager
     ("fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentContext", "fp8"),  # b200_eager
-    ("bmm_Bfloat16_MxE2m1MxE4m3_Fp32_t128x16x256u2_s3_et128x16_m128x16x32_cga1x1x1_16dp256b_rM_TN_transOut_schedP2x1x2x3_biasM_bN_tmaOpt_clmp_dynBatch_sm100", "fp8"),  # noqa: E501  b200_eager: FP4 x FP8 at the FP8 rate
-    ("void cutlass::Kernel<cutlass_70_wmma_tensorop_f16_s161616gemm_f16_32x32_64x2_tn_align8>(cutlass_70_wmma_tensorop_f16_s161616gemm_f16_32x32_64x2_tn_align8::Params)", "fp16"),  # noqa: E501  old_capitalized_cats
-    ("_ZN19cutlass_cudnn_train6KernelINS_4conv6kernel23ImplicitGemmConvolutionINS1_11threadblock22ImplicitGemmMultistageINS_4gemm9GemmShapeILi128ELi128ELi32EEENS_9tfloat32_tEE", "tf32"),  # noqa: E501  a100_nccl (mangled)
+    (
+        "bmm_Bfloat16_MxE2m1MxE4m3_Fp32_t128x16x256u2_s3_et128x16_m128x16x32_cga1x1x1_16dp256b_rM_TN_transOut_schedP2x1x2x3_biasM_bN_tmaOpt_clmp_dynBatch_sm100",
+        "fp8",
+    ),  # b200_eager: FP4 x FP8 at the FP8 rate
+    (
+        "void cutlass::Kernel<cutlass_70_wmma_tensorop_f16_s161616gemm_f16_32x32_64x2_tn_align8>(cutlass_70_wmma_tensorop_f16_s161616gemm_f16_32x32_64x2_tn_align8::Params)",
+        "fp16",
+    ),  # old_capitalized_cats
+    (
+        "_ZN19cutlass_cudnn_train6KernelINS_4conv6kernel23ImplicitGemmConvolutionINS1_11threadblock22ImplicitGemmMultistageINS_4gemm9GemmShapeILi128ELi128ELi32EEENS_9tfloat32_tEE",
+        "tf32",
+    ),  # a100_nccl (mangled)
     # AMD: Tensile / hipBLASLt, Triton matmuls
-    ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x48x64_MI16x16x1_SN_LDSB1_AFC1_AFEM1_AFEM1_ASEM1_CLR1_CADS0_DTVA0_DTVB0_EPS0_FDSI0_GRPM1_GRVWA8_GRVWB8", "bf16"),  # noqa: E501  mi300x_vllm_graph_replay
+    (
+        "Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x48x64_MI16x16x1_SN_LDSB1_AFC1_AFEM1_AFEM1_ASEM1_CLR1_CADS0_DTVA0_DTVB0_EPS0_FDSI0_GRPM1_GRVWA8_GRVWB8",
+        "bf16",
+    ),  # mi300x_vllm_graph_replay
     ("Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT128x224x64_MI16x16x1_SN_LDSB1_AFC1", "bf16"),  # mi300x_qwen
-    ("Cijk_Ailk_Bjlk_SB_Bias_AS_SAV_UserArgs_MT64x16x16_MI16x16x1_SN_LDSB0_AFC1_AFEM1_AFEM1_ASEM1_CLR1_CADS0_EPS0", "fp32"),  # noqa: E501  mi250_rocm62_minitoy
+    (
+        "Cijk_Ailk_Bjlk_SB_Bias_AS_SAV_UserArgs_MT64x16x16_MI16x16x1_SN_LDSB0_AFC1_AFEM1_AFEM1_ASEM1_CLR1_CADS0_EPS0",
+        "fp32",
+    ),  # mi250_rocm62_minitoy
     ("Cijk_Ailk_Bljk_S_B_Bias_HA_S_SAV_UserArgs_MT16x16x128_MI16x16x1_SN_LDSB1", "fp32"),  # mi300x_qwen
     ("_matmul_ogs_NNT_bf16xbf16xmxfp4_128x128x128x1_swiglu", "bf16"),  # mi300x_vllm: FP4 weights upcast on MI300X
     # the naming schemes beyond the shared traces (cuBLAS, Tensile, nvjet)
@@ -127,8 +234,14 @@ REAL_MODES = [
     # names that say nothing: the op's dtype decides
     ("attn_fwd", None),
     ("nvjet_sss_128x256_TNT", None),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)", None),  # noqa: E501
-    ("void fbgemm_gpu::permute_2D_data_kernel<true, int, int, float>(int, int, int, int const*, float const*, int const*, int const*, int const*, int*, float*)", None),  # noqa: E501
+    (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
+        None,
+    ),
+    (
+        "void fbgemm_gpu::permute_2D_data_kernel<true, int, int, float>(int, int, int, int const*, float const*, int const*, int const*, int const*, int*, float*)",
+        None,
+    ),
 ]
 
 
@@ -171,9 +284,22 @@ class Trace:
             x = {"ph": "X", "pid": 1, "tid": 1, "ts": self.t + 1, "dur": 2, "cat": "cuda_runtime"}
             self.events.append({**x, "name": "cudaLaunchKernel", "args": {"correlation": self.corr}})
             on = {"correlation": self.corr, "device": 0, "stream": 7}
-            self.events.append({**x, "tid": 7, "ts": self.t + 5, "dur": dur, "cat": "kernel", "name": kernel, "args": on})
+            self.events.append(
+                {**x, "tid": 7, "ts": self.t + 5, "dur": dur, "cat": "kernel", "name": kernel, "args": on}
+            )
             self.t += dur + 10
-        self.events.append({"ph": "X", "pid": 1, "tid": 1, "ts": start, "dur": self.t - start, "cat": "cpu_op", "name": name, "args": args})  # noqa: E501
+        self.events.append(
+            {
+                "ph": "X",
+                "pid": 1,
+                "tid": 1,
+                "ts": start,
+                "dur": self.t - start,
+                "cat": "cpu_op",
+                "name": name,
+                "args": args,
+            }
+        )
         self.t += 10
         return self
 
@@ -233,7 +359,12 @@ def test_fp32_above_the_fp32_peak_ran_on_tf32_tensor_cores(tmp_path):
     it cannot have run in FP32: TF32 (allow_tf32, cuDNN's default)."""
     fast = MM_FLOPS / 200e12 * 1e6  # µs at 200 TFLOP/s: above the H100's FP32 67, below TF32 494.5
     slow = MM_FLOPS / 20e12 * 1e6
-    g = Trace().op("aten::mm", [(SIMT, round(fast))], **MM).op("aten::mm", [(SIMT, round(slow))], **MM).kernels(tmp_path)
+    g = (
+        Trace()
+        .op("aten::mm", [(SIMT, round(fast))], **MM)
+        .op("aten::mm", [(SIMT, round(slow))], **MM)
+        .kernels(tmp_path)
+    )
     assert g["math_mode"].to_list() == ["tf32", "fp32"]
     assert g["peak_tflops"].to_list() == [494.5, 67.0]
     assert all(p <= 100 for p in g["achieved_flops_pct"])
