@@ -716,7 +716,7 @@ def test_every_percentage_says_what_it_is_a_share_of(trace, real_flat, shared_tr
     for name, df in sections.items():
         for view in BY_NAME[name].tables(df).values():
             for column, meaning in pct_meanings(name, view.columns).items():
-                assert meaning.startswith("% of "), (name, column, meaning)
+                assert meaning.startswith("% of "), (name, column, meaning)  # a share (compare's: "% change")
                 seen.add(column)
     assert {"pct", "achieved_flops_pct", "achieved_bw_pct", "busy_pct"} <= seen
     text = rp.format_analysis(f, sections, "table", width=200)

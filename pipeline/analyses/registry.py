@@ -90,6 +90,13 @@ PCT_MEANINGS = {
     "overlap_pct": "% of the device's communication time that compute kernels overlapped",
     "compiled_pct": "% of the step's time inside compiled regions",
     "occupancy_pct": "% of the SM's warp slots the kernel kept busy (Kineto's estimate)",
+    # compare and trend: changes, not shares
+    "delta_pct": "% change of the new runs' time from the base's (new / base - 1)",
+    "ci_low_pct": "% change: the low end of its confidence interval",
+    "ci_high_pct": "% change: the high end of its confidence interval",
+    "change_pct": "% change at a change point (after / before - 1)",
+    "vs_previous_pct": "% change from the run before",
+    "min_effect_pct": "% change below which a difference is not reported",
 }
 KERNEL_TIME = {"pct": "% of the device's kernel time"}
 

@@ -283,7 +283,11 @@ def rooflines(f: Flat, kernels: pl.DataFrame) -> list[dict]:
         note = (
             f"{pts.height} kernels with FLOPs and bytes, {percent(drawn)} of the device's kernel time; "
             "a point's area is its share of that time. Hover a point for its kernel."
-            + (f" {CACHE_SERIES}: faster than DRAM could deliver their bytes." if CACHE_SERIES in cats else "")
+            + (
+                " Points above the DRAM roof moved their bytes faster than DRAM can: from the cache."
+                if CACHE_SERIES in cats
+                else ""
+            )
         )
         out.append(
             ch.scatter(

@@ -39,7 +39,7 @@ SIZE_REFS = (1, 10, 50)  # % of the device's kernel time, in the size legend
 PANEL_COLUMNS = 2  # roofline panels per row
 ROOF = "#b22222"
 CACHE_RING = "black"  # the ring of a kernel above the DRAM roof (roofline_bound = cache)
-CACHE_LABEL = "ring: above the DRAM roof (its data came from the cache)"
+CACHE_LABEL = "ring: from the cache"  # above the DRAM roof
 
 
 def roofline_figure(flat, kernels: pl.DataFrame):
