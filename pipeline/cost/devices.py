@@ -100,6 +100,7 @@ def specs_markdown(specs: pl.DataFrame) -> str:
         "peak_bf16_tflops": "BF16",
         "peak_fp16_tflops": "FP16",
         "peak_fp8_tflops": "FP8",
+        "peak_fp4_tflops": "FP4",
         "sm_count": "SMs/CUs",
         "memory_gb": "GB",
         "source": "source",
