@@ -59,7 +59,8 @@ from pipeline.cost.formulas.messages import (
     SizeSource,
     op_message,
 )
-from pipeline.kineto import ANNOTATION_CATS, API_OPS, ARG_ALIASES, CPU_OP_CATS, OP_FLOWS, STEP_CATS, STEP_NAME
+from pipeline.kineto import ANNOTATION_CATS, ARG_ALIASES, CPU_OP_CATS, OP_FLOWS, STEP_CATS, STEP_NAME
+from pipeline.link.links import api_call
 from pipeline.read.device_tasks import device_ids as task_device_ids
 
 MESSAGE = tuple(f"m_{c}" for c in MSG_ARGS)  # one source's reading (m_in_nelems, ...), prefixed per source
@@ -172,30 +173,27 @@ def _comm_ops(flat_dir: Path) -> pl.DataFrame:
     )
 
 
+def last_running(points: pl.DataFrame, at: str, spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """`points` with the columns of the span (`spans`: `_ts`, `_end` and others) that started last
+    at or before each point's time `at` on its `by` keys, where it still runs then (else null)."""
+    joined = points.sort(at).join_asof(
+        spans.sort("_ts"), left_on=at, right_on="_ts", by=by, strategy="backward", check_sortedness=False
+    )
+    inside = pl.col("_end") >= pl.col(at)
+    return joined.with_columns(pl.when(inside).then(pl.col(c)).alias(c) for c in spans.columns if c not in by)
+
+
 def _around_launch(
     kernels: pl.DataFrame, ops: pl.DataFrame, which: pl.Expr, prefix: str, columns: list[str]
 ) -> pl.DataFrame:
     """For each kernel, `columns` of the last op (of those `which` selects) that started at or
     before its launch on the launch's thread and was still running then (else null)."""
     chosen = ops.filter(which).select(
-        "pid", "tid", *(pl.col(c).alias(f"{prefix}{c}") for c in columns), _op_ts="ts_ns", _op_end="end_ns"
+        "pid", "tid", *(pl.col(c).alias(f"{prefix}{c}") for c in columns), _ts="ts_ns", _end="end_ns"
     )
-    joined = (
-        kernels.select("event_idx", "pid", "tid", "launch_ts_ns")
-        .sort("launch_ts_ns")
-        .join_asof(
-            chosen,
-            left_on="launch_ts_ns",
-            right_on="_op_ts",
-            by=["pid", "tid"],
-            strategy="backward",
-            check_sortedness=False,
-        )
-    )
-    inside = pl.col("_op_end") >= pl.col("launch_ts_ns")
-    return joined.select(
-        "event_idx", *(pl.when(inside).then(pl.col(f"{prefix}{c}")).alias(f"{prefix}{c}") for c in columns)
-    )
+    points = kernels.select("event_idx", "pid", "tid", "launch_ts_ns")
+    joined = last_running(points, "launch_ts_ns", chosen, ["pid", "tid"])
+    return joined.select("event_idx", *(f"{prefix}{c}" for c in columns))
 
 
 def _coalesced(launched: pl.DataFrame, ops: pl.DataFrame, source: SizeSource, prefix: str) -> pl.DataFrame:
@@ -415,19 +413,8 @@ def _planes(flat_dir: Path, ops: pl.DataFrame, lanes: pl.DataFrame) -> pl.DataFr
     tasks = tasks.sort("tid").join_asof(
         group_lanes, left_on="tid", right_on="group_tid", by="pid", strategy="backward", check_sortedness=False
     )
-    windows = ops.select("event_idx", "pid", group_tid="tid", _ts="ts_ns", _end="end_ns").sort("_ts")
-    owned = (
-        tasks.sort("ts_ns")
-        .join_asof(
-            windows,
-            left_on="ts_ns",
-            right_on="_ts",
-            by=["pid", "group_tid"],
-            strategy="backward",
-            check_sortedness=False,
-        )
-        .filter(pl.col("ts_ns") <= pl.col("_end"))
-    )
+    windows = ops.select("event_idx", "pid", group_tid="tid", _ts="ts_ns", _end="end_ns")
+    owned = last_running(tasks, "ts_ns", windows, ["pid", "group_tid"]).filter(pl.col("event_idx").is_not_null())
     ranks = pl.concat_list("src", "dst").explode().drop_nulls()
     sized = pl.col("size").fill_null(0) > 0
     per_group = owned.group_by("pid", "group_tid").agg(
@@ -475,17 +462,13 @@ def _host_ops(flat_dir: Path, ops: pl.DataFrame) -> pl.DataFrame:
         .collect()
         .join(ends, on=["cat", "id"], how="inner")
     )
-    api = pl.lit(False)
-    for pattern, unless in API_OPS:
-        hit = pl.col("name").str.contains(pattern)
-        api |= hit if unless is None else hit & ~pl.col("name").str.contains(unless)
     cpu = _events(
         flat_dir,
         pl.col("cat").str.to_lowercase().is_in(CPU_OP_CATS)
         & pl.col("tid").is_in(starts["tid"].unique().implode())
         & (pl.col("ts_ns") <= starts["t"].max()),
         ["pid", "tid", "name", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns")],
-    ).filter(~api)
+    ).filter(~api_call())
     around = starts.join(cpu, on=["pid", "tid"], how="inner").filter(
         (pl.col("ts_ns") <= pl.col("t")) & (pl.col("end_ns") >= pl.col("t"))
     )
