@@ -337,3 +337,20 @@ def test_torch_npu_input_texts_and_device_ids():
     assert kineto.task_device(bits, None) == 5  # no sort index: CANN 8's scheme
     assert kineto.task_kind("EVENT_WAIT_SQE", "EVENT_WAIT") == "sync"
     assert kineto.task_kind("Other", "MEMCPY_ASYNC") == "memcpy" and kineto.task_kind("AI_CORE", "Add") == "kernel"
+
+
+@pytest.mark.real
+def test_augment_writes_each_costed_task_back(level0, tmp_path):
+    """augment puts the costs on the device tasks themselves (events without a cat), every other
+    event as it was (ts still decimal strings)."""
+    from pipeline.rewrite.augment import augment
+
+    path, ev, _, t = level0
+    augment(path, tmp_path / "aug.json.gz", workers=1)
+    with gzip.open(tmp_path / "aug.json.gz", "rt") as f:
+        out = json.load(f)["traceEvents"]
+    costed = {r["event_idx"] for r in t["gpu_ops"].iter_rows(named=True) if r["kind"] == "kernel" and r["flops"]}
+    got = {i for i, e in enumerate(out) if "kernel_flop" in e.get("args", {})}
+    assert costed and costed <= got
+    assert all("cat" not in out[i] for i in got)
+    assert [e["ts"] for e in out if "ts" in e] == [e["ts"] for e in ev if "ts" in e]

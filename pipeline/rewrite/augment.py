@@ -23,6 +23,7 @@ from pipeline import store
 from pipeline.errors import DatasetError, UsageError
 from pipeline.flatten import flatten
 from pipeline.kineto import GPU_KINDS
+from pipeline.read.device_tasks import is_task_event
 from pipeline.read.metadata import sampled_content_id
 from pipeline.rewrite.jsonout import TraceWriter, metadata_after, open_trace, read_events
 
@@ -84,7 +85,7 @@ def _costs_of(path: str, flat_dir, flatten_kwargs: dict) -> tuple[list, list]:
 
 
 def _add_cost(event, fields: dict, idx: int):
-    if type(event) is not dict or event.get("cat") not in GPU_KINDS:
+    if type(event) is not dict or (event.get("cat") not in GPU_KINDS and not is_task_event(event)):
         raise DatasetError(f"traceEvents[{idx}] is not the kernel gpu_ops names: the flattened tables are stale")
     args = event.get("args")
     if args is None:
