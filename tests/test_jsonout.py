@@ -116,7 +116,8 @@ def write_trace(path: Path, evs: list, rank=0, big_float=True) -> Path:
 def load(path: Path) -> dict:
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt") as f:
-        return json.load(f)
+        doc = json.load(f)
+    return doc if isinstance(doc, dict) else {"traceEvents": doc}  # a JSON Array Format trace
 
 
 def metadata(d: dict) -> dict:
