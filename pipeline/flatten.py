@@ -26,6 +26,8 @@ from pipeline.errors import BadTrace, TracepipeError, UsageError
 from pipeline.kineto import trace_stem
 from pipeline.read.chunks import ordered_results
 from pipeline.read.decode import build_chunk, build_from_text
+from pipeline.read.durations import Durations
+from pipeline.read.launches import LaunchCount
 from pipeline.read.limits import not_regular
 from pipeline.read.metadata import devices_table, sampled_content_id, trace_row
 from pipeline.read.source import ARRAY_NOT_CLOSED, TraceSource
@@ -118,7 +120,11 @@ def flatten_into(
             on_corrupt=corrupt.append,
         )
         offset = 0
+        durations = Durations()  # B/E pairs across chunks
+        launches = LaunchCount()  # against the device ops: device activity lost?
         for ct in map(unspill, results):
+            durations.feed(ct.open_ends, offset)
+            launches.add(ct.events)
             writers["events"].write(_offset(ct.events, offset))
             writers["gpu_ops"].write(_offset(ct.gpu_ops, offset))
             writers["flows"].write(_offset(ct.flows, offset))
@@ -131,6 +137,8 @@ def flatten_into(
                 progress(src.file_bytes_read)
         for w in writers.values():
             w.close()
+        problems.unmatched.update(durations.finish())
+        durations.patch(tmp / "events.parquet", lambda path: store.TableWriter(path, "events"))
         if task_pids:
             device_ids = _task_devices(tmp, task_pids, device_ids)
         if src.values_cut:
@@ -151,7 +159,7 @@ def flatten_into(
         "n_flows": writers["flows"].rows,
         "n_devices": devices.num_rows,
     }
-    row = trace_row(path, src.metadata, counts, problems, tail, cats)
+    row = trace_row(path, src.metadata, counts, problems, tail, cats, launches.problems(counts["n_gpu_ops"]))
     return row, problems, tail
 
 

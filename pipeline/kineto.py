@@ -24,7 +24,6 @@ GPU_KINDS = {
     "gpu_memset": "memset",
     "Memset": "memset",
     "memset": "memset",
-    "mtia_ccp_events": "kernel",
 }
 ACTIVITY_KINDS = ("kernel", "memcpy", "memset", "sync")  # the `kind`s of gpu_ops (sync: a stream waits)
 FLOW_PHASES = frozenset(("s", "f", "t"))
@@ -44,6 +43,11 @@ LAUNCH_CATS = (
     "privateuse1_driver",
     "dequeue",  # torch_npu's task-queue thread: `Dequeue@aclnnAdd` calls the API that launches the tasks
 )
+# the launch calls that put work on a device (each makes one device op or more: a graph launch many):
+# what they are called, and what a call so called may be that is not one (RE2 regexes)
+# cudaLaunchKernel(ExC), cuLaunchKernel, hip(Ext)(Module)LaunchKernel, *GraphLaunch, urEnqueueKernelLaunch
+DEVICE_LAUNCH = r"(?i)launch"
+NOT_DEVICE_LAUNCH = r"(?i)host"  # cudaLaunchHostFunc, cuLaunchHostFunc: run on the host
 CPU_OP_CATS = ("cpu_op", "operator")
 ANNOTATION_CATS = ("user_annotation",)
 MODULE_CATS = ("python_function",)
@@ -60,14 +64,33 @@ class Layout:
     since: str
     cats: tuple[str, ...]
     marks: str
-    traces: tuple[str, ...]
+    traces: tuple[str, ...]  # real traces (under ../shared/traces) that taught it
+    source: str = ""  # else: the sources it was learned from
+    built_by: str = ""  # and the test that builds a trace from them
 
 
 _LAYOUT_FILE = read_toml(find_dir("data") / "kineto_layouts.toml")
 LAYOUTS = tuple(
-    Layout(x["id"], x["torch"], x["since"], tuple(x["cats"]), x["marks"], tuple(x["traces"]))
+    Layout(
+        x["id"],
+        x["torch"],
+        x["since"],
+        tuple(x["cats"]),
+        x["marks"],
+        tuple(x["traces"]),
+        x.get("source", ""),
+        x.get("built_by", ""),
+    )
     for x in _LAYOUT_FILE["layouts"]
 )
+# device activity beyond CUDA's and ROCm's categories: cat -> its kind; where its device id is the
+# pid (args.device absent), the cat -> the pids below which it is (None: any)
+GPU_KINDS.update({x["cat"]: x["kind"] for x in _LAYOUT_FILE["device_activity"]})
+DEVICE_FROM_PID = {x["cat"]: x.get("pid_below") for x in _LAYOUT_FILE["device_activity"] if x.get("device") == "pid"}
+# device activity args some backends name otherwise: key -> its aliases (read where key is absent)
+GPU_ARG_ALIASES: dict[str, tuple[str, ...]] = {}
+for _x in _LAYOUT_FILE["gpu_arg_aliases"]:
+    GPU_ARG_ALIASES[_x["key"]] = (*GPU_ARG_ALIASES.get(_x["key"], ()), _x["alias"])
 NO_LAUNCH_FLOWS, CPU_ONLY = "no launch flows", "cpu only"  # the layouts no category marks
 assert {NO_LAUNCH_FLOWS, CPU_ONLY} <= {x.id for x in LAYOUTS if not x.cats}
 # string thread ids naming a number: regexes with a group `n` (`"1890023232"`, `"stream 7"`)
@@ -160,7 +183,7 @@ def layouts_markdown() -> str:
     """The layout table for the README (`make readme`)."""
     rows = ["| layout | torch | since | what distinguishes it | real traces that test it |", "|---|---|---|---|---|"]
     for x in LAYOUTS:
-        traces = ", ".join(f"`{t}`" for t in x.traces)
+        traces = ", ".join(f"`{t}`" for t in x.traces) or f"none yet: learned from {x.source}; built by `{x.built_by}`"
         rows.append(f"| `{x.id}` | {x.torch} | {x.since} | {' '.join(x.marks.split())} | {traces} |")
     return "\n".join(rows)
 

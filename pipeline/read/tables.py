@@ -9,9 +9,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import schema
-from pipeline.kineto import FLOW_PHASES, GPU_KINDS, THREAD_ID_FORMS
+from pipeline.kineto import DEVICE_FROM_PID, FLOW_PHASES, GPU_KINDS, THREAD_ID_FORMS
 from pipeline.read.arrays import coerced_ints
 from pipeline.read.device_tasks import task_columns, task_rows
+from pipeline.read.durations import OpenEnds
 from pipeline.read.values import Problems
 
 
@@ -23,13 +24,19 @@ class ChunkTables:
     problems: Problems
     device_ids: set
     task_pids: set = field(default_factory=set)  # pids of device tasks without a cat (`device_tasks`)
+    open_ends: OpenEnds | None = None  # B/E events left to pair across chunks (`read.durations`)
 
 
 def gpu_and_flow_rows(ev: pa.Table) -> tuple[list, list]:
-    """Rows of GPU activity (ph X, a GPU cat; or a device task without one: `device_tasks`) and of
-    flow endpoints (ph s/f/t)."""
+    """Rows of GPU activity (ph X, a GPU cat; of a cat the host uses too, on a device's process:
+    `kineto.DEVICE_FROM_PID`; or a device task without a cat: `device_tasks`) and of flow endpoints
+    (ph s/f/t)."""
     ph, cat = ev.column("ph"), ev.column("cat")
-    is_gpu = pc.and_(pc.equal(ph, "X"), pc.is_in(cat, _GPU_CATS_ARRAY))
+    is_gpu = pc.is_in(cat, _GPU_CATS_ARRAY)
+    for c, pid_below in _ON_DEVICE_PIDS.items():
+        elsewhere = pc.and_kleene(pc.equal(cat, c), pc.invert(pc.less(ev.column("pid"), pid_below)))
+        is_gpu = pc.and_not_kleene(is_gpu, elsewhere)  # null (no pid): not on a device's process
+    is_gpu = pc.and_(pc.equal(ph, "X"), is_gpu)
     gpu_rows = pc.indices_nonzero(pc.fill_null(is_gpu, False)).to_pylist()
     tasks = task_rows(ev)
     if tasks:
@@ -43,6 +50,7 @@ _FLOW_PHASES_ARRAY = pa.array(sorted(FLOW_PHASES), pa.string())
 
 
 _GPU_CATS_ARRAY = pa.array(sorted(GPU_KINDS), pa.string())
+_ON_DEVICE_PIDS = {c: below for c, below in DEVICE_FROM_PID.items() if below is not None}
 
 
 def events_table(cols: dict) -> pa.Table:
@@ -88,8 +96,8 @@ def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table,
     Returns the table, the device ids it holds, and the pids of its device tasks."""
     devices = list(arg_cols["device"])
     for j, cat in enumerate(cats):
-        if devices[j] is None and cat == "mtia_ccp_events":
-            devices[j] = pids[j]  # MTIA device activity lives in the device's process
+        if devices[j] is None and cat in DEVICE_FROM_PID:
+            devices[j] = pids[j]  # e.g. MTIA's, Gaudi's device activity lives in the device's process
     device = coerced_ints(devices, "device", problems)
     idx = pa.array(rows, pa.int64())
     take = ev.take(idx)
