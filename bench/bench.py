@@ -172,6 +172,47 @@ def bench_file(path: Path, work: Path) -> dict:
     }
 
 
+def bench_slice(path: Path, work: Path, flatten_s: float | None = None, flatten_mb: float | None = None) -> str:
+    """`tracepipe slice` of a 1% window in the middle of the trace, beside `flatten` of the same
+    file (wall time, peak summed PSS): a slice flattens (no link) and then writes in one more
+    streaming pass, so its memory should be flatten's, not the trace's."""
+    import polars as pl
+
+    out = work / "flat"
+    if flatten_s is None or not out.is_dir():
+        shutil.rmtree(out, ignore_errors=True)
+        flatten_s, flatten_mb, _ = measure([sys.executable, "-m", "pipeline", "flatten", str(path), "-o", str(out)])
+    events = pl.scan_parquet(next(out.iterdir()) / "events.parquet").filter(pl.col("ph") != "M")
+    lo, hi = (
+        events.select(lo=pl.col("ts_ns").min(), hi=(pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max())
+        .collect()
+        .row(0)
+    )
+    a, b = 0.495 * (hi - lo) / 1e3, 0.505 * (hi - lo) / 1e3
+    target = work / "slice.json.gz"
+    t, mb, _ = measure(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "slice",
+            str(path),
+            "--start-us",
+            f"{a:.3f}",
+            "--end-us",
+            f"{b:.3f}",
+            "-o",
+            str(target),
+            "-q",
+        ]
+    )
+    return (
+        f"slice of a 1% window of {path.name} ({path.stat().st_size / 1e6:.0f} MB): {t:.1f} s, peak {mb:.0f} MB, "
+        f"{target.stat().st_size / 1e6:.1f} MB written; flatten of the same file: {flatten_s:.1f} s, "
+        f"peak {flatten_mb:.0f} MB (slice/flatten: {t / flatten_s:.2f}x the time, {mb / flatten_mb:.2f}x the memory)"
+    )
+
+
 def bench_batch(work: Path, n: int = 24, mb: float = 8.0, jobs: int = 2) -> str:
     """Batch throughput: n generated traces of ~mb MB each (gzip), first run and re-run."""
     src, ds = work / "batch_src", work / "batch_ds"
@@ -246,6 +287,9 @@ def main():
     ap.add_argument("--batch-only", action="store_true", help="only measure batch throughput")
     ap.add_argument("--sections-only", type=Path, help="only time each analysis section on this flattened trace")
     ap.add_argument("--html-only", type=Path, help="only measure the html page of this flattened trace")
+    ap.add_argument(
+        "--slice-only", action="store_true", help="only slice (a 1%% window) and flatten the first size's trace"
+    )
     a = ap.parse_args()
     if a.sectioned and not a.template:
         ap.error("--sectioned lays out the copies of a real trace: give --template")
@@ -260,6 +304,14 @@ def main():
     if a.batch_only:
         print(bench_batch(work))
         return
+    if a.slice_only:
+        mb = float(a.sizes.split(",")[0])
+        path = work / f"bench_{int(mb)}mb.json"
+        if not path.exists():
+            print(f"bench: writing {path} ...", file=sys.stderr)
+            (write_replicated(a.template, path, mb) if a.template else write_demo(path, mb))
+        print(bench_slice(path, work))
+        return
     rows = []
     for i, mb in enumerate(float(s) for s in a.sizes.split(",")):
         path = work / f"bench_{int(mb)}mb{'_sectioned' if a.sectioned else ''}.json"
@@ -271,6 +323,7 @@ def main():
         if i == 0:
             sections = bench_sections(next((work / "flat").iterdir()), work, measure)
             page = bench_html(next((work / "flat").iterdir()), work, measure)
+            cut = bench_slice(path, work, rows[-1]["flatten_s"], rows[-1]["flatten_MB"])
         if a.gz and i == 0:
             gz = path.with_suffix(".json.gz")
             if not gz.exists():
@@ -291,6 +344,7 @@ def main():
             print(f"gzip: {gz[0]['flatten_s'] / rows[0]['flatten_s']:.2f}x the uncompressed time")
     print(sections)
     print(page)
+    print(cut)
     print(bench_batch(work))
     print("whole runs: bench/bench_runs.py (make bench runs it next)")
 

@@ -7,7 +7,8 @@ Public API (everything else is internal):
     report.*(trace)                -> polars.DataFrame    kernel_table, busy, op_table, idle, critical_path, ...
     augment(trace, out)            -> AugmentResult       the trace with cost fields in kernel args
     load_formulas(path)            -> UserFormulas        a formula file, checked (for formulas=...)
-    combine(paths, out)            -> CombineResult       one trace from several
+    combine(paths, out)            -> CombineResult       one trace from several; a run's ranks on one clock
+    slice_trace(trace, out, ...)   -> SliceResult         a window of a trace as a trace (`tracepipe slice`)
     run_batch(src, out)            -> BatchResult         many traces -> one dataset (`tracepipe batch`)
     analyze_runs(dataset)          -> RunReport           ranks of a run together (`tracepipe ranks`)
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # imported on first use: `tracepipe query` does not pay for t
     from pipeline.flatten import FlattenResult, flatten
     from pipeline.rewrite.augment import augment
     from pipeline.rewrite.combine import combine
+    from pipeline.rewrite.slice import slice_trace
     from pipeline.runs.report import analyze_runs
 
 _LAZY = {
@@ -47,6 +49,7 @@ _LAZY = {
     "scan": ("pipeline.dataset.tables", "scan"),
     "augment": ("pipeline.rewrite.augment", "augment"),
     "combine": ("pipeline.rewrite.combine", "combine"),
+    "slice_trace": ("pipeline.rewrite.slice", "slice_trace"),
     "analyze_runs": ("pipeline.runs.report", "analyze_runs"),
     "load_formulas": ("pipeline.cost.formulas.user", "load"),
 }
@@ -79,6 +82,7 @@ __all__ = [
     "report",
     "augment",
     "combine",
+    "slice_trace",
     "run_batch",
     "analyze_runs",
     "load_formulas",

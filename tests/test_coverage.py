@@ -114,7 +114,7 @@ def test_our_augmented_trace_read_back_gives_the_same_costs(tmp_path):
     src = t.write(tmp_path / "t.json.gz")
     augment(src, tmp_path / "aug.json")
     doc = json.loads((tmp_path / "aug.json").read_text())
-    sources = [e["args"].get("kernel_cost_source") for e in doc["traceEvents"] if e["cat"] == "kernel"]
+    sources = [e["args"].get("kernel_cost_source") for e in doc["traceEvents"] if e.get("cat") == "kernel"]
     assert sources == ["formula", "formula", "inductor", None]
     cols = ["flops", "bytes", "cost_source", "unmodelled_reason", "cost_family"]
     first = kernels(src, tmp_path / "a").select(cols)

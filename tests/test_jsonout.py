@@ -114,10 +114,11 @@ def write_trace(path: Path, evs: list, rank=0, big_float=True) -> Path:
 
 
 def load(path: Path) -> dict:
+    """A trace as a document: a bare list of events (torch_npu's) as {"traceEvents": [...]}, as we write it."""
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt") as f:
-        doc = json.load(f)
-    return doc if isinstance(doc, dict) else {"traceEvents": doc}  # a JSON Array Format trace
+        d = json.load(f)
+    return d if isinstance(d, dict) else {"traceEvents": d}
 
 
 def metadata(d: dict) -> dict:
@@ -147,6 +148,9 @@ def assert_augmented(src: dict, out: dict, flops_by_idx: dict, keep_secrets: boo
     assert metadata(out) == (metadata(src) if keep_secrets else redact(metadata(src)))
     assert len(out["traceEvents"]) == len(src["traceEvents"])
     for i, (a, b) in enumerate(zip(out["traceEvents"], src["traceEvents"])):
+        if a.get("tid") != b.get("tid"):  # a slice Perfetto cannot nest, moved to a lane of its thread
+            assert "· overlapping slices" in a["tid"]
+            a = {**a, "tid": b.get("tid")}
         if i not in flops_by_idx:
             assert a == b
             continue
@@ -219,7 +223,7 @@ def test_augment_round_trip(tmp_path, suffix):
     trace = write_trace(tmp_path / "t.json", events())
     flat, flops = fake_costs(trace, tmp_path)
     out = tmp_path / f"aug{suffix}"
-    r = augment(trace, out, flat_dir=flat)
+    r = augment(trace, out, flat_dir=flat, tracks=False)
     assert r.n_costed == 1 and r.n_events == len(events()) + 1 and not r.truncated
     assert_augmented(load(trace), load(out), flops)
     raw = gzip.open(out).read() if suffix.endswith(".gz") else out.read_bytes()
@@ -230,7 +234,7 @@ def test_augment_bare_list(tmp_path):
     trace = tmp_path / "bare.json"
     trace.write_text(json.dumps(events()))
     flat, flops = fake_costs(trace, tmp_path)
-    augment(trace, tmp_path / "aug.json", flat_dir=flat)
+    augment(trace, tmp_path / "aug.json", flat_dir=flat, tracks=False)
     assert_augmented({"traceEvents": events()}, load(tmp_path / "aug.json"), flops)
 
 
@@ -238,7 +242,7 @@ def test_augment_of_tables_flattened_before_cost_source(tmp_path):
     trace = write_trace(tmp_path / "t.json", events())
     flat, flops = fake_costs(trace, tmp_path)
     pl.read_parquet(flat / "gpu_ops.parquet").drop("cost_source").write_parquet(flat / "gpu_ops.parquet")
-    augment(trace, tmp_path / "aug.json", flat_dir=flat)
+    augment(trace, tmp_path / "aug.json", flat_dir=flat, tracks=False)
     kernels = [e for e in load(tmp_path / "aug.json")["traceEvents"] if e.get("cat") == "kernel"]
     assert kernels and all("kernel_flop" in e["args"] and "kernel_cost_source" not in e["args"] for e in kernels)
 
@@ -303,7 +307,8 @@ def test_combine_links_stay_within_each_input(tmp_path):
         assert launch["args"]["correlation"] == kernel["args"]["correlation"] == s["id"]
         assert op["args"]["External id"] == launch["args"]["External id"] == kernel["args"]["External id"]
         assert kernel["pid"] == kernel["args"]["device"]  # device ids renumbered like GPU pids
-    assert sum(e.get("pid") == "Spans" for e in ce) == 3  # string pseudo-pids stay shared
+    spans = sorted(e["pid"] for e in ce if str(e.get("pid")).startswith("Spans"))
+    assert len(set(spans)) == 3 and all(p.startswith("Spans [") for p in spans)  # each input's own: no shared track
 
 
 def test_combine_metadata(tmp_path):
@@ -399,7 +404,7 @@ REAL = sorted(SHARED_TRACES.glob("*/*.json.gz")) if SHARED_TRACES.is_dir() else 
 @pytest.mark.parametrize("trace", REAL, ids=lambda p: p.name.split(".")[0])
 def test_real_augment_round_trip(tmp_path, trace):
     flat, flops = fake_costs(trace, tmp_path)
-    augment(trace, tmp_path / "aug.json.gz", flat_dir=flat, keep_secrets=True)
+    augment(trace, tmp_path / "aug.json.gz", flat_dir=flat, keep_secrets=True, tracks=False)
     assert_augmented(load(trace), load(tmp_path / "aug.json.gz"), flops)
 
 
@@ -409,7 +414,7 @@ def test_real_augment_costs(tmp_path):
     trace = SHARED_TRACES / "tracelens/h100_qwen1.5_0.5b.json.gz"
     r = augment(trace, tmp_path / "aug.json")
     a, d = load(tmp_path / "aug.json"), load(trace)
-    assert metadata(a) == redact(metadata(d)) and len(a["traceEvents"]) == len(d["traceEvents"])
+    assert metadata(a) == redact(metadata(d)) and len(a["traceEvents"]) > len(d["traceEvents"])  # + timeline tracks
     token = re.compile(r'"hf_[A-Za-z0-9]{20,}"')  # the profiled machine's access token, redacted
     assert token.search(json.dumps(metadata(d))) and not token.search(json.dumps(metadata(a)))
     assert r.n_costed > 0

@@ -104,9 +104,14 @@ def augment(
     keep_secrets: bool = typer.Option(
         False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"
     ),
+    tracks: bool = typer.Option(
+        True, "--tracks/--no-tracks", help="add the counter tracks and the critical path (default: yes)"
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
-    """Write the trace again with FLOPs, bytes and roofline figures in each costed kernel's args."""
+    """Write the trace again with FLOPs, bytes and roofline figures in each costed kernel's args, counter
+    tracks (launch queue per stream, memory per device), the critical path as a track of its own, and
+    slices Perfetto cannot nest moved to sibling tracks."""
     from pipeline.progress import FileProgress
     from pipeline.rewrite.augment import augment as run
 
@@ -117,6 +122,7 @@ def augment(
             trace,
             out,
             keep_secrets=keep_secrets,
+            tracks=tracks,
             device_specs=str(device_specs) if device_specs else None,
             device=device,
             dtype=dtype,
@@ -126,37 +132,141 @@ def augment(
         )
     for w in r.warnings:
         err(f"{trace.name}: {w}")
+    if r.n_moved:
+        err(
+            f"{trace.name}: {r.n_moved} slices partially overlapped another on their track "
+            "(Perfetto cannot nest them): moved to sibling tracks"
+        )
     if not quiet:
-        typer.echo(f"{trace.name}: {r.n_events} events, {r.n_costed} kernels costed -> {r.out_path}")
+        added = ", ".join(f"{n} {what}" for what, n in r.added.items() if n)
+        typer.echo(
+            f"{trace.name}: {r.n_events} events, {r.n_costed} kernels costed"
+            + (f", added {added}" if added else "")
+            + f" -> {r.out_path}"
+        )
     if r.truncated:
         err(f"{trace}: truncated ({r.truncation_reason}); wrote the {r.n_events} complete events")
     raise typer.Exit(EXIT_PROBLEMS if r.truncated else EXIT_OK)
 
 
+# ------------------------------------------------------------------ slice
+@app.command("slice")
+def slice_command(
+    trace: Path = typer.Argument(..., help="a trace file, or a run folder of rank traces (with --ranks)"),
+    out: Path = typer.Option(
+        ..., "-o", "--out", help="output trace (.json, or .json.gz to compress); a folder for a run"
+    ),
+    steps: Optional[str] = typer.Option(None, "--steps", metavar="A:B", help="ProfilerSteps A to B (A:B, A:, :B or N)"),
+    start_us: Optional[float] = typer.Option(None, "--start-us", help="from this µs after the trace starts"),
+    end_us: Optional[float] = typer.Option(None, "--end-us", help="up to this µs after the trace starts"),
+    annotation: Optional[str] = typer.Option(None, "--annotation", help="inside the user_annotations so named"),
+    ranks: Optional[str] = typer.Option(
+        None,
+        "--ranks",
+        metavar="all|R,R-R",
+        help="TRACE is a run folder: slice these ranks (each to OUT/<its file name>); "
+        "--start-us/--end-us count from the run's first event, on its aligned clock",
+    ),
+    keep_secrets: bool = typer.Option(
+        False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"
+    ),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
+):
+    """Write a window of a trace as a trace of its own: every event that overlaps it, the launches and
+    kernels that keep its links, whole flows, all metadata; streamed, for a trace too large to open."""
+    from pipeline.analyses.window import Window, parse_steps
+    from pipeline.errors import UsageError
+
+    if steps is not None:
+        parse_steps(steps)  # a usage error before any work
+    window = Window(steps=steps, start_us=start_us, end_us=end_us, annotation=annotation)
+    if ranks is not None or trace.is_dir():
+        from pipeline.rewrite.run_slice import slice_run
+
+        results = slice_run(trace, out, window, ranks or "all", keep_secrets=keep_secrets)
+    else:
+        if ranks is not None:
+            raise UsageError("--ranks needs a run folder")
+        from pipeline.progress import FileProgress
+        from pipeline.rewrite.slice import slice_trace
+
+        with FileProgress(trace.name, trace.stat().st_size if trace.is_file() else None, quiet) as shown:
+            results = [
+                slice_trace(
+                    trace,
+                    out,
+                    window,
+                    keep_secrets=keep_secrets,
+                    progress=shown.advance_to if shown.on else None,
+                    stage=shown.stage,
+                )
+            ]
+    code = EXIT_OK
+    for r in results:
+        for w in r.warnings:
+            err(f"{r.out_path.name}: {w}")
+        if r.n_moved:
+            err(
+                f"{r.out_path}: {r.n_moved} slices partially overlapped another on their track: moved to sibling tracks"
+            )
+        if r.truncated:
+            err(f"{r.out_path}: the trace was truncated ({r.truncation_reason}); sliced its complete events")
+            code = EXIT_PROBLEMS
+        if not quiet:
+            span = ", ".join(f"{a / 1e3:.3f}-{b / 1e3:.3f}" for a, b in r.window[:3])
+            typer.echo(
+                f"{r.out_path}: {r.n_events} events ({r.n_in_window} in the window [{span}] µs, "
+                f"{r.n_linked} linked to them, {r.n_flow_events} flow endpoints)"
+            )
+    raise typer.Exit(code)
+
+
 # ------------------------------------------------------------------ combine
 @app.command()
 def combine(
-    traces: list[Path] = typer.Argument(..., help="trace files to put into one"),
+    traces: list[Path] = typer.Argument(
+        ..., help="trace files to put into one, or a run folder (or archive) of a run's rank traces"
+    ),
     out: Path = typer.Option(..., "-o", "--out", help="output trace (.json, or .json.gz to compress)"),
-    align: Literal["none", "start"] = typer.Option(
-        "none", "--align", help="none: keep timestamps; start: shift each trace to start together"
+    align: Literal["none", "start", "clocks"] = typer.Option(
+        "none",
+        "--align",
+        help="none: keep timestamps; start: shift each trace to start together; "
+        "clocks: shift each rank of a run by the clock offset `tracepipe ranks` estimates",
     ),
     label: Optional[list[str]] = typer.Option(None, "--label", help="label per trace, in order (default: file stems)"),
+    run_by: Optional[str] = typer.Option(
+        None, "--run-by", metavar="REGEX|col:NAME", help="what makes a run (as for `tracepipe ranks`)"
+    ),
+    run: Optional[str] = typer.Option(None, "--run", help="the run to combine, when the folder holds several"),
     keep_secrets: bool = typer.Option(
         False, "--keep-secrets", help="copy tokens and passwords in the metadata as they are (default: redacted)"
     ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no summary"),
 ):
-    """Combine traces into one: pids, flow ids and link ids renumbered apart, process names labelled."""
-    from pipeline.rewrite.combine import combine as run
+    """Combine traces into one: pids, flow ids and link ids renumbered apart, process names labelled. A
+    run's ranks: named `rank N`, on one clock (--align clocks), each collective linked across ranks by
+    flows, waits and stragglers marked."""
+    from pipeline.rewrite.combine import combine as run_combine
 
-    r = run(traces, out, align=align, labels=label or None, keep_secrets=keep_secrets)
+    r = run_combine(traces, out, align=align, labels=label or None, keep_secrets=keep_secrets, run_by=run_by, run=run)
     for i in r.truncated_inputs:
         err(f"{i.path}: truncated ({i.truncation_reason}); wrote its {i.n_events} complete events")
+    unaligned = [i for i in r.inputs if i.rank is not None and i.offset_ns is None and align == "clocks"]
+    for i in unaligned:
+        err(f"{i.path}: rank {i.rank} shares no blocking collective with another rank: its clock is not aligned")
+    if r.n_moved:
+        err(f"{r.n_moved} slices partially overlapped another on their track: moved to sibling tracks")
     if not quiet:
-        parts = ", ".join(f"{i.label} {i.n_events}" for i in r.inputs)
-        typer.echo(f"{len(r.inputs)} traces ({parts}): {r.n_events} events -> {r.out_path}")
-    raise typer.Exit(EXIT_PROBLEMS if r.truncated_inputs else EXIT_OK)
+        parts = ", ".join(f"{i.label} {i.n_events}" for i in r.inputs[:8]) + (", ..." if len(r.inputs) > 8 else "")
+        linked = ""
+        if r.run is not None:
+            shifts = ", ".join(f"{i.label} {-i.shift_ns / 1e3:+.1f}" for i in r.inputs[:8] if i.shift_ns)
+            linked = f"; {r.run.n_collectives} collectives linked across ranks" + (
+                f"; clocks shifted (µs): {shifts}" if shifts else ""
+            )
+        typer.echo(f"{len(r.inputs)} traces ({parts}): {r.n_events} events -> {r.out_path}{linked}")
+    raise typer.Exit(EXIT_PROBLEMS if r.truncated_inputs or unaligned else EXIT_OK)
 
 
 @app.command()

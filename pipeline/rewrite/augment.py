@@ -14,6 +14,7 @@ them (ours split over an op's kernels, torch's the op's whole count on each of i
 from __future__ import annotations
 
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,9 @@ from pipeline.flatten import flatten
 from pipeline.kineto import GPU_KINDS
 from pipeline.read.device_tasks import is_task_event
 from pipeline.read.metadata import sampled_content_id
+from pipeline.rewrite import lanes
 from pipeline.rewrite.jsonout import TraceWriter, metadata_after, open_trace, read_events
+from pipeline.rewrite.tracks import timeline_events
 
 # args key -> expression over gpu_ops
 COST_ARGS = {
@@ -49,6 +52,8 @@ class AugmentResult:
     truncated: bool
     truncation_reason: str | None
     warnings: list = field(default_factory=list)
+    n_moved: int = 0  # slices moved to sibling tracks (`lanes`)
+    added: dict = field(default_factory=dict)  # events added per track (`tracks`)
 
 
 def kernel_costs(flat_dir) -> list[tuple[int, dict]]:
@@ -74,18 +79,29 @@ def _check_flat_dir(flat_dir, path: str):
         raise UsageError(f"{flat_dir} was not flattened from {path}")
 
 
-def _costs_of(path: str, flat_dir, flatten_kwargs: dict) -> tuple[list, list]:
-    """The kernel costs of the trace and the warnings of flattening it (when flat_dir is None)."""
+@contextmanager
+def _flattened(path: str, flat_dir, flatten_kwargs: dict):
+    """(the flattened trace's directory, flatten's warnings): `flat_dir` when given, else the trace
+    flattened into a temporary directory for the block."""
     if flat_dir is not None:
         _check_flat_dir(flat_dir, path)
-        return kernel_costs(flat_dir), []
+        yield Path(flat_dir), []
+        return
     with tempfile.TemporaryDirectory(prefix="tracepipe-augment-") as tmp:
         r = flatten(path, tmp, **flatten_kwargs)
-        return kernel_costs(r.out_dir), r.warnings
+        yield r.out_dir, r.warnings
+
+
+def _is_device_activity(event) -> bool:
+    """A GPU activity as gpu_ops has them: a GPU category, or a device task without one (torch_npu's
+    on the `Ascend Hardware` process: `read.device_tasks.is_task_event`, the rule flatten reads by)."""
+    if type(event) is not dict:
+        return False
+    return event.get("cat") in GPU_KINDS or is_task_event(event)
 
 
 def _add_cost(event, fields: dict, idx: int):
-    if type(event) is not dict or (event.get("cat") not in GPU_KINDS and not is_task_event(event)):
+    if not _is_device_activity(event):
         raise DatasetError(f"traceEvents[{idx}] is not the kernel gpu_ops names: the flattened tables are stale")
     args = event.get("args")
     if args is None:
@@ -110,19 +126,37 @@ def with_costs(batches, costs: list[tuple[int, dict]]):
         raise DatasetError(f"the flattened tables name event {nxt[0]}, past the trace's {base} events: they are stale")
 
 
-def augment(trace_path, out_path, flat_dir=None, keep_secrets: bool = False, **flatten_kwargs) -> AugmentResult:
-    """Write `trace_path` to `out_path` (.json or .json.gz) with cost fields in costed kernels' args;
-    secrets in its metadata redacted unless `keep_secrets` (the output is meant to be shared).
+def augment(
+    trace_path, out_path, flat_dir=None, keep_secrets: bool = False, tracks: bool = True, **flatten_kwargs
+) -> AugmentResult:
+    """Write `trace_path` to `out_path` (.json or .json.gz) with cost fields in costed kernels' args,
+    the timeline tracks (`rewrite.tracks`: launch queue and memory counters, the critical path,
+    the findings) unless `tracks` is false, and every slice Perfetto could not nest on a sibling
+    track (`rewrite.lanes`); secrets in its metadata redacted unless `keep_secrets` (the output is
+    meant to be shared).
 
-    With `flat_dir` (a flattened, linked directory of this trace) its gpu_ops costs are used;
-    otherwise the trace is flattened to a temporary directory first (`flatten_kwargs`:
-    workers, device_specs, device, dtype, ...).
+    With `flat_dir` (a flattened, linked directory of this trace) its tables are used; otherwise
+    the trace is flattened to a temporary directory first (`flatten_kwargs`: workers,
+    device_specs, device, dtype, ...).
     """
     path = str(trace_path)
-    with open_trace(path) as src:  # a bad trace is reported before any flattening
-        costs, warnings = _costs_of(path, flat_dir, flatten_kwargs)
+    stage = flatten_kwargs.get("stage")
+    with open_trace(path) as src, _flattened(path, flat_dir, flatten_kwargs) as (flat, warnings):
+        costs = kernel_costs(flat)
+        if stage:
+            stage("tracks")
+        added, counts = timeline_events(flat) if tracks else ([], {})
+        moves = lanes.plan(pl.scan_parquet(flat / "events.parquet"), pl.scan_parquet(flat / "flows.parquet"))
+        if stage:
+            stage("write")
         with TraceWriter(out_path, src.header.metadata, keep_secrets=keep_secrets) as out:
+            base = 0
             for events in with_costs(read_events(src), costs):
+                moves.apply(events, base)
+                base += len(events)
                 out.write(events)
+            out.write(added)
             out.tail = metadata_after(src)
-    return AugmentResult(Path(out_path), out.n_events, len(costs), src.tail.truncated, src.tail.reason, warnings)
+    return AugmentResult(
+        Path(out_path), out.n_events, len(costs), src.tail.truncated, src.tail.reason, warnings, moves.moved, counts
+    )

@@ -17,6 +17,7 @@ import io
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
+from decimal import Decimal
 from pathlib import Path
 
 from pipeline import store
@@ -74,6 +75,16 @@ def read_events(src: TraceSource) -> Iterator[list]:
 def metadata_after(src: TraceSource) -> dict:
     """The top-level keys that stand after traceEvents (complete once the events were read)."""
     return {k: v for k, v in src.metadata.items() if k not in src.header.metadata}
+
+
+def us_number(ns: int):
+    """ns as a µs JSON number: an int when whole, else a float that keeps its 3 decimals (a
+    Decimal, written as its text, past FLOAT_EXACT_US)."""
+    if ns % 1000 == 0:
+        return ns // 1000
+    if abs(ns) < FLOAT_EXACT_US * 1000:
+        return ns / 1000
+    return Decimal(ns).scaleb(-3)
 
 
 def _members(metadata: dict) -> bytes:
