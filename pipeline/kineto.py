@@ -8,6 +8,7 @@ the annotations tracepipe understands (`ProfilerStep#N`, `nn.Module: X`, compile
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -273,6 +274,25 @@ TRACE_SUFFIXES = tuple(f".json{c}" for c in ("", *COMPRESSIONS))  # what a trace
 
 def is_trace_name(name: str) -> bool:
     return name.endswith(TRACE_SUFFIXES)
+
+
+# torch_npu writes each rank's output into a folder `<worker>_ascend_pt` whose JSON files are no
+# traces (profiler_info_N.json, communication.json, the msprof timelines of its PROF_* folder) but
+# for `ASCEND_PROFILER_OUTPUT/trace_view.json`, its trace
+NPU_OUTPUT_DIR, NPU_TRACE_DIR, NPU_TRACE_STEM = "_ascend_pt", "ASCEND_PROFILER_OUTPUT", "trace_view"
+
+
+def is_trace_path(path: str) -> bool:
+    """Whether a file found under a folder (its path from the folder) is a trace: named like one,
+    and inside a torch_npu output folder only its trace_view.json."""
+    parts = re.split(r"[/\\]", str(path))
+    if not is_trace_name(parts[-1]):
+        return False
+    for i, part in enumerate(parts[:-1]):
+        if part.endswith(NPU_OUTPUT_DIR):
+            rest = parts[i + 1 :]
+            return len(rest) == 2 and rest[0] == NPU_TRACE_DIR and trace_stem(rest[1]) == NPU_TRACE_STEM
+    return True
 
 
 def trace_stem(path: str | os.PathLike) -> str:

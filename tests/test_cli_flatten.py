@@ -244,7 +244,17 @@ def _independent_truth(path: Path):
         d = json.load(f)
     d = d if isinstance(d, dict) else {"traceEvents": d}
     ev = d["traceEvents"]
-    gpu = [e for e in ev if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+    # device activity: a GPU cat, or (torch_npu) a complete event of the `Ascend Hardware` process
+    npu = {
+        e.get("pid")
+        for e in ev
+        if isinstance(e, dict) and e.get("ph") == "M" and e.get("args") == {"name": "Ascend Hardware"}
+    }
+    gpu = [
+        e
+        for e in ev
+        if isinstance(e, dict) and e.get("ph") == "X" and (e.get("cat") in GPU_CATS or e.get("pid") in npu)
+    ]
     dur = sum(round(float(e.get("dur", 0)) * 1000) for e in gpu)
     return d, ev, gpu, dur
 

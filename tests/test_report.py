@@ -551,14 +551,24 @@ REAL = sorted(TRACES.glob("*/*.json.gz")) if TRACES.is_dir() else []
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 
 
+NPU_COPIES, NPU_WAITS = {"PCIE_DMA_SQE", "SDMA_SQE"}, {"EVENT_RECORD_SQE", "EVENT_WAIT_SQE", "PLACE_HOLDER_SQE"}
+
+
 def _truth(path: Path):
-    """Per args.device: kernel count, kernel µs, busy % of all GPU activity, by plain json.load."""
+    """Per args.device: kernel count, kernel µs, busy % of all GPU activity, by plain json.load. A
+    torch_npu trace (a bare list): the tasks of its `Ascend Hardware` process, the device in their
+    pid (`& 31`), copies and a stream's event record/wait tasks not kernels, the waits not busy."""
     with gzip.open(path, "rt") as fh:
-        ev = json.load(fh)["traceEvents"]
+        doc = json.load(fh)
+    ev = doc["traceEvents"] if isinstance(doc, dict) else doc
+    npu = {e["pid"] for e in ev if e.get("ph") == "M" and e.get("args") == {"name": "Ascend Hardware"}}
     by_dev = {}
     for e in ev:
         if e.get("ph") == "X" and str(e.get("cat", "")).lower() in GPU_CATS:
             by_dev.setdefault(int(e["args"]["device"]), []).append(e)
+        elif e.get("ph") == "X" and e.get("pid") in npu and e["args"]["Task Type"] not in NPU_WAITS:
+            kind = "memcpy" if e["args"]["Task Type"] in NPU_COPIES or e["name"] == "MEMCPY_ASYNC" else "kernel"
+            by_dev.setdefault(e["pid"] & 31, []).append({**e, "cat": kind})
     out = {}
     for dev, es in by_dev.items():
         ks = [e for e in es if e["cat"].lower() == "kernel"]
@@ -587,7 +597,8 @@ def test_real_trace_counts_durations_and_busy(trace, real_flat):
     for dev, (n, us, busy) in _truth(trace).items():
         d = got[dev]
         assert sum(k["count"] for k in d["kernels"]) == n
-        assert math.isclose(sum(k["dur_us"] for k in d["kernels"]), us, rel_tol=1e-6, abs_tol=1e-3)
+        # durations are kept in whole ns: torch_npu's (1.35012757 µs) lose up to half a ns each
+        assert math.isclose(sum(k["dur_us"] for k in d["kernels"]), us, rel_tol=1e-6, abs_tol=max(1e-3, 5e-4 * n))
         assert abs(d["busy_pct"] - busy) <= 1.0
 
 

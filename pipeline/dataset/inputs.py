@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from pipeline.errors import UsageError
-from pipeline.kineto import is_trace_name
+from pipeline.kineto import is_trace_name, is_trace_path
 from pipeline.read.limits import inflate_limit, not_regular, too_inflated
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
@@ -123,7 +123,7 @@ def _tar_items(path: str, tmp: Path, ratio: float | None) -> Iterator[Item]:
         n = 0
         try:
             for m in tf:
-                if m.isdir() or not is_trace_name(m.name):
+                if m.isdir() or not is_trace_path(m.name):
                     continue
                 src = f"{path}!{m.name}"
                 why = unsafe_member(m.name) or (None if m.isfile() else "archive member is a link or device")
@@ -147,7 +147,7 @@ def _zip_items(path: str, tmp: Path, ratio: float | None) -> Iterator[Item]:
         raise UsageError(f"{path}: cannot read archive: {e}") from None
     with zf:
         for n, info in enumerate(zf.infolist(), 1):
-            if info.is_dir() or not is_trace_name(info.filename):
+            if info.is_dir() or not is_trace_path(info.filename):
                 continue
             src = f"{path}!{info.filename}"
             mode = info.external_attr >> 16
@@ -179,7 +179,7 @@ def _dir_items(root: str, skip: Path) -> Iterator[Item]:
     skip, found = skip.resolve(), []
     for d, dirs, files in os.walk(root):
         dirs[:] = sorted(x for x in dirs if Path(d, x).resolve() != skip)
-        found += [os.path.join(d, f) for f in sorted(files) if is_trace_name(f)]
+        found += [os.path.join(d, f) for f in sorted(files) if is_trace_path(os.path.relpath(os.path.join(d, f), root))]
     for p in sorted(found, key=_size, reverse=True):
         yield _file_item(p)
 

@@ -623,7 +623,7 @@ def _slices_running(src: LinkSources, running: RunningSlices, points: pl.DataFra
     return running.between(threads, first, last)
 
 
-def _api_call() -> pl.Expr:
+def api_call() -> pl.Expr:
     """A CPU op that is a vendor API's call (`kineto.API_OPS`)."""
     out = pl.lit(False)
     for pattern, unless in API_OPS:
@@ -649,7 +649,7 @@ def _context_slices(src: LinkSources, where: pl.Expr, threads: pl.DataFrame) -> 
             "ts_ns",
             end.alias("end_ns"),
             _one_of("cat", src.step_cats).alias("maybe_step"),
-            ((src.kind() == CPU_OP) & _api_call() if src.op_flows else pl.lit(False)).alias("api_call"),
+            ((src.kind() == CPU_OP) & api_call() if src.op_flows else pl.lit(False)).alias("api_call"),
         ],
     )
     return slices.join(threads, on=["pid", "tid"], how="semi")

@@ -65,6 +65,14 @@ def task_rows(ev: pa.Table) -> list[int]:
     return rows.filter(pc.fill_null(found, False)).to_pylist()
 
 
+def is_task_event(event: dict) -> bool:
+    """Whether one parsed event is a device task without a cat (`task_rows`' rule, on a dict)."""
+    args = event.get("args")
+    if event.get("ph") != "X" or event.get("cat") is not None or type(args) is not dict:
+        return False
+    return any(all(m in args for m in t.marks) and any(k in args for k in t.stream_args) for t in DEVICE_TASKS)
+
+
 def task_columns(args_json: pa.Array, names: pa.Array, pids: pa.Array) -> dict:
     """kind, stream, device (provisional: by the first pid scheme), copy_bytes and copy_bw_gbps of
     device tasks from their args texts (valid JSON objects: the events table's), names and pids."""

@@ -24,6 +24,7 @@ from pipeline import store
 from pipeline.errors import DatasetError, UsageError
 from pipeline.flatten import flatten
 from pipeline.kineto import GPU_KINDS
+from pipeline.read.device_tasks import is_task_event
 from pipeline.read.metadata import sampled_content_id
 from pipeline.rewrite import lanes
 from pipeline.rewrite.jsonout import TraceWriter, metadata_after, open_trace, read_events
@@ -92,12 +93,11 @@ def _flattened(path: str, flat_dir, flatten_kwargs: dict):
 
 
 def _is_device_activity(event) -> bool:
-    """A GPU activity as gpu_ops has them: a GPU category, or a complete event without one
-    (torch_npu's device tasks on the `Ascend Hardware` process carry no `cat`)."""
+    """A GPU activity as gpu_ops has them: a GPU category, or a device task without one (torch_npu's
+    on the `Ascend Hardware` process: `read.device_tasks.is_task_event`, the rule flatten reads by)."""
     if type(event) is not dict:
         return False
-    cat = event.get("cat")
-    return cat in GPU_KINDS or (cat is None and event.get("ph") == "X")
+    return event.get("cat") in GPU_KINDS or is_task_event(event)
 
 
 def _add_cost(event, fields: dict, idx: int):

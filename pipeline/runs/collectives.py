@@ -33,6 +33,12 @@ from pipeline.comms import (
     ARG_KEYS,
     COMM_OP,
     GLOO_WORK,
+    HCCL_GROUP_LANE,
+    HCCL_OP_ARGS,
+    HCCL_OP_KIND,
+    HCCL_TASK_ARGS,
+    HCCL_TASK_LINK,
+    HCCL_TASK_SIZE,
     KERNEL_KINDS,
     NCCL_KERNEL,
     PG_KEYS,
@@ -44,6 +50,7 @@ from pipeline.cost.formulas.dtypes import DTYPE_SIZE
 from pipeline.cost.formulas.messages import (
     COMM_EVENT_ARGS,
     DEFAULT_SIZE_RULE,
+    HCCL_SIZE,
     MSG_ARGS,
     SIZE_RULE,
     SIZE_SOURCES,
@@ -52,7 +59,9 @@ from pipeline.cost.formulas.messages import (
     SizeSource,
     op_message,
 )
-from pipeline.kineto import ANNOTATION_CATS, ARG_ALIASES, CPU_OP_CATS, STEP_CATS, STEP_NAME
+from pipeline.kineto import ANNOTATION_CATS, ARG_ALIASES, CPU_OP_CATS, OP_FLOWS, STEP_CATS, STEP_NAME
+from pipeline.link.links import api_call
+from pipeline.read.device_tasks import device_ids as task_device_ids
 
 MESSAGE = tuple(f"m_{c}" for c in MSG_ARGS)  # one source's reading (m_in_nelems, ...), prefixed per source
 KERNEL_ARGS = tuple(dict.fromkeys(a for s in SIZE_SOURCES if s.on == "kernel" for a in s.read.args))
@@ -164,30 +173,27 @@ def _comm_ops(flat_dir: Path) -> pl.DataFrame:
     )
 
 
+def last_running(points: pl.DataFrame, at: str, spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """`points` with the columns of the span (`spans`: `_ts`, `_end` and others) that started last
+    at or before each point's time `at` on its `by` keys, where it still runs then (else null)."""
+    joined = points.sort(at).join_asof(
+        spans.sort("_ts"), left_on=at, right_on="_ts", by=by, strategy="backward", check_sortedness=False
+    )
+    inside = pl.col("_end") >= pl.col(at)
+    return joined.with_columns(pl.when(inside).then(pl.col(c)).alias(c) for c in spans.columns if c not in by)
+
+
 def _around_launch(
     kernels: pl.DataFrame, ops: pl.DataFrame, which: pl.Expr, prefix: str, columns: list[str]
 ) -> pl.DataFrame:
     """For each kernel, `columns` of the last op (of those `which` selects) that started at or
     before its launch on the launch's thread and was still running then (else null)."""
     chosen = ops.filter(which).select(
-        "pid", "tid", *(pl.col(c).alias(f"{prefix}{c}") for c in columns), _op_ts="ts_ns", _op_end="end_ns"
+        "pid", "tid", *(pl.col(c).alias(f"{prefix}{c}") for c in columns), _ts="ts_ns", _end="end_ns"
     )
-    joined = (
-        kernels.select("event_idx", "pid", "tid", "launch_ts_ns")
-        .sort("launch_ts_ns")
-        .join_asof(
-            chosen,
-            left_on="launch_ts_ns",
-            right_on="_op_ts",
-            by=["pid", "tid"],
-            strategy="backward",
-            check_sortedness=False,
-        )
-    )
-    inside = pl.col("_op_end") >= pl.col("launch_ts_ns")
-    return joined.select(
-        "event_idx", *(pl.when(inside).then(pl.col(f"{prefix}{c}")).alias(f"{prefix}{c}") for c in columns)
-    )
+    points = kernels.select("event_idx", "pid", "tid", "launch_ts_ns")
+    joined = last_running(points, "launch_ts_ns", chosen, ["pid", "tid"])
+    return joined.select("event_idx", *(f"{prefix}{c}" for c in columns))
 
 
 def _coalesced(launched: pl.DataFrame, ops: pl.DataFrame, source: SizeSource, prefix: str) -> pl.DataFrame:
@@ -310,6 +316,163 @@ def _pg_of_stream(k: pl.DataFrame) -> pl.DataFrame:
     k = k.join(named, on=["device", "stream"], how="left")
     unnamed = pl.col("pg_ranks").is_null() & pl.col("pg_name").is_null()
     return k.with_columns(pl.when(unnamed).then(pl.col(f"stream_{c}")).otherwise(pl.col(c)).alias(c) for c in pg)
+
+
+# ------------------------------------------------------------------ HCCL collectives on torch_npu's lanes
+def _without_cat(keys: tuple[str, ...]) -> pl.Expr:
+    """Complete events without a cat whose args hold every key of `keys` (`comms.HCCL_OP_ARGS`, ...)."""
+    has = [pl.col("args_json").str.contains(f'"{k}":', literal=True) for k in keys]
+    return (pl.col("ph") == "X") & pl.col("cat").is_null() & pl.col("ts_ns").is_not_null() & pl.all_horizontal(has)
+
+
+def _hccl_ops(flat_dir: Path) -> tuple[pl.DataFrame, list[str]]:
+    """HCCL collectives (`comms.HCCL_OP_ARGS`) with their group (the lane's name), device (from the
+    pid, as the device tasks'), message (`messages.HCCL_SIZE`, prefix `s_`), the host op a flow
+    from it names (`op_name`) and what their plane tasks say (`_planes`); and the prefixes."""
+    end = (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns")
+    ops = _events(
+        flat_dir,
+        _without_cat(HCCL_OP_ARGS),
+        [
+            "event_idx",
+            "name",
+            "pid",
+            "tid",
+            "ts_ns",
+            pl.col("dur_ns").fill_null(0),
+            end,
+            *_arg_texts(HCCL_SIZE.read.args),
+        ],
+    )
+    if not ops.height:
+        return ops, []
+    pids = ops["pid"].drop_nulls().unique()
+    lanes = _events(
+        flat_dir,
+        (pl.col("ph") == "M") & (pl.col("name") == "thread_name") & pl.col("pid").is_in(pids.implode()),
+        ["pid", "tid", pl.col("args_json").str.json_path_match("$.name").alias("lane")],
+    ).unique(["pid", "tid"], keep="first")
+    devices = task_device_ids(flat_dir / "events.parquet", set(pids.to_list()))
+    ops = (
+        ops.join(lanes, on=["pid", "tid"], how="left")
+        .with_columns(
+            pg_name=pl.col("lane").str.extract(HCCL_GROUP_LANE, 1),
+            device=pl.col("pid").replace_strict(devices, default=None, return_dtype=pl.Int64),
+            kind=_kind(pl.col("name").str.extract(HCCL_OP_KIND, 1)),
+        )
+        .join(_planes(flat_dir, ops, lanes), on="event_idx", how="left")
+        .join(_host_ops(flat_dir, ops), on="event_idx", how="left")
+    )
+    return (
+        _read(ops, "s_", HCCL_SIZE.read, HCCL_SIZE.read.args).with_columns(
+            source=pl.lit("hccl_op"),
+            collective=pl.col("name"),
+            pg_desc=pl.lit(None, pl.String),
+            pg_ranks=pl.lit(None, pl.String),
+            stream=pl.lit(None, pl.Int64),
+        ),
+        ["s_"],
+    )
+
+
+def _planes(flat_dir: Path, ops: pl.DataFrame, lanes: pl.DataFrame) -> pl.DataFrame:
+    """(event_idx, group_size, link_type, transit_bytes, transit_ns) of HCCL collectives from the
+    tasks on their group's `Plane N` lanes (Level1 and above): a task belongs to the collective of
+    the nearest group lane before its lane (msprof numbers a group's planes after its lane) that runs
+    at its start; group_size: the ranks the group's tasks name (src and dst), at least the highest
+    of them + 1."""
+    none = pl.DataFrame(
+        schema={
+            "event_idx": pl.Int64,
+            "group_size": pl.Int64,
+            "link_type": pl.String,
+            "transit_bytes": pl.Int64,
+            "transit_ns": pl.Int64,
+        }
+    )
+    rank = lambda key: pl.col("args_json").str.json_path_match(f"$['{key}']").cast(pl.Int64, strict=False)
+    tasks = _events(
+        flat_dir,
+        _without_cat(HCCL_TASK_ARGS) & pl.col("pid").is_in(ops["pid"].unique().implode()),
+        [
+            "pid",
+            "tid",
+            "ts_ns",
+            pl.col("dur_ns").fill_null(0),
+            rank(HCCL_TASK_ARGS[0]).alias("src"),
+            rank(HCCL_TASK_ARGS[1]).alias("dst"),
+            rank(HCCL_TASK_SIZE).alias("size"),
+            pl.col("args_json").str.json_path_match(f"$['{HCCL_TASK_LINK}']").alias("link"),
+        ],
+    )
+    if not tasks.height:
+        return none
+    group_lanes = (
+        lanes.filter(pl.col("lane").str.contains(HCCL_GROUP_LANE)).select("pid", group_tid="tid").sort("group_tid")
+    )
+    tasks = tasks.sort("tid").join_asof(
+        group_lanes, left_on="tid", right_on="group_tid", by="pid", strategy="backward", check_sortedness=False
+    )
+    windows = ops.select("event_idx", "pid", group_tid="tid", _ts="ts_ns", _end="end_ns")
+    owned = last_running(tasks, "ts_ns", windows, ["pid", "group_tid"]).filter(pl.col("event_idx").is_not_null())
+    ranks = pl.concat_list("src", "dst").explode().drop_nulls()
+    sized = pl.col("size").fill_null(0) > 0
+    per_group = owned.group_by("pid", "group_tid").agg(
+        group_size=pl.max_horizontal(ranks.n_unique(), ranks.max() + 1).cast(pl.Int64)
+    )
+    per_op = owned.group_by("event_idx", "pid", "group_tid").agg(
+        link_type=pl.col("link")
+        .filter(sized & (pl.col("link") != "INVALID_TYPE"))
+        .drop_nulls()
+        .unique()
+        .sort()
+        .str.join(","),
+        transit_bytes=pl.col("size").filter(sized).sum(),
+        transit_ns=pl.col("dur_ns").filter(sized).sum(),
+    )
+    out = per_op.join(per_group, on=["pid", "group_tid"], how="left")
+    return out.select(
+        "event_idx",
+        "group_size",
+        link_type=pl.when(pl.col("link_type") != "").then("link_type"),
+        transit_bytes="transit_bytes",
+        transit_ns="transit_ns",
+    )
+
+
+def _host_ops(flat_dir: Path, ops: pl.DataFrame) -> pl.DataFrame:
+    """(event_idx, op_name) of HCCL collectives a flow from their host op ends at (`kineto.OP_FLOWS`:
+    torch_npu's async_npu): the innermost CPU op around the flow's start that is not the API call
+    itself (`kineto.API_OPS`: HcclAllreduce inside c10d::allreduce_)."""
+    none = pl.DataFrame(schema={"event_idx": pl.Int64, "op_name": pl.String})
+    cats = [cat for cat, _ in OP_FLOWS]
+    flows = pl.scan_parquet(flat_dir / "flows.parquet").filter(pl.col("cat").is_in(cats))
+    ends = (
+        flows.filter(pl.col("ph") == "f")
+        .select("cat", "id", "pid", "tid", "ts_ns")
+        .join(ops.lazy().select("event_idx", "pid", "tid", "ts_ns"), on=["pid", "tid", "ts_ns"], how="inner")
+        .select("event_idx", "cat", "id")
+        .collect()
+    )
+    if not ends.height:
+        return none
+    starts = (
+        flows.filter((pl.col("ph") == "s") & pl.col("id").is_in(ends["id"].implode()))
+        .select("cat", "id", "pid", "tid", t="ts_ns")
+        .collect()
+        .join(ends, on=["cat", "id"], how="inner")
+    )
+    cpu = _events(
+        flat_dir,
+        pl.col("cat").str.to_lowercase().is_in(CPU_OP_CATS)
+        & pl.col("tid").is_in(starts["tid"].unique().implode())
+        & (pl.col("ts_ns") <= starts["t"].max()),
+        ["pid", "tid", "name", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns")],
+    ).filter(~api_call())
+    around = starts.join(cpu, on=["pid", "tid"], how="inner").filter(
+        (pl.col("ts_ns") <= pl.col("t")) & (pl.col("end_ns") >= pl.col("t"))
+    )
+    return around.sort("ts_ns").group_by("event_idx").agg(op_name=pl.col("name").last())
 
 
 # ------------------------------------------------------------------ gloo work on runloop threads
@@ -484,7 +647,10 @@ def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl
     names = [source.name for source in SIZE_SOURCES]
     if rows.height:
         rows = _pg_of_stream(rows)
-    else:
+    if not rows.height:
+        rows, prefixes = _hccl_ops(flat_dir)
+        names = [HCCL_SIZE.name]
+    if not rows.height:
         pg_config = distributed.get("pg_config")
         rows, prefixes, unowned = _gloo_works(flat_dir, pg_config if isinstance(pg_config, list) else [])
         names = ["the gloo: annotation"]
@@ -503,7 +669,9 @@ def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl
         pg_size=pl.coalesce("group_size", "listed", pl.lit(world, pl.Int64)),
         end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
     )
-    out = with_message(out, prefixes, names)
+    out = with_message(out, prefixes, names).with_columns(
+        pl.lit(None, t).alias(c) for c, t in HCCL_COLUMNS.items() if c not in out.columns
+    )
     out = out.sort("ts_ns", "event_idx").with_columns(
         seq=pl.int_range(pl.len(), dtype=pl.Int64).over(
             pl.col("pg_name").fill_null(""), pl.col("pg_ranks").fill_null("")
@@ -511,6 +679,9 @@ def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl
     )
     out = with_steps(out, profiler_steps(flat_dir))
     return out.select(pl.col(c).cast(t) for c, t in _schema().items()).sort("ts_ns", "event_idx"), problems
+
+
+HCCL_COLUMNS = {"link_type": pl.String, "transit_bytes": pl.Int64, "transit_ns": pl.Int64}  # null elsewhere
 
 
 def _count_ranks(text: pl.Expr) -> pl.Expr:

@@ -1,7 +1,8 @@
 """group: which traces make a run, and which rank each one is.
 
 A run is the set of traces of one job. By default it is the directory that holds the traces (an
-archive member's directory inside its archive); `run_by` overrides it: a regex searched in the
+archive member's directory inside its archive; for torch_npu's `<run>/<worker>_ascend_pt/
+ASCEND_PROFILER_OUTPUT/trace_view.json`, `<run>`); `run_by` overrides it: a regex searched in the
 trace's path (its first group, else the whole match, names the run) or `col:NAME`, a column of
 the `trace` table (`col:trace_name`, `col:base_time_ns`). A trace's rank is `trace.rank`
 (distributedInfo, else its file name); a run's world size is the largest its traces record.
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 
 from pipeline.errors import UsageError
+from pipeline.read.rank import PROFILER_OUTPUT
 
 # trace-table column -> the Extract info key that holds it (what `--run-by col:NAME` may name)
 TRACE_FIELDS = {
@@ -34,9 +36,12 @@ _DIR = re.compile(r"[/\\][^/\\!]*$")
 
 
 def run_of(info: dict, run_by: str | None, pattern: re.Pattern | None) -> str:
-    """The run of one trace, by the rule above."""
+    """The run of one trace, by the rule above (a torch_npu trace's directory is its rank's
+    `<worker>_ascend_pt/ASCEND_PROFILER_OUTPUT`: its run is the folder holding the ranks' folders)."""
     path = str(info.get("source") or "")
     default = _DIR.sub("", path, count=1)
+    npu = PROFILER_OUTPUT.match(default)
+    default = npu["run"] if npu else default
     if not run_by:
         return default
     if run_by.startswith("col:"):

@@ -31,7 +31,17 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "sendrecv": lambda n: 1.0,
 }
 KINDS = (*BUS_FACTOR, "barrier", "gather", "scatter")  # every collective kind; the last ones move no message
-_KIND_ALIASES = {"alltoallv": "alltoall", "send": "sendrecv", "recv": "sendrecv", "recvanysource": "sendrecv"}
+_KIND_ALIASES = {
+    "alltoallv": "alltoall",
+    "alltoallvc": "alltoall",  # HCCL (hcom_alltoallvc_)
+    "allgatherv": "allgather",
+    "reducescatterv": "reducescatter",
+    "send": "sendrecv",
+    "recv": "sendrecv",
+    "receive": "sendrecv",  # HCCL (hcom_receive_)
+    "batchsendrecv": "sendrecv",
+    "recvanysource": "sendrecv",
+}
 
 
 def normalize_kind(raw: Any) -> str | None:

@@ -75,6 +75,12 @@ _DTYPE_ALIASES = {
     "uint16": "uint16",
     "uint32": "uint32",
     "uint64": "uint64",
+    # HCCL's data types (msprof HCCL_DATA_TYPE_TABLE): FP32, FP16, BFP16, INT8, ... HIF8, FP8E4M3
+    "bfp16": "bf16",
+    "hif8": "fp8",
+    "fp8e4m3": "fp8",
+    "fp8e5m2": "fp8",
+    "fp8e8m0": "fp8",
 }
 # c10::ScalarType codes, as Concrete Inputs print a dtype argument (`dtype=torch.bfloat16` -> "15").
 SCALAR_TYPE_CODES = {

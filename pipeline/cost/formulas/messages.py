@@ -177,6 +177,22 @@ def read_kernel_name(name: str, args: Mapping[str, Any]) -> Message | None:
     return Message(dtype=dtype) if dtype else None
 
 
+def read_hccl_op(name: str, args: Mapping[str, Any]) -> Message | None:
+    """An HCCL collective's `count` elements of `data_type` (torch_npu's HCCL lane: `comms.HCCL_OP_ARGS`).
+    `count` is the buffer of allreduce, broadcast and reduce, a rank's send buffer of allgather
+    (HcclAllGather's sendCount) and its receive buffer of reducescatter (recvCount)."""
+    count = _count(args.get("count"))
+    if count is None:
+        return None
+    kind = re.match(HCCL_OP_KIND, name)
+    scatter = kind is not None and kind.group(1).lower().startswith("reducescatter")
+    dtype = normalize_dtype(args.get("data_type"))
+    return Message(None, count, dtype) if scatter else Message(count, None, dtype)
+
+
+HCCL_OP_KIND = r"^hcom_([A-Za-z]+)"  # an HCCL collective's name says its kind: hcom_allReduce__868_0_1
+
+
 @dataclass(frozen=True)
 class SizeSource:
     """Where a trace writes a collective's size: `on` the collective kernel itself, on a CPU
@@ -196,6 +212,7 @@ INPUTS = Reading((*_DIMS, MSG_ARGS["group_size"]), read_inputs)
 RECORD_PARAM_COMMS = Reading((*MSG_ARGS.values(), *_DIMS), read_record_param_comms)
 OP_ARGUMENTS = Reading((*_DIMS, "Concrete Inputs"), read_op_args)
 KERNEL_NAME = Reading((), read_kernel_name)
+HCCL_OP = Reading(("count", "data_type"), read_hccl_op)
 
 
 SIZE_SOURCES: tuple[SizeSource, ...] = (
@@ -250,6 +267,16 @@ SIZE_SOURCES: tuple[SizeSource, ...] = (
         "hta/a100_nccl: `ncclKernel_AllReduce_RING_LL_Sum_float` (the dtype of a reduction only: "
         "`ncclKernel_Broadcast_RING_LL_Sum_int8_t` moved Long)",
     ),
+)
+
+# An HCCL collective's size: its own args on the HCCL lane (`runs.collectives`' HCCL source)
+HCCL_SIZE = SizeSource(
+    "the HCCL op's count",
+    "kernel",
+    "",
+    HCCL_OP,
+    "ascend/npu_level0_rank0 (torch_npu, Level0): `hcom_allReduce__868_0_1` count 4097000, data_type FP32 "
+    "(16388000 bytes, as the job's own communication.json and kernel_details.csv give them)",
 )
 
 # The events the CPU-side sources read (the `collectives` table reads these around launches), and

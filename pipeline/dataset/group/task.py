@@ -72,7 +72,7 @@ def _group(members: list[Member], work: Path, max_inflate: float | None, formula
     if not grouped:
         return None
     finish_read(grouped, t, {})
-    fit = fits(t) & ~_launch_graphs(t)
+    fit = fits(t) & ~_launch_graphs(t) & ~_device_tasks(t)
     if not fit.all():  # ids beyond a band: those members go alone
         for k in np.flatnonzero(~fit):
             grouped[k].alone = True
@@ -128,6 +128,18 @@ def _launch_graphs(t: Tables) -> np.ndarray:
         rows = np.flatnonzero(hit)
         exact = np.asarray(pc.fill_null(pc.match_substring_regex(names.take(rows), GRAPH_LAUNCH), False))
         out[np.unique(t.owner["events"][rows[exact]])] = True
+    return out
+
+
+def _device_tasks(t: Tables) -> np.ndarray:
+    """Per member, whether it holds device tasks without a cat (torch_npu): such a trace goes alone,
+    its device ids checked against its processes' sort indexes and its HCCL collectives read by
+    `flatten` (`pipeline.read.device_tasks`, `pipeline.runs.collectives`)."""
+    out = np.zeros(t.n, dtype=bool)
+    gpu = t.tables["gpu_ops"]
+    if gpu.num_rows:
+        tasks = np.asarray(pc.is_null(gpu.column("cat")))
+        out[np.unique(t.owner["gpu_ops"][tasks])] = True
     return out
 
 

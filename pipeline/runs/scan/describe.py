@@ -145,11 +145,11 @@ def describe(kernel: dict, launch: tuple | None, ops: OpsAround, previous: int |
     return out
 
 
-def message(kind: str, readings: list[Message | None], pg_size: int | None) -> tuple:
+def message(kind: str, readings: list[Message | None], pg_size: int | None, sources: list[str] | None = None) -> tuple:
     """(in_nelems, out_nelems, dtype, bytes, size_from) of a collective from its sources'
     readings: the counts of the first source by which its kind's size is known, the dtype of that
     source else of the first that says one; bytes = nccl-tests' size x the dtype's size (None for
-    barrier or without a dtype)."""
+    barrier or without a dtype). `sources`: the readings' source names (default: SIZE_SOURCES')."""
     chosen = next(
         (i for i, m in enumerate(readings) if m is not None and message_nelems(kind, m, pg_size) is not None), None
     )
@@ -158,5 +158,6 @@ def message(kind: str, readings: list[Message | None], pg_size: int | None) -> t
     n = message_nelems(kind, m, pg_size) if m is not None else None
     size = DTYPE_SIZE.get(dtype) if dtype else None
     nbytes = n * size if kind != "barrier" and n is not None and size is not None else None
-    source = SIZE_SOURCES[chosen].name if chosen is not None else None
+    names = sources if sources is not None else [x.name for x in SIZE_SOURCES]
+    source = names[chosen] if chosen is not None else None
     return (m.in_nelems if m else None, m.out_nelems if m else None, dtype, nbytes, source)

@@ -10,7 +10,10 @@ category (one dict lookup per event, cached per category and name), and only the
 - launches (cuda/hip runtime): correlation -> thread and start, to find the CPU ops around a
   collective kernel's launch;
 - communication CPU ops and annotations (`comms.COMM_OP`, `comms.GLOO_WORK`): name, thread, span, args;
-- `ProfilerStep#N` annotations; thread names (gloo's runloop threads).
+- `ProfilerStep#N` annotations; thread names (gloo's runloop threads, HCCL's group lanes);
+- events without a cat that their args tell apart (torch_npu): device tasks (`kineto.DEVICE_TASKS`,
+  kept as kernels, their device read from the pid once the processes' sort indexes are known),
+  HCCL collectives and the tasks of their planes (`comms.HCCL_OP_ARGS`, `comms.HCCL_TASK_ARGS`).
 
 Times become int64 ns exactly as `flatten` makes them (`read.values.us_to_ns`): below
 FLOAT_EXACT_US from the float, above it from the decimal text, never through a float.
@@ -27,8 +30,27 @@ from typing import Any
 import msgspec
 import orjson
 
-from pipeline.comms import COMM_KERNEL, COMM_OP, GLOO_WORK, NCCL_KERNEL
-from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, GPU_KINDS, LAUNCH_CATS, STEP_CATS, STEP_NAME
+from pipeline.comms import (
+    COMM_KERNEL,
+    COMM_OP,
+    GLOO_WORK,
+    HCCL_OP_ARGS,
+    HCCL_TASK_ARGS,
+    HCCL_TASK_LINK,
+    HCCL_TASK_SIZE,
+    NCCL_KERNEL,
+)
+from pipeline.kineto import (
+    ANNOTATION_CATS,
+    CPU_OP_CATS,
+    DEVICE_TASKS,
+    GPU_KINDS,
+    LAUNCH_CATS,
+    STEP_CATS,
+    STEP_NAME,
+    task_device,
+    task_kind,
+)
 from pipeline.read.values import FLOAT_EXACT_US
 
 EMPTY = msgspec.Raw(b"")
@@ -100,6 +122,9 @@ def _ns_of_float(t: bytes) -> int | None:
     return int((Decimal(t.decode()) * 1000).to_integral_value())
 
 
+_MARKS = lambda keys: tuple(f'"{k}":'.encode() for k in keys)
+_TASKS = tuple((_MARKS(t.marks), _MARKS(t.stream_args), t.task_type_arg) for t in DEVICE_TASKS)
+_HCCL_OP, _HCCL_TASK = _MARKS(HCCL_OP_ARGS), _MARKS(HCCL_TASK_ARGS)
 _CORRELATION = re.compile(rb'"correlation"\s*:\s*(\d+)')
 _DEVICE = re.compile(rb'"device"\s*:\s*(\d+)')
 
@@ -131,6 +156,10 @@ class Kept:
         self.ops: list[dict] = []  # communication CPU ops and annotations: name, cat, pid, tid, ts_ns, end_ns, args
         self.steps: list[tuple] = []  # (name, ts_ns, end_ns)
         self.thread_names: list[tuple] = []  # (pid, tid, name)
+        self.task_pids: dict[int, list[int]] = {}  # pid -> the kernels (k_*) that are its device tasks
+        self.sort_index: dict = {}  # pid -> its process_sort_index
+        self.hccl_ops: list[dict] = []  # name, pid, tid, ts_ns, dur_ns, args
+        self.hccl_tasks: list[tuple] = []  # (pid, tid, ts_ns, src, dst, size, link)
         self._class: dict = {}
 
     def add_text(self, text: bytes) -> None:
@@ -177,6 +206,10 @@ class Kept:
                 if e.ph == "M" and e.name == "thread_name":
                     name = _args(e.args).get("name")
                     self.thread_names.append((_thread(e.pid), _thread(e.tid), name if isinstance(name, str) else ""))
+                elif e.ph == "M" and e.name == "process_sort_index":
+                    self.sort_index.setdefault(e.pid, _args(e.args).get("sort_index"))
+                elif e.ph == "X" and e.cat is None and e.args:
+                    self._without_cat(e)
                 continue
             if c == KERNEL:
                 self._kernel(e)
@@ -215,6 +248,54 @@ class Kept:
                                 "args": _args(e.args),
                             }
                         )
+
+    def _without_cat(self, e: Event) -> None:
+        """A complete event without a cat: a device task, an HCCL collective or a task of its planes
+        (torch_npu), as its args tell; else nothing to keep."""
+        raw = bytes(e.args)
+        if all(m in raw for m in _HCCL_OP):
+            ts = us_to_ns(e.ts)
+            if ts is not None and isinstance(e.name, str):
+                self.hccl_ops.append(
+                    {"name": e.name, "pid": _thread(e.pid), "tid": _thread(e.tid), "ts_ns": ts,
+                     "dur_ns": us_to_ns(e.dur) or 0, "args": _args(e.args)}
+                )  # fmt: skip
+            return
+        if all(m in raw for m in _HCCL_TASK):
+            ts = us_to_ns(e.ts)
+            a = _args(e.args)
+            if ts is not None:
+                value = lambda k: a.get(k) if type(a.get(k)) is int else None
+                link = a.get(HCCL_TASK_LINK)
+                self.hccl_tasks.append(
+                    (_thread(e.pid), _thread(e.tid), ts, value(HCCL_TASK_ARGS[0]), value(HCCL_TASK_ARGS[1]),
+                     value(HCCL_TASK_SIZE), link if isinstance(link, str) else None)
+                )  # fmt: skip
+            return
+        for marks, streams, type_arg in _TASKS:
+            if all(m in raw for m in marks) and any(k in raw for k in streams) and type(e.pid) is int:
+                ts = us_to_ns(e.ts)
+                if ts is None:
+                    return
+                name = e.name if isinstance(e.name, str) else ""
+                if task_kind(_args(e.args).get(type_arg), name) != "kernel":
+                    return  # copies and a stream's event waits: no kernel time
+                self.task_pids.setdefault(e.pid, []).append(len(self.k_ts))
+                self.k_ts.append(ts)
+                self.k_end.append(ts + (us_to_ns(e.dur) or 0))
+                self.k_dev.append(-1)  # the pid's device, once the sort indexes are known (`task_devices`)
+                self.k_comm.append(1 if _kernel_flags(name)[1] else 0)
+                return
+
+    def task_devices(self) -> None:
+        """Give the device tasks kept as kernels their device: from the pid, by the scheme the
+        process's sort index says (`kineto.task_device`)."""
+        for pid, rows in self.task_pids.items():
+            index = self.sort_index.get(pid)
+            device = task_device(pid, index if type(index) is int else None)
+            for i in rows:
+                self.k_dev[i] = device
+        self.task_pids = {}
 
     def _kernel(self, e: Event) -> None:
         ts = us_to_ns(e.ts)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.kineto import is_trace_name
+from pipeline.kineto import is_trace_path
 from pipeline.read.limits import not_regular
 from pipeline.runs.calls import Extract
 from pipeline.runs.scan import cache
@@ -32,7 +32,9 @@ def trace_files(folder: str) -> list[str]:
     found = []
     for d, dirs, files in os.walk(folder):
         dirs.sort()
-        found += [os.path.join(d, f) for f in sorted(files) if is_trace_name(f)]
+        found += [
+            os.path.join(d, f) for f in sorted(files) if is_trace_path(os.path.relpath(os.path.join(d, f), folder))
+        ]
     return found
 
 

@@ -15,17 +15,18 @@ from bisect import bisect_right
 
 import numpy as np
 
-from pipeline.comms import NCCL_KERNEL, RANK_IN_LIST, RUNLOOP_THREAD
+from pipeline.comms import HCCL_GROUP_LANE, HCCL_OP_KIND, NCCL_KERNEL, RANK_IN_LIST, RUNLOOP_THREAD
 from pipeline.cost.formulas.collectives import normalize_kind
-from pipeline.cost.formulas.messages import op_message
+from pipeline.cost.formulas.messages import HCCL_SIZE, op_message
 from pipeline.errors import BadTrace
-from pipeline.kineto import trace_stem
+from pipeline.kineto import task_device, trace_stem
 from pipeline.read.rank import int_or_none, rank_of
 from pipeline.runs.calls import Extract, calls_of_rows, steps_of_rows
 from pipeline.runs.scan.describe import OpsAround, canonical, describe, message
 from pipeline.runs.scan.events import ANNOTATION, KERNEL, OP, Kept
 
 _NCCL = re.compile(NCCL_KERNEL)
+_GROUP_LANE, _HCCL_KIND = re.compile(HCCL_GROUP_LANE), re.compile(HCCL_OP_KIND)
 
 
 def scan_trace(path: str, max_inflate: float | None = None) -> Extract:
@@ -78,7 +79,12 @@ def extract(kept: Kept, meta: dict, info: dict) -> Extract:
         n_events=kept.n_events,
     )
     problems: dict[str, int] = {}
+    kept.task_devices()
     rows = _kernel_rows(kept)
+    if not rows:
+        rows, planes_world = _hccl_rows(kept)
+        if world is None and planes_world:
+            info["world_size"] = world = planes_world
     if not rows:
         pg_config = dist.get("pg_config")
         rows, unowned = _gloo_rows(kept, pg_config if isinstance(pg_config, list) else [])
@@ -97,7 +103,7 @@ def extract(kept: Kept, meta: dict, info: dict) -> Extract:
             counted[r["pg_ranks"]] = _count_ranks(r["pg_ranks"])
         r["pg_size"] = next((v for v in (group, counted[r["pg_ranks"]], world) if v is not None), None)
         r["in_nelems"], r["out_nelems"], r["dtype"], r["bytes"], r["size_from"] = message(
-            r["kind"], r.pop("readings"), r["pg_size"]
+            r["kind"], r.pop("readings"), r["pg_size"], r.pop("sources", None)
         )
         r["step"] = _step_of(r["ts_ns"], steps, starts)
     info["problems"] = problems
@@ -178,6 +184,58 @@ def _pg_of_stream(rows: list[dict]) -> None:
             chosen = best.get((r["device"], r["stream"]))
             if chosen is not None:
                 r.update(zip(PG, chosen))
+
+
+# ------------------------------------------------------------------ HCCL collectives (torch_npu)
+def _hccl_rows(kept: Kept) -> tuple[list[dict], int | None]:
+    """The HCCL collectives of a torch_npu trace, as `runs.collectives._hccl_ops` makes them of a
+    flattened one (group from the lane's name, device from the pid, size from `count` and
+    `data_type`, group size from the ranks the group's plane tasks name), and the largest group
+    size the planes reveal (None without plane tasks)."""
+    if not kept.hccl_ops:
+        return [], None
+    lanes = {(pid, tid): name for pid, tid, name in kept.thread_names}
+    groups = sorted((pid, tid) for (pid, tid), name in lanes.items() if _GROUP_LANE.match(name or ""))
+    group_size = _plane_group_sizes(kept, groups)
+    rows = []
+    for i, op in enumerate(sorted(kept.hccl_ops, key=lambda o: o["ts_ns"])):
+        lane = _GROUP_LANE.match(lanes.get((op["pid"], op["tid"])) or "")
+        index = kept.sort_index.get(op["pid"])
+        found = _HCCL_KIND.match(op["name"])
+        rows.append(
+            {
+                "order": i,
+                "name": op["name"],
+                "kind": normalize_kind(found.group(1)) if found else None,
+                "op_name": None,
+                "collective": op["name"],
+                "pg_name": lane.group(1) if lane else None,
+                "pg_desc": None,
+                "pg_ranks": None,
+                "group_size": group_size.get((op["pid"], op["tid"])),
+                "readings": [HCCL_SIZE.read(op["name"], op["args"])],
+                "sources": [HCCL_SIZE.name],
+                "ts_ns": op["ts_ns"],
+                "dur_ns": op["dur_ns"],
+                "device": task_device(op["pid"], index if type(index) is int else None)
+                if type(op["pid"]) is int
+                else None,
+                "stream": None,
+            }
+        )
+    return rows, max(group_size.values(), default=None)
+
+
+def _plane_group_sizes(kept: Kept, groups: list[tuple]) -> dict:
+    """(pid, group lane tid) -> the ranks its plane tasks name (src and dst), at least the highest
+    + 1: a task's group is the nearest group lane before its lane (msprof numbers a group's planes
+    after it)."""
+    seen: dict = {}
+    for pid, tid, _, src, dst, _, _ in kept.hccl_tasks:
+        lane = next((g for g in reversed(groups) if g[0] == pid and g[1] <= tid), None)
+        if lane is not None:
+            seen.setdefault(lane, set()).update(r for r in (src, dst) if r is not None)
+    return {g: max(len(r), max(r) + 1) for g, r in seen.items() if r}
 
 
 # ------------------------------------------------------------------ gloo work on runloop threads
