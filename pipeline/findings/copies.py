@@ -1,0 +1,95 @@
+"""copies: host copies from pageable memory, and device copies that only change a dtype or a layout.
+
+Two premises, either enough:
+- memcpy from or to pageable host memory (Kineto names it: `Memcpy HtoD (Pageable -> Device)`)
+  takes at least [copies] min_span of the window: the driver stages it through a pinned buffer at
+  a fraction of the link's bandwidth, and the host waits for it. Saving: [pageable_low,
+  pageable_high] of its device time, on the host and the device alike (the host waits for it).
+- copy kernels ([copies] copy_kernels: dtype casts, `.contiguous()`, `.to()`) take at least
+  [copies] min_kernels of the device's kernel time. Saving: [copy_low, copy_high] of their device
+  time, as far as device time is on the critical path. (`fusion` leaves these kernels to this rule.)
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline.findings.facts import Facts
+from pipeline.findings.finding import Evidence, Finding, ms, pct, scaled
+
+ID = "copies"
+
+
+def copies(t: Facts) -> Finding | None:
+    if not t.has_device:
+        return None
+    lim = t.limits(ID)
+    moves = t.section("transfers")
+    paged = moves.filter((pl.col("device") >= 0) & pl.col("name").str.contains(lim["pageable"])) if moves.height else moves
+    paged_us = float(paged["dur_us"].sum() or 0.0) if paged.height else 0.0
+    k = t.kernels.filter((pl.col("device") >= 0) & pl.col("name").str.contains(lim["copy_kernels"]))
+    copy_us = float(k["dur_us"].sum() or 0.0)
+    use_paged = paged_us >= lim["min_span"] * t.span_us
+    use_copy = bool(t.kernel_us) and copy_us >= lim["min_kernels"] * t.kernel_us
+    if not use_paged and not use_copy:
+        return None
+    gpu, wall, evidence, parts = (0.0, 0.0), (0.0, 0.0), [], []
+    if use_paged:
+        g = scaled(paged_us, lim["pageable_low"], lim["pageable_high"])
+        on_dev, on_host = t.on_device(g), t.on_host(g)
+        w = (max(on_dev[0], on_host[0]), max(on_dev[1], on_host[1]))
+        gpu, wall = _plus(gpu, g), _plus(wall, w)
+        n = int(paged["count"].sum())
+        parts.append(f"{ms(paged_us)} of copies in {n:,} calls from pageable host memory")
+        evidence += [
+            Evidence("memcpy", r["name"], r["count"], r["dur_us"], pct(r["dur_us"], t.span_us),
+                     of="the window", note=f"{r['achieved_gbps'] or 0:.3g} GB/s")
+            for r in paged.sort("dur_us", descending=True).iter_rows(named=True)
+        ]
+    if use_copy:
+        g = scaled(copy_us, lim["copy_low"], lim["copy_high"])
+        gpu, wall = _plus(gpu, g), _plus(wall, t.on_device(g))
+        parts.append(f"{ms(copy_us)} ({pct(copy_us, t.kernel_us):.0f}% of kernel time) in {int(k['count'].sum()):,} dtype/layout copy kernels")
+        evidence += [
+            Evidence("kernel", r["name"], r["count"], r["dur_us"], pct(r["dur_us"], t.kernel_us),
+                     of="kernel time", note=f"launched by {r['cpu_op']}" if r["cpu_op"] else None)
+            for r in k.sort("dur_us", descending=True).head(4).iter_rows(named=True)
+        ]
+    wall_r, gpu_r = t.bounded(wall, gpu)
+    if not t.worth(wall_r, gpu_r):
+        return None
+    remedy = []
+    if use_paged:
+        remedy.append(
+            "copy from pinned memory without blocking: DataLoader(..., pin_memory=True) (or tensor.pin_memory()) "
+            "and x.to('cuda', non_blocking=True)"
+        )
+    if use_copy:
+        remedy.append(
+            "avoid copies that only change a dtype or a layout: keep activations in one dtype (no .float() / "
+            ".to(dtype) round trips), call .contiguous() once where a layout must change, or let torch.compile "
+            "fold them into the neighbouring ops"
+        )
+    basis = []
+    if use_paged:
+        basis.append(f"{lim['pageable_low']:.0%}-{lim['pageable_high']:.0%} of the pageable copies' time (pinned memory runs at 2-3x its bandwidth)")
+    if use_copy:
+        basis.append(f"{lim['copy_low']:.0%}-{lim['copy_high']:.0%} of the copy kernels' time, x {t.on_path_share:.2f} on the critical path")
+    return Finding(
+        ID,
+        "Copies: " + "; ".join(parts),
+        wall_r,
+        gpu_r,
+        _sentence("; ".join(remedy)),
+        "transfers" if use_paged else "kernels",
+        tuple(evidence),
+        "; ".join(basis),
+    )
+
+
+def _plus(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return (a[0] + b[0], a[1] + b[1])
+
+
+def _sentence(s: str) -> str:
+    return s[:1].upper() + s[1:]
