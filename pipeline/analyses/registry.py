@@ -71,6 +71,7 @@ class Section:
     # made from other sections' results (`analyze` computes it last, sharing them): f, options, section(name)
     reads: Callable[[Flat, Options, Callable[[str], pl.DataFrame]], pl.DataFrame] | None = None
     text: Callable[[pl.DataFrame, str, int | None], str] | None = None  # its table / md text (default: its tables)
+    lead: bool = False  # what to fix: shown first, before everything else, even when empty (it says so)
 
     def tables(self, df: pl.DataFrame) -> dict[str, pl.DataFrame]:
         """What table, md, csv and xlsx show of the section: named tables (default: its rows)."""
@@ -95,6 +96,7 @@ REGISTRY: tuple[Section, ...] = (
         views=lambda df: {"findings": flat_view(df)},
         reads=_findings,
         text=findings_text,
+        lead=True,
     ),
     Section(
         "devices",

@@ -57,9 +57,9 @@ def precision(t: Facts) -> Finding | None:
     evidence.append(
         Evidence(
             "device",
-            f"{spec['spec_name']} ({arch}): FP32 {fp32:g} TFLOP/s, {'TF32' if mode == 'tf32' else 'FP16/BF16'} "
-            f"tensor cores {target:g} TFLOP/s",
-            note=f"{ratio:.1f}x; device-spec table",
+            f"{spec['spec_name']} ({arch})" if arch else str(spec["spec_name"]),
+            note=f"FP32 {fp32:g} TFLOP/s, {'TF32' if mode == 'tf32' else 'FP16/BF16'} tensor cores {target:g} "
+            f"TFLOP/s ({ratio:.1f}x; device-spec table)",
         )
     )
     if mode == "tf32":

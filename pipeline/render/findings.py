@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import polars as pl
 
 EVIDENCE_ROWS = 4  # evidence rows shown per finding in text (json, csv and html hold them all)
-NAME_CHARS = 56  # a name in an evidence line is shortened to this (the middle cut, with its id)
+NAME_CHARS = 64  # a name in an evidence line is shortened to this (the middle cut, with its id)
 NONE = "Nothing to fix found: no finding's premise holds on this window (docs/guides/reading-findings.md)."
 
 
@@ -41,12 +41,12 @@ def range_text(r: list | tuple | None) -> str:
     return f"{f(lo)}-{f(hi)} {unit}"
 
 
-def saving_line(d: dict) -> str:
+def saving_line(d: dict, window: str = "the window") -> str:
     """What a finding saves: wall time (and its share of the window), device time."""
     out = f"saves {range_text(d['gain_us'])}"
     if d.get("gain_pct"):
         lo, hi = d["gain_pct"]
-        out += f" ({lo:.1f}-{hi:.1f}% of the window)"
+        out += f" ({lo:.1f}-{hi:.1f}% of {window})"
     if d.get("gpu_gain_us"):
         out += f"; device time {range_text(d['gpu_gain_us'])}"
     return out
@@ -65,16 +65,17 @@ def evidence_text(e: dict, limit: int | None = NAME_CHARS) -> str:
     return out + (f", {e['note']}" if e.get("note") else "")
 
 
-def findings_lines(rows: list[dict], fmt: str = "table", width: int | None = None) -> str:
-    """The findings, numbered, each with its saving, title, evidence, remedy and next section."""
+def findings_lines(rows: list[dict], fmt: str = "table", width: int | None = None, window: str = "the window") -> str:
+    """The findings, numbered, each with its saving (`window`: what its share is of), title,
+    evidence, remedy and next section."""
     if not rows:
         return NONE + "\n"
     if fmt == "md":
-        return "".join(_md(i, d) for i, d in enumerate(rows, 1))
+        return "".join(_md(i, d, window) for i, d in enumerate(rows, 1))
     width = max(width or 100, 60)
     out = []
     for i, d in enumerate(rows, 1):
-        head = f"{i:>2}. {d['id']}: {saving_line(d)}"
+        head = f"{i:>2}. {d['id']}: {saving_line(d, window)}"
         out += _wrapped(head, width, "", "    ")
         out += _wrapped(d["title"], width, "    ", "    ")
         ev = d.get("evidence") or []
@@ -95,10 +96,10 @@ def _wrapped(text: str, width: int, first: str, rest: str | None = None) -> list
     ) or [first.rstrip()]
 
 
-def _md(i: int, d: dict) -> str:
-    ev = "".join(f"   - {evidence_text(e, None)}\n" for e in d.get("evidence") or [])
+def _md(i: int, d: dict, window: str) -> str:
+    ev = "".join(f"     - {evidence_text(e, None)}\n" for e in d.get("evidence") or [])
     return (
-        f"{i}. **{d['id']}**: {saving_line(d)}  \n"
+        f"{i}. **{d['id']}**: {saving_line(d, window)}  \n"
         f"   {d['title']}  \n"
         f"   *Fix:* {d['remedy']}  \n"
         f"   *Next:* `--section {d['section']}`; *estimate:* {d.get('basis') or ''}\n"

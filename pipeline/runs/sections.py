@@ -143,7 +143,7 @@ def _findings(res, fmt: str, width: int | None, one_run: bool) -> str:
     parts = []
     for run, found in res.findings.items():
         label = "" if one_run else (f"### run {run}\n\n" if fmt == "md" else f"run {run}:\n")
-        parts.append(label + findings_lines(found, fmt, width))
+        parts.append(label + findings_lines(found, fmt, width, "the run's steps"))
     return head + "\n".join(parts)
 
 
