@@ -22,6 +22,7 @@ from pipeline.analyses.sweep import read
 from pipeline.findings import spans
 from pipeline.findings.finding import Range, capped, narrowed, us
 from pipeline.findings.limits import limits, marks
+from pipeline.kineto import CPU_OP_CAT
 
 MARK_COLUMNS = ["name", "cat", "pid", "tid", "ts_ns", "end_ns"]
 
@@ -247,6 +248,31 @@ class Facts:
         names = self.marks["optimizer"]["name"].unique().to_list()
         own = self.ops.filter(pl.col("name").is_in(names))
         return float(own["cpu_total_us"].sum() or 0.0), float(own["self_cpu_us"].sum() or 0.0)
+
+    @cached_property
+    def optimizer_op_count(self) -> int:
+        """How many CPU ops run directly inside the optimizer steps, on their threads (not nested in
+        another op: one dispatch each from the step's Python)."""
+        m = self.marks["optimizer"]
+        if not m.height:
+            return 0
+        u = self.mark_spans("optimizer")
+        threads = m.select("pid", "tid").unique()
+        ops = read(
+            self.f.path / "events.parquet",
+            (pl.col("ph") == "X")
+            & pl.col("cat").str.contains(CPU_OP_CAT)
+            & pl.col("ts_ns").is_between(int(u[0][0]), int(u[1][-1]))
+            & self.f.time_filter(),
+            ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(0)).alias("end_ns")],
+        ).join(threads, on=["pid", "tid"], how="semi")
+        ops = ops.filter(pl.Series(spans.holding(u, ops["ts_ns"].to_numpy()))) if ops.height else ops
+        n = 0
+        for _, one in ops.sort("ts_ns").group_by("pid", "tid"):
+            s, e = one["ts_ns"].to_numpy(), one["end_ns"].to_numpy()
+            before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1]])
+            n += int((s >= before).sum())  # starts after every earlier op ended: not nested in one
+        return n
 
     @cached_property
     def math_modes(self) -> pl.DataFrame | None:

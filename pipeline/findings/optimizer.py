@@ -1,14 +1,15 @@
 """optimizer: optimizer steps that loop over the parameters where foreach / fused versions exist.
 
 Premise: the trace's `Optimizer.step#<class>.step` slices (torch.optim wraps each step in them)
-and, inside them, no foreach or fused ops ([marks] multi_tensor: a per-parameter loop, torch's
-OptimizerSingleTensorPattern), or foreach ops but no fused ones (a further fix). Saving, on the
-host: a loop's self time (the Python between its per-parameter ops, from the ops section) x
-[loop_low, loop_high] plus [children_high] of its ops' time; a foreach step's ops' time x
-[foreach_low, foreach_high]. On a device that host time counts only while the device waits for
-it (its idle time inside the steps), plus [kernel_low, kernel_high] of the steps' kernels' device
-time (many small per-parameter kernels become few multi-tensor ones) as far as device time is on
-the critical path. At least [optimizer] min_span of the window.
+of a torch.optim class ([optimizer] foreach_classes) and, inside them, no foreach or fused ops
+([marks] multi_tensor: a per-parameter loop, torch's OptimizerSingleTensorPattern); or foreach ops
+but no fused ones, of a class that has fused=True (a further fix). Saving, on the host (see the
+[optimizer] table): a share of the steps' self time (the Python between their ops), a dispatch
+cost per op inside them, and a share of their ops' time (the passes a fused kernel merges). On a
+device that host time counts only while the device waits for it (its idle time inside the steps),
+plus [kernel_low, kernel_high] of the steps' kernels' device time (many small per-parameter
+kernels become few multi-tensor ones) as far as device time is on the critical path. At least
+[optimizer] min_span of the window.
 """
 
 from __future__ import annotations
@@ -42,10 +43,14 @@ def optimizer(t: Facts) -> Finding | None:
     total, self_us = t.optimizer_ops_us
     total = total or us(int((steps["end_ns"] - steps["ts_ns"]).sum()))
     children = max(total - self_us, 0.0)
-    if mode == "loop":
-        host = (lim["loop_low"] * self_us, lim["loop_high"] * self_us + lim["children_high"] * children)
-    else:
-        host = scaled(children, lim["foreach_low"], lim["foreach_high"])
+    n_ops = t.optimizer_op_count
+    loop = mode == "loop"
+    low_self, high_self = (lim["self_low"], lim["self_high"]) if loop else (lim["foreach_self_low"], lim["foreach_self_high"])
+    cap = lim["ops_cap"] * children
+    host = (
+        low_self * self_us + min(n_ops * lim["op_low_us"], cap),
+        high_self * self_us + min(n_ops * lim["op_high_us"] + lim["pass_high"] * children, cap),
+    )
     gpu = None
     evidence = [
         Evidence("annotation", n, int((steps["name"] == n).sum()), note="optimizer steps")
@@ -53,7 +58,8 @@ def optimizer(t: Facts) -> Finding | None:
     ]
     evidence += [
         Evidence("op", "Python inside the steps (their self time)", None, self_us, pct(self_us, t.span_us), of="the window"),
-        Evidence("op", "ops inside the steps", None, children, pct(children, t.span_us), of="the window"),
+        Evidence("op", "ops inside the steps", n_ops, children, pct(children, t.span_us), of="the window",
+                 note=f"{children / n_ops:.1f} µs each" if n_ops else None),
     ]
     if t.has_device:
         n_kernels, kernel_us = t.optimizer_kernels
@@ -80,10 +86,14 @@ def optimizer(t: Facts) -> Finding | None:
             f"{cls} steps loop over the parameters one at a time: {ms(total)} in {steps.height:,} steps, "
             f"{ms(self_us)} of it Python between per-parameter ops"
         )
+        fused = classes <= set(lim["fused_classes"])
         remedy = (
-            f"Use the multi-tensor implementation: {cls}(params, ..., foreach=True) (or fused=True, one "
-            "kernel per parameter group, on CUDA and, for Adam/AdamW/SGD/Adagrad, on CPU since torch 2.4); "
-            "check nothing forces foreach=False (e.g. parameters on different devices or dtypes, torch < 2.0)"
+            f"Use the fused implementation: {cls}(params, ..., fused=True) (one kernel per parameter group; "
+            "CUDA, and CPU since torch 2.4), or at least foreach=True (one op per group of tensors); check "
+            "nothing forces foreach=False (parameters on different devices or dtypes, torch < 2.0)"
+            if fused
+            else f"Use the multi-tensor implementation: {cls}(params, ..., foreach=True) (one op per group of "
+            "tensors); check nothing forces foreach=False (parameters on different devices or dtypes, torch < 2.0)"
         )
     else:
         ops_in = inside.group_by("name").agg(pl.len()).sort("len", descending=True)
@@ -94,8 +104,9 @@ def optimizer(t: Facts) -> Finding | None:
             "since torch 2.4), or torch.compile the optimizer step"
         )
     basis = (
-        (f"{lim['loop_low']:.0%}-{lim['loop_high']:.0%} of the steps' self time plus up to {lim['children_high']:.0%} of their ops' time"
-         if mode == "loop" else f"{lim['foreach_low']:.0%}-{lim['foreach_high']:.0%} of the steps' ops' time")
+        f"{low_self:.0%}-{high_self:.0%} of the steps' self time (Python), plus {lim['op_low_us']:g}-{lim['op_high_us']:g} µs "
+        f"per op inside them and up to {lim['pass_high']:.0%} of their ops' time (merged passes), at most "
+        f"{lim['ops_cap']:.0%} of it"
         + ("; on a device, only while the device waited inside the steps, plus "
            f"{lim['kernel_low']:.0%}-{lim['kernel_high']:.0%} of their kernels' time" if t.has_device else "")
     )

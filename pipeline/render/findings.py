@@ -47,8 +47,11 @@ def saving_line(d: dict, window: str = "the window") -> str:
     if d.get("gain_pct"):
         lo, hi = d["gain_pct"]
         out += f" ({lo:.1f}-{hi:.1f}% of {window})"
-    if d.get("gpu_gain_us"):
-        out += f"; device time {range_text(d['gpu_gain_us'])}"
+    gpu = d.get("gpu_gain_us")
+    if gpu:
+        out += f"; device time {range_text(gpu)}"
+        if d["gain_us"][1] < 0.25 * gpu[1]:
+            out += " (little wall time while the host bounds the window)"
     return out
 
 
