@@ -126,7 +126,7 @@ def render_sections(
     return "\n".join(out)
 
 
-FINDINGS_TITLE = "What to fix across the ranks: findings with their evidence, estimated saving and remedy"
+FINDINGS_TITLE = "What to fix across the ranks (largest saving first; they overlap)"
 
 
 def findings_rows(res) -> Rows:
