@@ -22,8 +22,18 @@ from pipeline.findings.rules import RULES
 from pipeline.findings.run import RUN_RULES
 
 VOCABULARY = {
-    "host_bound", "small_kernels", "sync", "dataloader", "fusion", "layout", "precision", "optimizer",
-    "copies", "comm_exposed", "straggler", "compile_breaks",
+    "host_bound",
+    "small_kernels",
+    "sync",
+    "dataloader",
+    "fusion",
+    "layout",
+    "precision",
+    "optimizer",
+    "copies",
+    "comm_exposed",
+    "straggler",
+    "compile_breaks",
 }
 DOC = Path(__file__).resolve().parents[1] / "docs" / "guides" / "reading-findings.md"
 
@@ -122,7 +132,11 @@ def _steps_us(path: Path) -> list[float]:
         ev = json.load(fh)["traceEvents"]
     out: dict[str, float] = {}
     for e in ev:
-        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X" and e.get("cat") != "gpu_user_annotation":
+        if (
+            str(e.get("name", "")).startswith("ProfilerStep#")
+            and e.get("ph") == "X"
+            and e.get("cat") != "gpu_user_annotation"
+        ):
             out[e["name"]] = max(out.get(e["name"], 0.0), float(e["dur"]))
     return sorted(out.values())
 
@@ -181,8 +195,19 @@ def test_every_finding_keeps_the_contract_on_every_real_trace(flat_dirs):
             assert len(f["remedy"]) >= 10 and f["section"] and f["basis"], where
             assert f["gain_pct"] == pytest.approx([100 * x / f["window_us"] for x in f["gain_us"]], abs=0.01)
     # the shared traces show every trace rule at least once
-    assert {"host_bound", "small_kernels", "sync", "dataloader", "fusion", "layout", "precision", "optimizer",
-            "copies", "comm_exposed", "compile_breaks"} <= seen
+    assert {
+        "host_bound",
+        "small_kernels",
+        "sync",
+        "dataloader",
+        "fusion",
+        "layout",
+        "precision",
+        "optimizer",
+        "copies",
+        "comm_exposed",
+        "compile_breaks",
+    } <= seen
 
 
 def test_findings_alone_equal_the_findings_of_the_whole_analysis(flat_dirs):
@@ -275,7 +300,9 @@ def test_hostile_names_in_findings_are_escaped(tmp_path):
     html = rp.format_analysis(f, rp.analyze(f), "html")
     block = html.split('data-section="findings"')[1].split("</section>")[0]
     assert 'data-finding="layout"' in block
-    assert "<img" not in block and "</script>" not in block and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in block
+    assert (
+        "<img" not in block and "</script>" not in block and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in block
+    )
 
 
 # ------------------------------------------------------------------ the rules and their data

@@ -61,7 +61,9 @@ def compile_breaks(t: Facts) -> Finding | None:
     ]
     names = r.group_by("name").agg(n=pl.len(), ns=pl.col("dur_ns").sum()).sort("ns", descending=True)
     evidence += [
-        Evidence("region", x["name"], x["n"], us(x["ns"]), pct(us(x["ns"]), t.span_us), of="the window", note="compiled")
+        Evidence(
+            "region", x["name"], x["n"], us(x["ns"]), pct(us(x["ns"]), t.span_us), of="the window", note="compiled"
+        )
         for x in names.head(3).iter_rows(named=True)
     ]
     steps = max(per_step.height, 1)

@@ -25,7 +25,9 @@ def copies(t: Facts) -> Finding | None:
         return None
     lim = t.limits(ID)
     moves = t.section("transfers")
-    paged = moves.filter((pl.col("device") >= 0) & pl.col("name").str.contains(lim["pageable"])) if moves.height else moves
+    paged = (
+        moves.filter((pl.col("device") >= 0) & pl.col("name").str.contains(lim["pageable"])) if moves.height else moves
+    )
     paged_us = float(paged["dur_us"].sum() or 0.0) if paged.height else 0.0
     k = t.kernels.filter((pl.col("device") >= 0) & pl.col("name").str.contains(lim["copy_kernels"]))
     copy_us = float(k["dur_us"].sum() or 0.0)
@@ -42,17 +44,34 @@ def copies(t: Facts) -> Finding | None:
         n = int(paged["count"].sum())
         parts.append(f"{ms(paged_us)} of copies in {n:,} calls from pageable host memory")
         evidence += [
-            Evidence("memcpy", r["name"], r["count"], r["dur_us"], pct(r["dur_us"], t.span_us),
-                     of="the window", note=f"{r['achieved_gbps'] or 0:.3g} GB/s")
+            Evidence(
+                "memcpy",
+                r["name"],
+                r["count"],
+                r["dur_us"],
+                pct(r["dur_us"], t.span_us),
+                of="the window",
+                note=f"{r['achieved_gbps'] or 0:.3g} GB/s",
+            )
             for r in paged.sort("dur_us", descending=True).iter_rows(named=True)
         ]
     if use_copy:
         g = scaled(copy_us, lim["copy_low"], lim["copy_high"])
         gpu, wall = _plus(gpu, g), _plus(wall, t.on_device(g))
-        parts.append(f"{ms(copy_us)} ({pct(copy_us, t.kernel_us):.0f}% of kernel time) in {int(k['count'].sum()):,} dtype/layout copy kernels")
+        parts.append(
+            f"{ms(copy_us)} ({pct(copy_us, t.kernel_us):.0f}% of kernel time) in {int(k['count'].sum()):,} "
+            "dtype/layout copy kernels"
+        )
         evidence += [
-            Evidence("kernel", r["name"], r["count"], r["dur_us"], pct(r["dur_us"], t.kernel_us),
-                     of="kernel time", note=f"launched by {r['cpu_op']}" if r["cpu_op"] else None)
+            Evidence(
+                "kernel",
+                r["name"],
+                r["count"],
+                r["dur_us"],
+                pct(r["dur_us"], t.kernel_us),
+                of="kernel time",
+                note=f"launched by {r['cpu_op']}" if r["cpu_op"] else None,
+            )
             for r in k.sort("dur_us", descending=True).head(4).iter_rows(named=True)
         ]
     wall_r, gpu_r = t.bounded(wall, gpu)
@@ -72,9 +91,15 @@ def copies(t: Facts) -> Finding | None:
         )
     basis = []
     if use_paged:
-        basis.append(f"{lim['pageable_low']:.0%}-{lim['pageable_high']:.0%} of the pageable copies' time (pinned memory runs at 2-3x its bandwidth)")
+        basis.append(
+            f"{lim['pageable_low']:.0%}-{lim['pageable_high']:.0%} of the pageable copies' time "
+            "(pinned memory runs at 2-3x its bandwidth)"
+        )
     if use_copy:
-        basis.append(f"{lim['copy_low']:.0%}-{lim['copy_high']:.0%} of the copy kernels' time, x {t.on_path_share:.2f} on the critical path")
+        basis.append(
+            f"{lim['copy_low']:.0%}-{lim['copy_high']:.0%} of the copy kernels' time, "
+            f"x {t.on_path_share:.2f} on the critical path"
+        )
     return Finding(
         ID,
         "Copies: " + "; ".join(parts),

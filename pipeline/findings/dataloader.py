@@ -34,23 +34,41 @@ def dataloader(t: Facts) -> Finding | None:
         return None
     by_name = (
         m.group_by("name")
-        .agg(n=pl.len(), ns=(pl.col("end_ns") - pl.col("ts_ns")).sum(), longest=(pl.col("end_ns") - pl.col("ts_ns")).max())
+        .agg(
+            n=pl.len(),
+            ns=(pl.col("end_ns") - pl.col("ts_ns")).sum(),
+            longest=(pl.col("end_ns") - pl.col("ts_ns")).max(),
+        )
         .sort("ns", descending=True)
     )
     single = any(SINGLE in n for n in by_name["name"].to_list())
     evidence = [
-        Evidence("annotation", r["name"], r["n"], us(r["ns"]), pct(us(r["ns"]), t.span_us), of="the window", note=f"longest {ms(us(r['longest']))}")
+        Evidence(
+            "annotation",
+            r["name"],
+            r["n"],
+            us(r["ns"]),
+            pct(us(r["ns"]), t.span_us),
+            of="the window",
+            note=f"longest {ms(us(r['longest']))}",
+        )
         for r in by_name.iter_rows(named=True)
     ]
     if t.has_device:
         evidence.append(
-            Evidence("device", "device idle while the main thread waited for data", None, moving, pct(moving, t.span_us), of="the window")
+            Evidence(
+                "device",
+                "device idle while the main thread waited for data",
+                None,
+                moving,
+                pct(moving, t.span_us),
+                of="the window",
+            )
         )
     where = "the device sat idle" if t.has_device else "the main thread waited"
     title = (
         f"The input pipeline stalls the step: {where} {ms(moving)} ({pct(moving, t.span_us):.0f}% of the window) "
-        f"in {int(m.height):,} DataLoader fetches"
-        + (" without workers (num_workers=0)" if single else "")
+        f"in {int(m.height):,} DataLoader fetches" + (" without workers (num_workers=0)" if single else "")
     )
     remedy = (
         "Load batches in worker processes: DataLoader(..., num_workers=N (start with the CPU cores per GPU), "

@@ -178,7 +178,9 @@ class Facts:
         g = self.host_wait
         if not g.height:
             return 0.0
-        g = g.filter(pl.Series(~spans.drained(self.mark_spans("sync"), g["start_ns"].to_numpy(), g["end_ns"].to_numpy())))
+        g = g.filter(
+            pl.Series(~spans.drained(self.mark_spans("sync"), g["start_ns"].to_numpy(), g["end_ns"].to_numpy()))
+        )
         if not g.height:
             return 0.0
         loading = spans.covered(g["start_ns"].to_numpy(), g["end_ns"].to_numpy(), self.mark_spans("dataloader"))
@@ -197,7 +199,8 @@ class Facts:
         if not launch.height or "shorter_than_launch_pct" not in launch.columns:
             return 0.0
         kernels = launch["kernels"].fill_null(0).cast(pl.Float64)
-        shorter = (launch["shorter_than_launch_pct"].fill_null(0.0) * kernels).sum() / max(kernels.sum(), 1.0)
+        weighted = float((launch["shorter_than_launch_pct"].fill_null(0.0) * kernels).sum() or 0.0)
+        shorter = weighted / max(float(kernels.sum() or 0.0), 1.0)
         if shorter < 100 * lim["min_shorter"]:
             return 0.0
         return min(float(self.path["breakdown_us"].get("launch") or 0.0) / self.host_path_us, 1.0)
@@ -214,7 +217,14 @@ class Facts:
             & pl.col("name").str.contains(either)
             & ~pl.col("cat").fill_null("").str.to_lowercase().str.starts_with("gpu_")  # their GPU-timeline twins
             & self.f.time_filter(),
-            ["name", "cat", "pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(0)).alias("end_ns")],
+            [
+                "name",
+                "cat",
+                "pid",
+                "tid",
+                "ts_ns",
+                (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(0)).alias("end_ns"),
+            ],
         )
         return {k: ev.filter(pl.col("name").str.contains(p)) for k, p in patterns.items()}
 
@@ -235,7 +245,9 @@ class Facts:
             return 0, 0.0
         k = read(
             self.f.gpu_ops_file,
-            (pl.col("kind") == "kernel") & pl.col("launch_ts_ns").is_between(int(u[0][0]), int(u[1][-1])) & self.f.time_filter(),
+            (pl.col("kind") == "kernel")
+            & pl.col("launch_ts_ns").is_between(int(u[0][0]), int(u[1][-1]))
+            & self.f.time_filter(),
             ["launch_ts_ns", pl.col("dur_ns").fill_null(0)],
         )
         k = k.filter(pl.Series(spans.holding(u, k["launch_ts_ns"].to_numpy()))) if k.height else k

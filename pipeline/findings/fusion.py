@@ -73,8 +73,15 @@ def fusion(t: Facts) -> Finding | None:
     if chain is not None:
         evidence.append(chain)
     evidence += [
-        Evidence("op", r["op"], r["count"], r["dur_us"], pct(r["dur_us"], t.kernel_us),
-                 of="kernel time" if t.has_device else "CPU op self time", note="its kernels" if t.has_device else "self time")
+        Evidence(
+            "op",
+            r["op"],
+            r["count"],
+            r["dur_us"],
+            pct(r["dur_us"], t.kernel_us),
+            of="kernel time" if t.has_device else "CPU op self time",
+            note="its kernels" if t.has_device else "self time",
+        )
         for r in ops.head(6).iter_rows(named=True)
     ]
     what = "elementwise / reduction kernels" if t.has_device else "elementwise CPU ops"
@@ -91,8 +98,14 @@ def fusion(t: Facts) -> Finding | None:
     else:
         basis = f"{lim['cpu_low']:.0%}-{lim['cpu_high']:.0%} of their self time, at most the critical path"
     return Finding(
-        ID, title, wall, gpu_r, REMEDY if t.has_device else CPU_REMEDY, "sequences" if chain else "kernels",
-        tuple(evidence), basis,
+        ID,
+        title,
+        wall,
+        gpu_r,
+        REMEDY if t.has_device else CPU_REMEDY,
+        "sequences" if chain else "kernels",
+        tuple(evidence),
+        basis,
     )
 
 

@@ -21,7 +21,7 @@ def host_bound(t: Facts) -> Finding | None:
         return None
     lim = t.limits(ID)
     busy = t.busy_us / t.span_us
-    if busy >= lim["max_busy"]:
+    if busy >= lim["max_busy"] or t.host_idle_us < lim["min_span"] * t.span_us:
         return None
     waited = t.host_idle_us * (1.0 - t.launch_share)
     if waited < lim["min_span"] * t.span_us:
@@ -33,7 +33,14 @@ def host_bound(t: Facts) -> Finding | None:
     length = float(t.path["length_us"]) or 1.0
     evidence = [
         Evidence("device", "device busy", None, t.busy_us, 100 * busy, of="the window"),
-        Evidence("device", "host wait (device idle, next work launched late)", None, waited, pct(waited, t.span_us), of="the window"),
+        Evidence(
+            "device",
+            "host wait (device idle, next work launched late)",
+            None,
+            waited,
+            pct(waited, t.span_us),
+            of="the window",
+        ),
         *(
             Evidence("path", f"critical path: {k}", None, v, pct(v, length), of="the critical path")
             for k, v in sorted(b.items(), key=lambda kv: -(kv[1] or 0))

@@ -38,8 +38,15 @@ def layout(t: Facts) -> Finding | None:
     k = k.sort("dur_us", descending=True)
     n = int(k["count"].sum())
     evidence = tuple(
-        Evidence("kernel", r["name"], r["count"], r["dur_us"], pct(r["dur_us"], t.kernel_us), of="kernel time",
-                 note=f"launched by {r['cpu_op']}" if r["cpu_op"] else None)
+        Evidence(
+            "kernel",
+            r["name"],
+            r["count"],
+            r["dur_us"],
+            pct(r["dur_us"], t.kernel_us),
+            of="kernel time",
+            note=f"launched by {r['cpu_op']}" if r["cpu_op"] else None,
+        )
         for r in k.head(5).iter_rows(named=True)
     )
     share = pct(conv_us, t.kernel_us)

@@ -45,21 +45,29 @@ def optimizer(t: Facts) -> Finding | None:
     children = max(total - self_us, 0.0)
     n_ops = t.optimizer_op_count
     loop = mode == "loop"
-    low_self, high_self = (lim["self_low"], lim["self_high"]) if loop else (lim["foreach_self_low"], lim["foreach_self_high"])
+    low_self, high_self = (
+        (lim["self_low"], lim["self_high"]) if loop else (lim["foreach_self_low"], lim["foreach_self_high"])
+    )
     cap = lim["ops_cap"] * children
     host = (
         low_self * self_us + min(n_ops * lim["op_low_us"], cap),
         high_self * self_us + min(n_ops * lim["op_high_us"] + lim["pass_high"] * children, cap),
     )
     gpu = None
-    evidence = [
-        Evidence("annotation", n, int((steps["name"] == n).sum()), note="optimizer steps")
-        for n in names
-    ]
+    evidence = [Evidence("annotation", n, int((steps["name"] == n).sum()), note="optimizer steps") for n in names]
     evidence += [
-        Evidence("op", "Python inside the steps (their self time)", None, self_us, pct(self_us, t.span_us), of="the window"),
-        Evidence("op", "ops inside the steps", n_ops, children, pct(children, t.span_us), of="the window",
-                 note=f"{children / n_ops:.1f} µs each" if n_ops else None),
+        Evidence(
+            "op", "Python inside the steps (their self time)", None, self_us, pct(self_us, t.span_us), of="the window"
+        ),
+        Evidence(
+            "op",
+            "ops inside the steps",
+            n_ops,
+            children,
+            pct(children, t.span_us),
+            of="the window",
+            note=f"{children / n_ops:.1f} µs each" if n_ops else None,
+        ),
     ]
     if t.has_device:
         n_kernels, kernel_us = t.optimizer_kernels
@@ -69,7 +77,14 @@ def optimizer(t: Facts) -> Finding | None:
         waited = (min(host[0], idle), min(host[1], idle))
         wall = (waited[0] + on_device[0], waited[1] + on_device[1])
         evidence += [
-            Evidence("kernel", "kernels launched inside the steps", n_kernels, kernel_us, pct(kernel_us, t.kernel_us), of="kernel time"),
+            Evidence(
+                "kernel",
+                "kernels launched inside the steps",
+                n_kernels,
+                kernel_us,
+                pct(kernel_us, t.kernel_us),
+                of="kernel time",
+            ),
             Evidence("device", "device idle inside the steps", None, idle, pct(idle, t.span_us), of="the window"),
         ]
     else:
@@ -97,18 +112,27 @@ def optimizer(t: Facts) -> Finding | None:
         )
     else:
         ops_in = inside.group_by("name").agg(pl.len()).sort("len", descending=True)
-        evidence += [Evidence("op", r["name"], r["len"], note="inside the steps") for r in ops_in.head(4).iter_rows(named=True)]
-        title = f"{cls} steps run foreach ops: {ms(total)} in {steps.height:,} steps; a fused step does each parameter group in one kernel"
+        evidence += [
+            Evidence("op", r["name"], r["len"], note="inside the steps") for r in ops_in.head(4).iter_rows(named=True)
+        ]
+        title = (
+            f"{cls} steps run foreach ops: {ms(total)} in {steps.height:,} steps; "
+            "a fused step does each parameter group in one kernel"
+        )
         remedy = (
             f"Use the fused implementation: {cls}(params, ..., fused=True) (CUDA; CPU for Adam/AdamW/SGD/Adagrad "
             "since torch 2.4), or torch.compile the optimizer step"
         )
     basis = (
-        f"{low_self:.0%}-{high_self:.0%} of the steps' self time (Python), plus {lim['op_low_us']:g}-{lim['op_high_us']:g} µs "
-        f"per op inside them and up to {lim['pass_high']:.0%} of their ops' time (merged passes), at most "
-        f"{lim['ops_cap']:.0%} of it"
-        + ("; on a device, only while the device waited inside the steps, plus "
-           f"{lim['kernel_low']:.0%}-{lim['kernel_high']:.0%} of their kernels' time" if t.has_device else "")
+        f"{low_self:.0%}-{high_self:.0%} of the steps' self time (Python), plus "
+        f"{lim['op_low_us']:g}-{lim['op_high_us']:g} µs per op inside them and up to {lim['pass_high']:.0%} "
+        f"of their ops' time (merged passes), at most {lim['ops_cap']:.0%} of it"
+        + (
+            "; on a device, only while the device waited inside the steps, plus "
+            f"{lim['kernel_low']:.0%}-{lim['kernel_high']:.0%} of their kernels' time"
+            if t.has_device
+            else ""
+        )
     )
     return Finding(ID, title, wall, gpu, remedy, "ops", tuple(evidence), basis)
 

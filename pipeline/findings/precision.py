@@ -50,7 +50,15 @@ def precision(t: Facts) -> Finding | None:
         return None
     k = k.sort("dur_us", descending=True)
     evidence = [
-        Evidence("kernel", r["name"], r["count"], r["dur_us"], pct(r["dur_us"], t.kernel_us), of="kernel time", note=f"{r['category']} in FP32")
+        Evidence(
+            "kernel",
+            r["name"],
+            r["count"],
+            r["dur_us"],
+            pct(r["dur_us"], t.kernel_us),
+            of="kernel time",
+            note=f"{r['category']} in FP32",
+        )
         for r in k.head(5).iter_rows(named=True)
     ]
     arch = spec.get("arch") or ""

@@ -19,7 +19,6 @@ from pipeline.findings.copies import copies
 from pipeline.findings.dataloader import dataloader
 from pipeline.findings.facts import Facts
 from pipeline.findings.finding import Evidence, Finding, ranked
-from pipeline.render.findings import FLAT_COLUMNS, flat_rows
 from pipeline.findings.fusion import fusion
 from pipeline.findings.host_bound import host_bound
 from pipeline.findings.layout import layout
@@ -27,6 +26,7 @@ from pipeline.findings.optimizer import optimizer
 from pipeline.findings.precision import precision
 from pipeline.findings.small_kernels import small_kernels
 from pipeline.findings.sync import sync
+from pipeline.render.findings import FLAT_COLUMNS, flat_rows
 
 __all__ = ["RULES", "Evidence", "Facts", "Finding", "findings_frame", "flat_view", "trace_findings"]
 
@@ -65,18 +65,20 @@ EVIDENCE = pl.List(
         }
     )
 )
-SCHEMA = {
-    "id": pl.String,
-    "title": pl.String,
-    "gain_us": pl.List(pl.Float64),
-    "gain_pct": pl.List(pl.Float64),
-    "gpu_gain_us": pl.List(pl.Float64),
-    "remedy": pl.String,
-    "section": pl.String,
-    "evidence": EVIDENCE,
-    "basis": pl.String,
-    "window_us": pl.Float64,
-}
+SCHEMA: pl.Schema = pl.Schema(
+    {  # type: ignore[arg-type]  # polars' stubs do not take a List / Struct instance here
+        "id": pl.String,
+        "title": pl.String,
+        "gain_us": pl.List(pl.Float64),
+        "gain_pct": pl.List(pl.Float64),
+        "gpu_gain_us": pl.List(pl.Float64),
+        "remedy": pl.String,
+        "section": pl.String,
+        "evidence": EVIDENCE,
+        "basis": pl.String,
+        "window_us": pl.Float64,
+    }
+)
 
 
 def findings_frame(found: list[Finding]) -> pl.DataFrame:

@@ -24,12 +24,10 @@ REMEDY = (
 
 
 def small_kernels(t: Facts) -> Finding | None:
-    if not t.has_device or not t.launch_share:
-        return None
     lim = t.limits(ID)
-    launching = t.host_idle_us * t.launch_share
-    if t.host_idle_us < lim["min_span"] * t.span_us:
+    if not t.has_device or t.host_idle_us < lim["min_span"] * t.span_us or not t.launch_share:
         return None
+    launching = t.host_idle_us * t.launch_share
     wall, _ = t.bounded(t.on_host(scaled(launching, lim["low"], lim["high"])))
     if not t.worth(wall):
         return None
@@ -46,9 +44,19 @@ def small_kernels(t: Facts) -> Finding | None:
         )
         for r in launch.iter_rows(named=True)
     ]
-    small = t.kernels.filter((pl.col("device") >= 0) & (pl.col("mean_us") < lim["small_us"])).sort("count", descending=True)
+    small = t.kernels.filter((pl.col("device") >= 0) & (pl.col("mean_us") < lim["small_us"])).sort(
+        "count", descending=True
+    )
     evidence += [
-        Evidence("kernel", r["name"], r["count"], r["dur_us"], pct(r["dur_us"], t.kernel_us), of="kernel time", note=f"mean {ms(r['mean_us'])}")
+        Evidence(
+            "kernel",
+            r["name"],
+            r["count"],
+            r["dur_us"],
+            pct(r["dur_us"], t.kernel_us),
+            of="kernel time",
+            note=f"mean {ms(r['mean_us'])}",
+        )
         for r in small.head(4).iter_rows(named=True)
     ]
     evidence.append(

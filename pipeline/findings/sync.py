@@ -3,10 +3,11 @@
 A synchronising call ([marks] sync: cudaStreamSynchronize, cudaDeviceSynchronize, a blocking
 cudaMemcpy, ...; what `.item()`, `.cpu()`, `nonzero` do inside) waits for the device's queue to
 drain; the device then sits idle until the CPU has launched the next work. Premise: the device's
-idle gaps that begin while such a call runs (outside DataLoader fetches, which `dataloader`
-counts) add up to at least [sync] min_span of the window. A sync that returns with work still
-queued, or after which the CPU launches at once, costs little and is not counted. Saving:
-[low, high] of those gaps, within the host's time on the critical path.
+idle gaps that begin while such a call runs and last past its return (the device drained into
+them; the gaps between kernels it ran while the CPU waited are its queue's), outside DataLoader
+fetches (`dataloader`'s), add up to at least [sync] min_span of the window. A sync after which the
+CPU launches at once costs little. Saving: [low, high] of those gaps, within the host's time on the
+critical path.
 """
 
 from __future__ import annotations
@@ -79,7 +80,6 @@ def sync(t: Facts) -> Finding | None:
         + (f"; here: {named}" if named else ""),
         "critical-path",
         tuple(evidence),
-        f"{lim['low']:.0%}-{lim['high']:.0%} of the idle gaps that began inside a synchronising call (outside "
-        "DataLoader fetches), at most the host's time on the critical path",
+        f"{lim['low']:.0%}-{lim['high']:.0%} of the idle gaps that began inside a synchronising call and lasted "
+        "past its return (outside DataLoader fetches), at most the host's time on the critical path",
     )
-

@@ -94,8 +94,12 @@ def findings_lines(rows: list[dict], fmt: str = "table", width: int | None = Non
 
 def _wrapped(text: str, width: int, first: str, rest: str | None = None) -> list[str]:
     return textwrap.wrap(
-        text, width, initial_indent=first, subsequent_indent=rest if rest is not None else first,
-        break_long_words=False, break_on_hyphens=False,
+        text,
+        width,
+        initial_indent=first,
+        subsequent_indent=rest if rest is not None else first,
+        break_long_words=False,
+        break_on_hyphens=False,
     ) or [first.rstrip()]
 
 
@@ -137,8 +141,19 @@ def flat_rows(rows: list[dict]) -> list[dict]:
 
 
 FLAT_COLUMNS = (
-    "rank", "id", "gain_low_us", "gain_high_us", "gain_low_pct", "gain_high_pct", "gpu_gain_low_us",
-    "gpu_gain_high_us", "title", "remedy", "section", "evidence", "basis",
+    "rank",
+    "id",
+    "gain_low_us",
+    "gain_high_us",
+    "gain_low_pct",
+    "gain_high_pct",
+    "gpu_gain_low_us",
+    "gpu_gain_high_us",
+    "title",
+    "remedy",
+    "section",
+    "evidence",
+    "basis",
 )
 
 

@@ -21,7 +21,9 @@ class RunFacts:
     ranks: list[int]
     steps: list[dict]  # rank, step, step_us, compute_us, comm_us, exposed_comm_us, wait_us
     stragglers: list[dict]  # rank, wait_caused_us, times_last (largest wait caused first)
-    lags: dict[int, list[float]] = field(default_factory=dict)  # rank -> its lag behind the next-latest rank, per collective it was last in
+    lags: dict[int, list[float]] = field(
+        default_factory=dict
+    )  # rank -> its lag behind the next-latest rank, per collective it was last in
     collectives: int = 0
     span_us: float = 0.0  # first collective's start to last one's, when there are no steps
 
@@ -39,7 +41,9 @@ class RunFacts:
             {
                 "rank": r["rank"],
                 "step": r["step"],
-                **{k[:-3] + "_us": us(r[k]) for k in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "wait_ns")},
+                **{
+                    k[:-3] + "_us": us(r[k]) for k in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "wait_ns")
+                },
             }
             for r in mine(res.steps)
         ]
@@ -76,8 +80,18 @@ class RunFacts:
         """rank -> its steps' sums (step_us, compute_us, comm_us, exposed_comm_us, wait_us) and count."""
         out: dict[int, dict] = {}
         for s in self.steps:
-            d = out.setdefault(s["rank"], {"steps": 0, "step_us": 0.0, "compute_us": 0.0, "comm_us": 0.0,
-                                           "exposed_comm_us": 0.0, "wait_us": 0.0, "device": False})
+            d = out.setdefault(
+                s["rank"],
+                {
+                    "steps": 0,
+                    "step_us": 0.0,
+                    "compute_us": 0.0,
+                    "comm_us": 0.0,
+                    "exposed_comm_us": 0.0,
+                    "wait_us": 0.0,
+                    "device": False,
+                },
+            )
             d["steps"] += 1
             for k in ("step_us", "compute_us", "comm_us", "exposed_comm_us", "wait_us"):
                 d[k] += s[k] or 0.0

@@ -42,7 +42,14 @@ def straggler(r: RunFacts) -> Finding | None:
     if mine and mine["device"] and mine["step_us"]:
         busy = mine["compute_us"] + mine["exposed_comm_us"]
         evidence.append(
-            Evidence("rank", f"rank {rank}: device busy in its steps", mine["steps"], busy, pct(busy, mine["step_us"]), of="its steps")
+            Evidence(
+                "rank",
+                f"rank {rank}: device busy in its steps",
+                mine["steps"],
+                busy,
+                pct(busy, mine["step_us"]),
+                of="its steps",
+            )
         )
     return Finding(
         ID,

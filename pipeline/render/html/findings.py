@@ -16,7 +16,7 @@ NONE = "Nothing to fix found: no finding's premise holds here (see the guide, re
 
 
 def findings_html(p: Findings) -> str:
-    head = f'<h4>run {esc(p.run)}</h4>' if p.run else ""
+    head = f"<h4>run {esc(p.run)}</h4>" if p.run else ""
     if not p.rows:
         return head + f'<p class="note">{esc(NONE)}</p>'
     cards = "".join(_card(i, d, p) for i, d in enumerate(p.rows, 1))
@@ -77,7 +77,5 @@ def _evidence_row(e: dict) -> str:
     cells = (e.get("what") or "", count, duration(e.get("time_us")), share, e.get("note") or "")
     return (
         f"<tr><td>{esc(cells[0])}</td>"
-        f'<td class="t">{esc(name)}</td>'
-        + "".join(f"<td>{esc(c)}</td>" for c in cells[1:])
-        + "</tr>"
+        f'<td class="t">{esc(name)}</td>' + "".join(f"<td>{esc(c)}</td>" for c in cells[1:]) + "</tr>"
     )

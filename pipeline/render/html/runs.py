@@ -1,8 +1,8 @@
-"""runs: the page of `ranks --format html`: what to fix across the ranks (per run), then per run an overview (ranks traced and missing, the
-worst straggler, time waited, a rank x step heat map of waits, each rank's step time split,
-bus bandwidth by message size), then every section of the run report (`pipeline.runs.sections`:
-runs, ranks, stragglers, collectives, steps, desyncs, and whatever is added there), each
-`<section data-section="NAME">` with every row.
+"""runs: the page of `ranks --format html`: what to fix across the ranks (per run), then per run
+an overview (ranks traced and missing, the worst straggler, time waited, a rank x step heat map
+of waits, each rank's step time split, bus bandwidth by message size), then every section of
+the run report (`pipeline.runs.sections`: runs, ranks, stragglers, collectives, steps, desyncs,
+and whatever is added there), each `<section data-section="NAME">` with every row.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def runs_html(rep, facts=()) -> str:
     page, empty = frames_page(title, "run", sections, [("dataset runs", ", ".join(runs)), *facts], parts)
     links = {s.name: anchor(s.name) for s in page.sections if s.name}
     found = getattr(rep.result, "findings", {}) if rep.result is not None else {}
-    lead = Section(FINDINGS_TITLE, name="findings", lead=True)
-    lead.parts = [Findings(tuple(found.get(run, [])), links, "the run's steps", None if one else run) for run in runs]
-    page.sections.insert(0, lead)
+    fix = Section(FINDINGS_TITLE, name="findings", lead=True)
+    fix.parts = [Findings(tuple(found.get(run, [])), links, "the run's steps", None if one else run) for run in runs]
+    page.sections.insert(0, fix)
     return render_page(page, empty)
 
 
