@@ -90,7 +90,7 @@ REGISTRY: tuple[Section, ...] = (
     Section(
         "findings",
         lambda f, o: _findings(f, o, _computer(f, o, {})),
-        "What to fix (largest saving first; savings overlap: do not add them)",
+        "What to fix (largest saving first; savings overlap, do not add them)",
         "what to fix: each finding's evidence, saving (a range of µs) and remedy, largest first",
         json_value=records,
         views=lambda df: {"findings": flat_view(df)},

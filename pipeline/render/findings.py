@@ -43,11 +43,13 @@ def range_text(r: list | tuple | None) -> str:
 
 def saving_line(d: dict, window: str = "the window") -> str:
     """What a finding saves: wall time (and its share of the window), device time."""
+    gpu = d.get("gpu_gain_us")
+    if gpu and not d["gain_us"][1]:
+        return f"frees device time {range_text(gpu)}; no wall time while the host bounds {window}"
     out = f"saves {range_text(d['gain_us'])}"
     if d.get("gain_pct"):
         lo, hi = d["gain_pct"]
         out += f" ({lo:.1f}-{hi:.1f}% of {window})"
-    gpu = d.get("gpu_gain_us")
     if gpu:
         out += f"; device time {range_text(gpu)}"
         if d["gain_us"][1] < 0.25 * gpu[1]:
@@ -56,7 +58,7 @@ def saving_line(d: dict, window: str = "the window") -> str:
 
 
 def evidence_text(e: dict, limit: int | None = NAME_CHARS) -> str:
-    name = shorten(str(e["name"]), limit) if limit else str(e["name"])
+    name = shorten(str(e["name"]), limit, names=e.get("what") != "chain") if limit else str(e["name"])
     parts = [name]
     if e.get("count") is not None:
         parts.append(f"x{e['count']:,}")

@@ -8,9 +8,12 @@ ranges are drawn from.
 
 from __future__ import annotations
 
-from pipeline.render.findings import duration, range_text
+from pipeline.render.findings import duration, range_text, saving_line
 from pipeline.render.html.escape import text as esc
 from pipeline.render.html.model import Findings
+from pipeline.render.tables import shorten
+
+NAME_CHARS = 96  # a name in an evidence table is shortened to this (the whole of it on hover)
 
 NONE = "Nothing to fix found: no finding's premise holds here (see the guide, reading the findings)."
 
@@ -40,14 +43,9 @@ def _card(i: int, d: dict, p: Findings) -> str:
     fid = str(d["id"])
     window = d.get("window_us")
     share = d.get("gain_pct")
-    wall = f"saves {range_text(d['gain_us'])}" + (
-        f" of {duration(window)}, {share[0]:.1f}-{share[1]:.1f}% of {p.window}" if share and window else ""
-    )
+    wall = saving_line(d, p.window)
     scale = f"{share[0]:.1f}-{share[1]:.1f}% of {p.window} ({duration(window)})" if share and window else ""
     bars = _bar(d["gain_us"], window, scale, "wall")
-    gpu = d.get("gpu_gain_us")
-    if gpu:
-        bars += f'<div class="frange gpu"><small>{esc("device time " + range_text(gpu))}</small></div>'
     rows = "".join(_evidence_row(e) for e in d.get("evidence") or [])
     evidence = (
         '<table class="evidence"><thead><tr><th>what</th><th>name</th><th>count</th><th>time</th>'
@@ -77,5 +75,7 @@ def _evidence_row(e: dict) -> str:
     cells = (e.get("what") or "", count, duration(e.get("time_us")), share, e.get("note") or "")
     return (
         f"<tr><td>{esc(cells[0])}</td>"
-        f'<td class="t">{esc(name)}</td>' + "".join(f"<td>{esc(c)}</td>" for c in cells[1:]) + "</tr>"
+        f'<td class="t" title="{esc(name)}">{esc(shorten(name, NAME_CHARS, names=e.get("what") != "chain"))}</td>'
+        + "".join(f"<td>{esc(c)}</td>" for c in cells[1:])
+        + "</tr>"
     )
