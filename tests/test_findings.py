@@ -121,7 +121,7 @@ def test_compile_breaks_count_same_direction_gaps_only(flat_dirs):
 
 def test_cpu_only_traces_get_host_findings_and_no_device_time(flat_dirs):
     found = ids(flat_dirs, "optimizer_loop")
-    assert list(found) == ["optimizer"]
+    assert next(iter(found)) == "optimizer" and set(found) <= {"optimizer", "fusion", "copies"}
     for stem in ("optimizer_loop", "optimizer_foreach", "cpu_only"):
         assert all(f["gpu_gain_us"] is None for f in _findings(flat_dirs[stem]))
 
@@ -335,3 +335,16 @@ def test_spans_cover_and_drain():
     assert list(spans.holding(u, [12, 13, 20])) == [True, False, True]
     # a gap that begins inside a sync call and lasts past its end, or not
     assert list(spans.drained(u, [11, 11, 13], [15, 12, 40])) == [True, False, False]
+
+
+def test_straggler_saving_is_its_lag_on_a_synthetic_run(tmp_path):
+    """Rank 2 starts collective 3 of 16 800 µs after the others: the job loses exactly that."""
+    from pipeline import synthetic as synth
+    from pipeline.runs.report import measure, runs_json
+
+    synth.write_run(tmp_path / "run", 4, 16, straggler=2, delay_us=800.0, delayed=3)
+    found = {f["id"]: f for f in runs_json(measure(tmp_path / "run", use_cache=False))["runs"][0]["findings"]}
+    s = found["straggler"]
+    assert s["gain_us"] == [400.0, 800.0]
+    assert s["title"].startswith("Rank 2 is the straggler: last to arrive in 1 of 16")
+    assert s["section"] == "stragglers" and s["window_us"] > 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from pipeline.findings import spans
 from pipeline.findings.facts import Facts
 from pipeline.findings.finding import Evidence, Finding, ms, pct, scaled, us
 
@@ -82,15 +83,21 @@ def compile_breaks(t: Facts) -> Finding | None:
 
 
 def _breaks(regions: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """(step, step_ns, gap_ns): each gap between consecutive compiled regions of the same
-    direction inside one step (nested regions merged into their outermost)."""
-    r = regions.sort("ts_ns").with_columns(back=pl.col("name").str.contains("(?i)backward"))
-    s, e, back = r["ts_ns"].to_numpy(), r["end_ns"].to_numpy(), r["back"].to_numpy()
-    outer = np.ones(len(s), bool)
-    outer[1:] = s[1:] >= np.maximum.accumulate(e)[:-1]  # not inside an earlier region
-    s, e, back = s[outer], np.maximum.accumulate(e)[outer], back[outer]
+    """(step, step_ns, gap_ns): each gap between consecutive compiled graphs of the same direction
+    inside one step. The graphs are the innermost regions (a `## Call CompiledFxGraph` inside a
+    CompiledFunction inside a `Torch-Compiled Region`: dynamo's frame region holds the eager code of
+    a break too); backward: inside a region whose name says so."""
+    r = regions.sort(["ts_ns", "end_ns"], descending=[False, True])
+    s, e = r["ts_ns"].to_numpy(), r["end_ns"].to_numpy()
+    leaf = np.ones(len(s), bool)
+    leaf[:-1] = s[1:] >= e[:-1]  # the next region does not start inside this one
+    named_back = r["name"].str.contains("(?i)backward").to_numpy()
+    backward = spans.union(s[named_back], e[named_back])
+    s, e = s[leaf], e[leaf]
+    back = spans.holding(backward, s)
+    empty = pl.DataFrame(schema={"step": pl.Int64, "step_ns": pl.Int64, "gap_ns": pl.Int64})
     if len(s) < 2:
-        return pl.DataFrame(schema={"step": pl.Int64, "step_ns": pl.Int64, "gap_ns": pl.Int64})
+        return empty
     if steps.height:
         st = steps.sort("ts_ns")
         a, b, n = st["ts_ns"].to_numpy(), st["end_ns"].to_numpy(), st["step"].to_list()
@@ -107,6 +114,8 @@ def _breaks(regions: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     gap = s[1:] - e[:-1]
     keep = same & (gap > 0)
     idx = np.flatnonzero(keep) + 1
+    if not len(idx):
+        return empty
     return pl.DataFrame(
         {"step": [label[i] for i in idx], "step_ns": step_ns[idx], "gap_ns": gap[keep]},
         schema={"step": pl.Int64, "step_ns": pl.Int64, "gap_ns": pl.Int64},

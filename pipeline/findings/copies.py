@@ -1,4 +1,4 @@
-"""copies: host copies from pageable memory, and device copies that only change a dtype or a layout.
+"""copies: host copies from pageable memory, and copies that only change a dtype or a layout.
 
 Two premises, either enough:
 - memcpy from or to pageable host memory (Kineto names it: `Memcpy HtoD (Pageable -> Device)`)
@@ -8,6 +8,9 @@ Two premises, either enough:
 - copy kernels ([copies] copy_kernels: dtype casts, `.contiguous()`, `.to()`) take at least
   [copies] min_kernels of the device's kernel time. Saving: [copy_low, copy_high] of their device
   time, as far as device time is on the critical path. (`fusion` leaves these kernels to this rule.)
+A trace without a device: CPU ops that copy ([copies] cpu_copies: copy_, _to_copy, clone, ...),
+outside the optimizer's steps and the DataLoader's fetches, at least [copies] min_span of the
+window; [copy_low, copy_high] of their self time.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ ID = "copies"
 
 
 def copies(t: Facts) -> Finding | None:
-    if not t.has_device:
-        return None
     lim = t.limits(ID)
+    if not t.has_device:
+        return _on_cpu(t, lim)
     moves = t.section("transfers")
     paged = (
         moves.filter((pl.col("device") >= 0) & pl.col("name").str.contains(lim["pageable"])) if moves.height else moves
@@ -110,6 +113,63 @@ def copies(t: Facts) -> Finding | None:
         tuple(evidence),
         "; ".join(basis),
     )
+
+
+def _on_cpu(t: Facts, lim: dict) -> Finding | None:
+    """A trace without a device: the CPU ops that copy (casts, .contiguous(), clones), outside the
+    optimizer's steps and the DataLoader's fetches."""
+    k = t.kernels.filter(pl.col("name").str.contains(lim["cpu_copies"]))
+    # the optimizer's copies are `optimizer`'s, the DataLoader's (collate, pinning) `dataloader`'s
+    theirs = pl.concat([t.inside("optimizer"), t.inside("dataloader")]).filter(
+        pl.col("name").str.contains(lim["cpu_copies"])
+    )
+    copy_us = max(float(k["dur_us"].sum() or 0.0) - float(theirs["us"].sum() or 0.0), 0.0)
+    if copy_us < lim["min_span"] * t.span_us:
+        return None
+    wall, _ = t.bounded(t.on_host(scaled(copy_us, lim["copy_low"], lim["copy_high"])))
+    if not t.worth(wall):
+        return None
+    by = t.callers(lim["cpu_copies"], lim["cpu_copy_family"]).sort("us", descending=True)
+    evidence = [
+        Evidence(
+            "op",
+            "called from Python (.to(), .float(), .contiguous(), .clone())"
+            if r["caller"] is None
+            else f"inside {r['caller']}",
+            r["n"],
+            r["us"],
+            pct(r["us"], t.span_us),
+            of="the window",
+            note="copy ops' self time",
+        )
+        for r in by.head(5).iter_rows(named=True)
+    ]
+    inner = by.filter(pl.col("caller").is_not_null() & (pl.col("us") >= 0.1 * copy_us)).head(3)["caller"].to_list()
+    remedy = _sentence(CPU_REMEDY) + (
+        f"; the copies inside {', '.join(inner)} are that op converting its inputs: give it the layout and dtype it "
+        "works in (e.g. channels_last activations and weights for convolutions)"
+        if inner
+        else ""
+    )
+    return Finding(
+        ID,
+        f"Copies: {ms(copy_us)} ({pct(copy_us, t.span_us):.0f}% of the window) in {int(k['count'].sum()):,} copy, cast "
+        "and contiguous ops",
+        wall,
+        None,
+        remedy,
+        "ops",
+        tuple(evidence),
+        f"{lim['copy_low']:.0%}-{lim['copy_high']:.0%} of their self time (outside the optimizer's steps and the "
+        "DataLoader's fetches), at most the critical path",
+    )
+
+
+CPU_REMEDY = (
+    "avoid copies that only change a dtype or a layout: convert weights and constants once (at load, not in "
+    "forward), keep activations in one dtype (no .float() / .to(dtype) round trips), call .contiguous() once "
+    "where a layout must change, or let torch.compile fold them into the neighbouring ops"
+)
 
 
 def _plus(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:

@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.analyses.flat import Flat
+from pipeline.analyses.intervals import nesting
 from pipeline.analyses.sweep import read
 from pipeline.findings import spans
 from pipeline.findings.finding import Range, capped, narrowed, us
@@ -34,6 +35,7 @@ class Facts:
     def __init__(self, f: Flat, section: Callable[[str], pl.DataFrame]):
         self.f = f
         self.section = section
+        self._inside: dict[str, pl.DataFrame] = {}
 
     @staticmethod
     def limits(rule: str) -> dict:
@@ -262,13 +264,24 @@ class Facts:
         return float(own["cpu_total_us"].sum() or 0.0), float(own["self_cpu_us"].sum() or 0.0)
 
     @cached_property
-    def optimizer_op_count(self) -> int:
-        """How many CPU ops run directly inside the optimizer steps, on their threads (not nested in
-        another op: one dispatch each from the step's Python)."""
-        m = self.marks["optimizer"]
+    def optimizer_inside(self) -> pl.DataFrame:
+        """The CPU ops inside the optimizer steps (`inside`)."""
+        return self.inside("optimizer")
+
+    def inside(self, key: str) -> pl.DataFrame:
+        """(name, n, top, us) of the CPU ops inside the slices of a mark (`marks`), on their threads:
+        how many, how many run directly in the slices' Python (not nested in another op: one
+        dispatch each), and their self time (µs)."""
+        if key not in self._inside:
+            self._inside[key] = self._ops_inside(key)
+        return self._inside[key]
+
+    def _ops_inside(self, key: str) -> pl.DataFrame:
+        empty = pl.DataFrame(schema={"name": pl.String, "n": pl.Int64, "top": pl.Int64, "us": pl.Float64})
+        m = self.marks[key]
         if not m.height:
-            return 0
-        u = self.mark_spans("optimizer")
+            return empty
+        u = self.mark_spans(key)
         threads = m.select("pid", "tid").unique()
         ops = read(
             self.f.path / "events.parquet",
@@ -276,15 +289,82 @@ class Facts:
             & pl.col("cat").str.contains(CPU_OP_CAT)
             & pl.col("ts_ns").is_between(int(u[0][0]), int(u[1][-1]))
             & self.f.time_filter(),
-            ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(0)).alias("end_ns")],
+            [
+                pl.col("event_idx").alias("iv_idx"),
+                "name",
+                "pid",
+                "tid",
+                "ts_ns",
+                (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(0)).alias("end_ns"),
+            ],
         ).join(threads, on=["pid", "tid"], how="semi")
         ops = ops.filter(pl.Series(spans.holding(u, ops["ts_ns"].to_numpy()))) if ops.height else ops
-        n = 0
-        for _, one in ops.sort("ts_ns").group_by("pid", "tid"):
-            s, e = one["ts_ns"].to_numpy(), one["end_ns"].to_numpy()
-            before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1]])
-            n += int((s >= before).sum())  # starts after every earlier op ended: not nested in one
-        return n
+        if not ops.height:
+            return empty
+        nest = nesting(ops).collect()
+        dur = (pl.col("end_ns") - pl.col("ts_ns")).alias("ns")
+        ops = ops.join(nest, on="iv_idx", how="left").with_columns(dur)
+        children = ops.group_by("parent_idx").agg(child_ns=pl.col("ns").sum())
+        ops = ops.join(children, left_on="iv_idx", right_on="parent_idx", how="left")
+        return ops.group_by("name").agg(
+            n=pl.len().cast(pl.Int64),
+            top=(pl.col("depth") == 1).sum().cast(pl.Int64),
+            us=((pl.col("ns") - pl.col("child_ns").fill_null(0)).clip(0).sum() / 1e3).cast(pl.Float64),
+        )
+
+    def callers(self, rx: str, family: str) -> pl.DataFrame:
+        """(caller, n, us): the CPU ops whose names match `rx`, by the nearest op enclosing them
+        whose name does not match `family` (null: called from Python), their self time (µs). One
+        read of the CPU ops, nested per thread (for a trace without a device)."""
+        ops = read(
+            self.f.path / "events.parquet",
+            (pl.col("ph") == "X")
+            & pl.col("cat").str.contains(CPU_OP_CAT)
+            & pl.col("ts_ns").is_not_null()
+            & self.f.time_filter(),
+            [
+                pl.col("event_idx").alias("iv_idx"),
+                pl.col("name").cast(pl.String),
+                "pid",
+                "tid",
+                "ts_ns",
+                (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(0)).alias("end_ns"),
+            ],
+        )
+        if not ops.height:
+            return pl.DataFrame(schema={"caller": pl.String, "n": pl.Int64, "us": pl.Float64})
+        ops = ops.join(nesting(ops).collect(), on="iv_idx", how="left").with_columns(
+            ns=pl.col("end_ns") - pl.col("ts_ns")
+        )
+        children = ops.group_by("parent_idx").agg(child_ns=pl.col("ns").sum())
+        ops = ops.join(children, left_on="iv_idx", right_on="parent_idx", how="left")
+        up = ops.select("iv_idx", up_name="name", up_parent="parent_idx")
+        mine = ops.filter(pl.col("name").str.contains(rx)).select(
+            self_ns=(pl.col("ns") - pl.col("child_ns").fill_null(0)).clip(0),
+            at=pl.col("parent_idx"),
+            caller=pl.lit(None, pl.String),
+        )
+        for _ in range(16):  # climb while the enclosing op is one of the family
+            open_ = mine.filter(pl.col("caller").is_null() & pl.col("at").is_not_null())
+            if not open_.height:
+                break
+            mine = (
+                mine.join(up, left_on="at", right_on="iv_idx", how="left")
+                .with_columns(
+                    caller=pl.when(pl.col("caller").is_null() & ~pl.col("up_name").str.contains(family))
+                    .then("up_name")
+                    .otherwise("caller"),
+                    at=pl.when(pl.col("caller").is_null() & pl.col("up_name").str.contains(family)).then("up_parent"),
+                )
+                .drop("up_name", "up_parent")
+            )
+        return mine.group_by("caller").agg(
+            n=pl.len().cast(pl.Int64), us=(pl.col("self_ns").sum() / 1e3).cast(pl.Float64)
+        )
+
+    @property
+    def optimizer_op_count(self) -> int:
+        return int(self.optimizer_inside["top"].sum() or 0)
 
     @cached_property
     def math_modes(self) -> pl.DataFrame | None:

@@ -8,7 +8,7 @@ ranges are drawn from.
 
 from __future__ import annotations
 
-from pipeline.render.findings import duration, range_text, saving_line
+from pipeline.render.findings import duration, saving_line
 from pipeline.render.html.escape import text as esc
 from pipeline.render.html.model import Findings
 from pipeline.render.tables import shorten
