@@ -20,8 +20,9 @@ MODULES = (  # in help's order
     "report_commands",
     "run_commands",
     "compare_commands",
+    "mcp_commands",
 )
-LIGHT = {"ranks": "run_commands"}  # commands whose module alone is enough to run them
+LIGHT = {"ranks": "run_commands", "mcp": "mcp_commands"}  # commands whose module alone is enough to run them
 
 
 def register(argv: list[str] | None = None) -> None:

@@ -99,38 +99,17 @@ def compare(
     verdict (regressed, improved, same) from a test over the runs' ranks, false discoveries held
     at --fdr over every name; a CI gate with --fail-above."""
     from pipeline.compare import document, verdicts
-    from pipeline.compare.measured import measure_runs
-    from pipeline.compare.problems import run_problems
-    from pipeline.compare.report import compare_runs
-    from pipeline.compare.runs import all_runs, last_component, load_run
-    from pipeline.errors import UsageError
+    from pipeline.compare.report import compare_in
 
     levels = _levels(level)
     _check_stats(min_effect, fdr)
     check_output(fmt, out)
     with ExitStack() as stack:
         ds_a = stack.enter_context(opened(source, jobs))
-        ds_b = stack.enter_context(opened(other, jobs)) if other is not None else ds_a
-        if other is None and (base is None or new is None):
-            runs = all_runs(ds_a, run_by)
-            if len(runs) < 2:
-                raise UsageError(f"{source}: holds {len(runs)} run: give a second dataset, or --base and --new")
-            names = [r.name for r in runs]
-            new = new or names[-1]
-            if base is None:
-                newest = load_run(ds_a, new, "new", run_by).name
-                earlier = names[: names.index(newest)]
-                if not earlier:
-                    raise UsageError(f"--new {new} is the earliest run: give --base")
-                base = earlier[-1]
-            err(f"comparing {last_component(new)} against {last_component(base)} (the latest two runs in time order)")
-        b = load_run(ds_a, base, "base", run_by)
-        n = load_run(ds_b, new, "new", run_by)
-        if b.dataset == n.dataset and b.name == n.name:
-            raise UsageError(f"--base and --new name the same run ({b.name})")
-        measure_runs([b, n])  # both at once when they share a dataset
-        problems = run_problems(b) + run_problems(n)
-        c = compare_runs(b, n, levels, fdr, min_effect, problems)
+        ds_b = stack.enter_context(opened(other, jobs)) if other is not None else None
+        c, problems, said = compare_in(ds_a, ds_b, base, new, levels, fdr, min_effect, run_by, source)
+        if said:
+            err(said)
         if fmt == "xlsx":
             write_file(out, lambda tmp: document.write_comparison_workbook(c, tmp))
         else:

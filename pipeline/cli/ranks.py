@@ -119,11 +119,7 @@ def ranks_main(
     if align not in ("median", "none"):
         raise UsageError(f"--align must be median or none (got {align!r})")
     check_output(fmt, out)
-    res = rr.measure(source, run_by=run_by, align=align == "median", jobs=jobs, use_cache=not no_cache)
-    if not res.runs.height:
-        raise UsageError(f"{source}: holds no trace (.json, .json.gz or .json.zst files, or a dataset of them)")
-    if run is not None:
-        res = rr.only_run(res, run)
+    res = rr.measured_runs(source, run_by, align == "median", jobs, not no_cache, run)
     if fmt == "xlsx":
         write_file(out, lambda tmp: rr.write_runs_workbook(res, tmp))
     else:

@@ -17,6 +17,7 @@ without template arguments, hashes and suffixes, as `diff` matches them across v
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -88,6 +89,49 @@ def compare_runs(
         n_units["base"],
         n_units["new"],
     )
+
+
+def compare_in(
+    ds_a: Path,
+    ds_b: Path | None = None,
+    base: str | None = None,
+    new: str | None = None,
+    levels=LEVELS,
+    fdr: float = verdicts.FDR,
+    min_effect_pct: float = verdicts.MIN_EFFECT_PCT,
+    run_by: str | None = None,
+    source: str | Path | None = None,
+) -> tuple[Comparison, list[str], str | None]:
+    """`tracepipe compare`: the run `base` of the dataset `ds_a` against the run `new` of `ds_b`
+    (default: `ds_a` again; `source` names it in errors), measured and compared; with one dataset
+    and a run left unnamed, `new` is its latest run and `base` the one before it. Returns the
+    comparison, the runs' problems, and the line saying which runs were chosen (or None)."""
+    from pipeline.compare.measured import measure_runs
+    from pipeline.compare.problems import run_problems
+    from pipeline.compare.runs import all_runs, last_component, load_run
+    from pipeline.errors import UsageError
+
+    said = None
+    if ds_b is None and (base is None or new is None):
+        runs = all_runs(ds_a, run_by)
+        if len(runs) < 2:
+            raise UsageError(f"{source or ds_a}: holds {len(runs)} run: give a second dataset, or --base and --new")
+        names = [r.name for r in runs]
+        new = new or names[-1]
+        if base is None:
+            newest = load_run(ds_a, new, "new", run_by).name
+            earlier = names[: names.index(newest)]
+            if not earlier:
+                raise UsageError(f"--new {new} is the earliest run: give --base")
+            base = earlier[-1]
+        said = f"comparing {last_component(new)} against {last_component(base)} (the latest two runs in time order)"
+    b = load_run(ds_a, base, "base", run_by)
+    n = load_run(ds_b if ds_b is not None else ds_a, new, "new", run_by)
+    if b.dataset == n.dataset and b.name == n.name:
+        raise UsageError(f"--base and --new name the same run ({b.name})")
+    measure_runs([b, n])  # both at once when they share a dataset
+    problems = run_problems(b) + run_problems(n)
+    return compare_runs(b, n, levels, fdr, min_effect_pct, problems), problems, said
 
 
 # ------------------------------------------------------------------ kernels matched across vendors

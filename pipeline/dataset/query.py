@@ -177,7 +177,7 @@ def write(df: pl.DataFrame, fmt: str, out: str | Path | None = None, width: int 
     or Parquet (needs `out`); a file appears complete or not at all."""
     check_format(fmt, out)
     if out is None:
-        sys.stdout.write(_text(df, fmt, width))
+        sys.stdout.write(as_text(df, fmt, width))
         return
     with store.output_of(out), store.atomic_file(Path(out)) as tmp:
         if fmt == "parquet":
@@ -187,10 +187,11 @@ def write(df: pl.DataFrame, fmt: str, out: str | Path | None = None, width: int 
 
             write_workbook(tmp, {"result": df}, {"rows": df.height})
         else:
-            tmp.write_text(_text(df, fmt, width))
+            tmp.write_text(as_text(df, fmt, width))
 
 
-def _text(df: pl.DataFrame, fmt: str, width: int | None = None) -> str:
+def as_text(df: pl.DataFrame, fmt: str, width: int | None = None) -> str:
+    """A result as `tracepipe query` prints it: json a list of row objects, else a table, md or csv."""
     if fmt == "json":
         return df.write_json() + "\n"
     return render(df, fmt, width=width)

@@ -37,8 +37,7 @@ def _scan_dataset(ds: Path, name: str, rows: pl.DataFrame) -> pl.LazyFrame:
     columns: dict[str, pl.DataType | type[pl.DataType]] = {**want, KEY: pl.String}
     if name == MANIFEST:
         return rows.drop(MANIFEST_FILE).lazy()
-    new, old = part_files(ds, name, live_parts(rows))
-    new = [f for f in new if Path(f).is_file()]
+    new, old = dataset_files(ds, name, rows)
     scans = []
     if new:
         scans.append(pl.scan_parquet(new, schema=columns, missing_columns="insert", extra_columns="ignore"))
@@ -58,12 +57,24 @@ def _scan_dataset(ds: Path, name: str, rows: pl.DataFrame) -> pl.LazyFrame:
     return scans[0] if len(scans) == 1 else pl.concat(scans)
 
 
+def dataset_files(ds: Path, name: str, rows: pl.DataFrame) -> tuple[list[str], list[str]]:
+    """The Parquet files of a dataset's table that its manifest `rows` name, and nothing else:
+    (part-layout files, each with a trace_id column; legacy files, trace_id in their path)."""
+    new, old = part_files(ds, name, live_parts(rows))
+    return [f for f in new if Path(f).is_file()], old
+
+
+def flat_trace_id(d: Path) -> str | None:
+    """The trace_id of a flattened trace directory (from its trace table)."""
+    tid = pl.read_parquet(d / "trace.parquet", columns=[KEY])[KEY]
+    return tid[0] if len(tid) else None
+
+
 def _scan_flat(d: Path, name: str) -> pl.LazyFrame:
     lf = store.scan(d, name)
     if name == "trace":
         return lf
-    tid = pl.read_parquet(d / "trace.parquet", columns=[KEY])[KEY]
-    return lf.with_columns(pl.lit(tid[0] if len(tid) else None, pl.String).alias(KEY))
+    return lf.with_columns(pl.lit(flat_trace_id(d), pl.String).alias(KEY))
 
 
 def flat_dirs(path: Path) -> list[Path]:

@@ -110,6 +110,24 @@ def measure(
         return res
 
 
+def measured_runs(
+    source: str | Path,
+    run_by: str | None = None,
+    align: bool = True,
+    jobs: int | None = None,
+    use_cache: bool = True,
+    run: str | None = None,
+) -> RunResult:
+    """`tracepipe ranks`: the runs of `source` measured (`measure`), only the run `run` names when
+    given; a UsageError when `source` holds no trace."""
+    from pipeline.errors import UsageError
+
+    res = measure(source, run_by=run_by, align=align, jobs=jobs, use_cache=use_cache)
+    if not res.runs.height:
+        raise UsageError(f"{source}: holds no trace (.json, .json.gz or .json.zst files, or a dataset of them)")
+    return only_run(res, run) if run is not None else res
+
+
 def analyze_runs(path: str | Path, run_by: str | None = None, align: bool = True) -> RunReport:
     """The runs of a batch dataset, a folder of flattened traces, or a run folder of trace files."""
     return RunReport.of(measure(path, run_by, align))
