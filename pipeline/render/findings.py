@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 EVIDENCE_ROWS = 4  # evidence rows shown per finding in text (json, csv and html hold them all)
 NAME_CHARS = 64  # a name in an evidence line is shortened to this (the middle cut, with its id)
-NONE = "Nothing to fix found: no finding's premise holds on this window (docs/guides/reading-findings.md)."
+NONE = "Nothing to fix found: no finding's premise holds on {} (docs/guides/reading-findings.md)."
 
 
 def duration(v_us: float | None) -> str:
@@ -74,7 +74,7 @@ def findings_lines(rows: list[dict], fmt: str = "table", width: int | None = Non
     """The findings, numbered, each with its saving (`window`: what its share is of), title,
     evidence, remedy and next section."""
     if not rows:
-        return NONE + "\n"
+        return NONE.format(window) + "\n"
     if fmt == "md":
         return "".join(_md(i, d, window) for i, d in enumerate(rows, 1))
     width = max(width or 100, 60)
