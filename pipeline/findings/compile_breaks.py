@@ -39,7 +39,8 @@ def compile_breaks(t: Facts) -> Finding | None:
         return None
     # per step, robust to a step's hiccup (a recompile, the OS): the median step's eager time x steps
     per = gaps.group_by("step").agg(ns=pl.col("gap_ns").sum())
-    eager = us(float(per["ns"].median() or 0) * per.height)
+    mid = per["ns"].median()
+    eager = us(float(mid) * per.height) if isinstance(mid, int | float) else 0.0
     if eager < lim["min_span"] * t.span_us:
         return None
     wall, _ = t.bounded(scaled(eager, lim["low"], lim["high"]))

@@ -65,18 +65,7 @@ def copies(t: Facts) -> Finding | None:
             f"{ms(copy_us)} ({pct(copy_us, t.kernel_us):.0f}% of kernel time) in {int(k['count'].sum()):,} "
             "dtype/layout copy kernels"
         )
-        evidence += [
-            Evidence(
-                "kernel",
-                r["name"],
-                r["count"],
-                r["dur_us"],
-                pct(r["dur_us"], t.kernel_us),
-                of="kernel time",
-                note=f"launched by {r['cpu_op']}" if r["cpu_op"] else None,
-            )
-            for r in k.sort("dur_us", descending=True).head(4).iter_rows(named=True)
-        ]
+        evidence += t.kernel_evidence(k.sort("dur_us", descending=True), 4)
     wall_r, gpu_r = t.bounded(wall, gpu)
     if not t.worth(wall_r, gpu_r):
         return None

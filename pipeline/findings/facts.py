@@ -21,7 +21,7 @@ from pipeline.analyses.flat import Flat
 from pipeline.analyses.intervals import nesting
 from pipeline.analyses.sweep import read
 from pipeline.findings import spans
-from pipeline.findings.finding import Range, capped, narrowed, us
+from pipeline.findings.finding import Evidence, Range, capped, narrowed, pct, us
 from pipeline.findings.limits import limits, marks
 from pipeline.kineto import CPU_OP_CAT
 
@@ -86,6 +86,19 @@ class Facts:
         ops = self.section("ops")
         sums = [c for c in ("calls", "self_cpu_us", "cpu_total_us", "self_device_us", "kernels") if c in ops.columns]
         return ops.group_by("name").agg(pl.col(sums).sum()).sort("name")
+
+    def kernel_evidence(
+        self, k: pl.DataFrame, top: int, note: Callable[[dict], str | None] | None = None
+    ) -> list[Evidence]:
+        """The `top` rows of a kernels-section frame as evidence: name, count, time, share of kernel
+        time, and a note (default: the op that launched it)."""
+        note = note or (lambda r: f"launched by {r['cpu_op']}" if r.get("cpu_op") else None)
+        return [
+            Evidence(
+                "kernel", r["name"], r["count"], r["dur_us"], pct(r["dur_us"], self.kernel_us), "kernel time", note(r)
+            )
+            for r in k.head(top).iter_rows(named=True)
+        ]
 
     # ------------------------------------------------------------------ the critical path
     @cached_property

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.render.findings import duration
+
+ms = duration  # µs as a title says it: 812 µs, 4.2 ms, 1.35 s
+
 Range = tuple[float, float]  # [low, high] µs
 
 
@@ -91,24 +95,6 @@ def narrowed(r: Range, max_ratio: float) -> Range:
 
 def us(ns: float | int | None) -> float:
     return 0.0 if ns is None else float(ns) / 1e3
-
-
-def ms(v_us: float) -> str:
-    """µs as a short duration for a title: 812 µs, 4.2 ms, 1.35 s."""
-    a = abs(v_us)
-    if a >= 1e6:
-        return f"{v_us / 1e6:.3g} s"
-    if a >= 1e3:
-        return f"{v_us / 1e3:.3g} ms"
-    return f"{v_us:.0f} µs"
-
-
-def span_text(r: Range) -> str:
-    """A range as a title says it: "4.1-9.8 ms"."""
-    lo, hi = r
-    unit, scale = ("s", 1e6) if hi >= 1e6 else ("ms", 1e3) if hi >= 1e3 else ("µs", 1.0)
-    fmt = (lambda v: f"{v / scale:.3g}") if scale > 1 else (lambda v: f"{v:.0f}")
-    return f"{fmt(lo)}-{fmt(hi)} {unit}"
 
 
 def pct(part: float, whole: float) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from pipeline.findings.facts import Facts
-from pipeline.findings.finding import Evidence, Finding, ms, pct, scaled
+from pipeline.findings.finding import Finding, ms, pct, scaled
 
 ID = "layout"
 REMEDY = (
@@ -37,18 +37,7 @@ def layout(t: Facts) -> Finding | None:
         return None
     k = k.sort("dur_us", descending=True)
     n = int(k["count"].sum())
-    evidence = tuple(
-        Evidence(
-            "kernel",
-            r["name"],
-            r["count"],
-            r["dur_us"],
-            pct(r["dur_us"], t.kernel_us),
-            of="kernel time",
-            note=f"launched by {r['cpu_op']}" if r["cpu_op"] else None,
-        )
-        for r in k.head(5).iter_rows(named=True)
-    )
+    evidence = tuple(t.kernel_evidence(k, 5))
     share = pct(conv_us, t.kernel_us)
     return Finding(
         ID,

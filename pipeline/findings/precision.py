@@ -49,18 +49,7 @@ def precision(t: Facts) -> Finding | None:
     if not t.worth(wall, gpu_r):
         return None
     k = k.sort("dur_us", descending=True)
-    evidence = [
-        Evidence(
-            "kernel",
-            r["name"],
-            r["count"],
-            r["dur_us"],
-            pct(r["dur_us"], t.kernel_us),
-            of="kernel time",
-            note=f"{r['category']} in FP32",
-        )
-        for r in k.head(5).iter_rows(named=True)
-    ]
+    evidence = t.kernel_evidence(k, 5, lambda r: f"{r['category']} in FP32")
     arch = spec.get("arch") or ""
     evidence.append(
         Evidence(

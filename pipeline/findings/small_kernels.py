@@ -47,18 +47,7 @@ def small_kernels(t: Facts) -> Finding | None:
     small = t.kernels.filter((pl.col("device") >= 0) & (pl.col("mean_us") < lim["small_us"])).sort(
         "count", descending=True
     )
-    evidence += [
-        Evidence(
-            "kernel",
-            r["name"],
-            r["count"],
-            r["dur_us"],
-            pct(r["dur_us"], t.kernel_us),
-            of="kernel time",
-            note=f"mean {ms(r['mean_us'])}",
-        )
-        for r in small.head(4).iter_rows(named=True)
-    ]
+    evidence += t.kernel_evidence(small, 4, lambda r: f"mean {ms(r['mean_us'])}")
     evidence.append(
         Evidence("path", "launching on the critical path", None, launching, pct(launching, t.span_us), of="the window")
     )
