@@ -80,8 +80,8 @@ def test_fusion_on_the_h100_qwen_names_its_chain_and_patterns(flat_dirs):
     chain = [e for e in f["evidence"] if e["what"] == "chain"]
     assert chain and " → " in chain[0]["name"] and chain[0]["count"] >= 2
     assert "RMSNorm" in f["title"] and "SwiGLU" in f["title"] and "torch.compile" in f["remedy"]
-    # copy kernels are `copies`', not counted twice
-    assert "copies" in found and not any("copy" in (e["name"] or "") for e in f["evidence"])
+    # copy kernels are `copies`', not counted twice (a chain may show the casts inside it)
+    assert "copies" in found and not any("copy" in e["name"] for e in f["evidence"] if e["what"] == "op")
 
 
 def test_dataloader_precision_copies_and_sync_on_the_rtx2080_resnet(flat_dirs):

@@ -59,7 +59,10 @@ def fusion(t: Facts) -> Finding | None:
         return None
     ops = _by_op(k)
     patterns = _patterns(lim.get("patterns", []), set(ops["op"].to_list()))
-    chain = _chain(t, set(k["name"].to_list()))
+    # the chain: of these kernels and the casts between them (a chain fuses with its casts; their
+    # time stays `copies`')
+    casts = t.kernels.filter((pl.col("device") >= 0) & pl.col("name").str.contains(copy))["name"]
+    chain = _chain(t, set(k["name"].to_list()) | set(casts.to_list()))
     evidence = ([chain] if chain is not None else []) + [
         Evidence(
             "op", r["op"], r["count"], r["dur_us"], pct(r["dur_us"], t.kernel_us), of="kernel time", note="its kernels"
