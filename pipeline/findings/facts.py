@@ -1,7 +1,8 @@
 """facts: what the rules read of one trace, each made once and shared: the analyses' sections (as
-`analyze` computed them, or computed on first use), and three small reads of their own: the
-device's idle gaps, the CPU-side slices the rules look for (`marks`), and what each kernel name
-ran at (`math_modes`).
+`analyze` computed them, or computed on first use), and a few small reads of their own, made only
+when a rule asks: the device's idle gaps, the CPU-side slices the rules look for (`marks`) and
+the ops inside them (`inside`), what each kernel name ran at (`math_modes`), the kernels the
+optimizer launched, and on a CPU-only trace which op made each copy (`callers`).
 
 The bounds every estimate keeps live here too (`on_device`, `on_host`): a saving of device time
 moves the window's wall time only as far as the device's work is on the critical path; a saving
@@ -24,8 +25,6 @@ from pipeline.findings import spans
 from pipeline.findings.finding import Evidence, Range, capped, narrowed, pct, us
 from pipeline.findings.limits import limits, marks
 from pipeline.kineto import CPU_OP_CAT
-
-MARK_COLUMNS = ["name", "cat", "pid", "tid", "ts_ns", "end_ns"]
 
 
 class Facts:
