@@ -14,6 +14,12 @@ from pipeline.findings.facts import Facts
 from pipeline.findings.finding import Evidence, Finding, ms, pct, scaled
 
 ID = "host_bound"
+PATH_PARTS = {  # the critical path's host-side categories, as a reader needs them said
+    "cpu": "CPU ops",
+    "launch": "launch calls and the delays to their kernels",
+    "waiting": "nothing traced ran: Python, or waits the trace does not show",
+    "sync": "synchronising calls",
+}
 
 
 def host_bound(t: Facts) -> Finding | None:
@@ -42,9 +48,9 @@ def host_bound(t: Facts) -> Finding | None:
             of="the window",
         ),
         *(
-            Evidence("path", f"critical path: {k}", None, v, pct(v, length), of="the critical path")
+            Evidence("path", f"critical path: {k}", None, v, pct(v, length), of="the critical path", note=PATH_PARTS[k])
             for k, v in sorted(b.items(), key=lambda kv: -(kv[1] or 0))
-            if k in ("cpu", "launch", "waiting", "sync") and v
+            if k in PATH_PARTS and v
         ),
     ]
     top = t.section("critical-path")

@@ -71,8 +71,9 @@ def sync(t: Facts) -> Finding | None:
     frees = by_name.filter(pl.col("name").str.contains("(?i)free") & (pl.col("draining") > 0))
     if frees.height:
         named += ("; " if named else "") + (
-            f"{', '.join(frees['name'].to_list())}: the caching allocator gave memory back (torch.cuda.empty_cache() in "
-            "the loop, or an allocation retried after freeing the cache under memory pressure): drop empty_cache, "
+            f"{', '.join(frees['name'].to_list())}: the caching allocator gave memory back "
+            "(torch.cuda.empty_cache() in the loop, or an allocation retried after freeing the cache under memory "
+            "pressure): drop empty_cache, "
             "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or lower the peak memory"
         )
     return Finding(
