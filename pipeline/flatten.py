@@ -19,15 +19,18 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pipeline import schema, store
 from pipeline.errors import BadTrace, TracepipeError, UsageError
 from pipeline.kineto import trace_stem
 from pipeline.read.chunks import ordered_results
 from pipeline.read.decode import build_chunk, build_from_text
+from pipeline.read.durations import Durations
+from pipeline.read.launches import LaunchCount
 from pipeline.read.limits import not_regular
 from pipeline.read.metadata import devices_table, sampled_content_id, trace_row
-from pipeline.read.source import TraceSource
+from pipeline.read.source import ARRAY_NOT_CLOSED, TraceSource
 from pipeline.read.tables import ChunkTables
 from pipeline.read.tame import BAD_UNICODE, TOO_LARGE, scrub
 from pipeline.read.values import Problems
@@ -88,6 +91,7 @@ def flatten_into(
     problems = Problems()
     corrupt: list[str] = []
     device_ids: set = set()
+    task_pids: set = set()  # processes of device tasks without a cat (`read.device_tasks`)
     cats: set = set()  # the event categories held, which tell the layout
     with ExitStack() as cleanup:  # undone in reverse, whatever happens (a full disk included)
         cleanup.callback(src.close)
@@ -116,21 +120,32 @@ def flatten_into(
             on_corrupt=corrupt.append,
         )
         offset = 0
+        durations = Durations()  # B/E pairs across chunks
+        launches = LaunchCount()  # against the device ops: device activity lost?
         for ct in map(unspill, results):
+            durations.feed(ct.open_ends, offset)
+            launches.add(ct.events)
             writers["events"].write(_offset(ct.events, offset))
             writers["gpu_ops"].write(_offset(ct.gpu_ops, offset))
             writers["flows"].write(_offset(ct.flows, offset))
             offset += ct.events.num_rows
             problems.merge(ct.problems)
             device_ids |= ct.device_ids
+            task_pids |= ct.task_pids
             cats.update(pc.unique(ct.events.column("cat")).to_pylist())
             if progress:
                 progress(src.file_bytes_read)
         for w in writers.values():
             w.close()
+        problems.unmatched.update(durations.finish())
+        durations.patch(tmp / "events.parquet", lambda path: store.TableWriter(path, "events"))
+        if task_pids:
+            device_ids = _task_devices(tmp, task_pids, device_ids)
         if src.values_cut:
             problems.coerced[TOO_LARGE] += src.values_cut
     tail = src.tail
+    if tail.unclosed:
+        problems.coerced[ARRAY_NOT_CLOSED] += 1
     src.metadata, bad_strings = scrub(src.metadata)
     if bad_strings:
         problems.coerced[BAD_UNICODE] += bad_strings
@@ -144,8 +159,25 @@ def flatten_into(
         "n_flows": writers["flows"].rows,
         "n_devices": devices.num_rows,
     }
-    row = trace_row(path, src.metadata, counts, problems, tail, cats)
+    row = trace_row(path, src.metadata, counts, problems, tail, cats, launches.problems(counts["n_gpu_ops"]))
     return row, problems, tail
+
+
+def _task_devices(tmp: Path, task_pids: set, device_ids: set) -> set:
+    """The device ids of a trace with device tasks that carry no cat, each task process's pid read
+    by the scheme its sort index says (`read.device_tasks`); gpu_ops rewritten when a process was
+    written by another scheme than the one the chunks assumed."""
+    from pipeline.kineto import DEVICE_PIDS
+    from pipeline.read.device_tasks import device_ids as task_device_ids
+    from pipeline.read.device_tasks import rewrite_devices
+
+    found = task_device_ids(tmp / "events.parquet", task_pids)
+    fix = {p: d for p, d in found.items() if d != DEVICE_PIDS[0].device(p)}
+    if fix:
+        rewrite_devices(tmp / "gpu_ops.parquet", fix)
+        kept = pc.unique(pq.read_table(tmp / "gpu_ops.parquet", columns=["device"]).column("device"))
+        return set(kept.drop_null().to_pylist())
+    return device_ids
 
 
 def write_trace_table(row: dict, tmp: Path):

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from pipeline.kineto import GPU_KINDS
 from pipeline.read.by_struct import raw_args_of, tables_by_struct
-from pipeline.read.chunks import NeedsExactParse, parse_chunk
+from pipeline.read.chunks import NeedsExactParse, parse_chunk, parse_chunk_exact
 from pipeline.read.decode import build_chunk, build_from_text
+from pipeline.read.durations import pair_chunk
 from pipeline.read.source import TraceSource
 from pipeline.read.tables import ChunkTables
 from pipeline.read.timestamps import exact_ns_from_text, ns_of_decimal_texts
@@ -35,6 +36,7 @@ def assert_same(a: ChunkTables, b: ChunkTables):
         assert x.to_pylist() == y.to_pylist(), name
     assert a.problems == b.problems
     assert a.device_ids == b.device_ids
+    assert a.open_ends == b.open_ends
 
 
 def chunk(events: list, indent: int | None = None) -> bytes:
@@ -136,7 +138,6 @@ ODD = {  # chunks the struct path must decline (the dict path coerces or keeps t
     "list name": {"ph": "X", "name": ["a"]},
     "args list": {"ph": "X", "args": [1, 2]},
     "not an object": 5,
-    "huge id": {"ph": "s", "id": 2**70},
     "string grid": {"ph": "X", "cat": "kernel", "args": {"grid": "4,1,1"}},
     "short grid": {"ph": "X", "cat": "kernel", "args": {"grid": [4]}},
     "ts as a string": {"ph": "X", "ts": "12.5"},
@@ -148,6 +149,33 @@ def test_odd_values_take_the_dict_path(case):
     text = chunk([PLAIN[0], ODD[case], PLAIN[3]])
     assert tables_by_struct(text) is None
     assert_same(build_from_text(text), by_dicts(text))
+
+
+@pytest.mark.parametrize(
+    "wide",
+    [
+        {"ph": "s", "id": 2**70},  # beyond uint64: text only
+        {"ph": "B", "pid": 1, "tid": 2**64 - 1, "ts": 3},  # a uint64 thread id (IBM's AIU runtime)
+        {"ph": "X", "pid": 2**63, "tid": -(2**63), "ts": 3, "id": 15514734831341844875},
+    ],
+)
+def test_ids_beyond_int64_take_the_struct_path_and_are_kept_as_text(wide):
+    """Every builder keeps an id beyond int64 as its decimal text, and a uint64's bits as int64."""
+    text = chunk([PLAIN[0], wide, PLAIN[3]])
+    fast = tables_by_struct(text)
+    assert fast is not None
+    exact = build_chunk(parse_chunk_exact(text), None, raw_args_of(text))
+    assert_same(build_from_text(text), exact)
+    fast.events, fast.open_ends = pair_chunk(fast.events)  # as build_from_text pairs every builder's
+    assert_same(fast, exact)
+    row = exact.events.to_pylist()[1]
+    for key in ("pid", "tid", "id"):
+        if key in wide:
+            v = wide[key]
+            beyond = not -(2**63) < v < 2**63
+            assert row[f"{key}_str"] == (str(v) if beyond else None)
+            assert row[key] == (v - 2**64 if 2**63 < v < 2**64 else None if beyond else v)
+    assert not exact.problems.dropped
 
 
 def test_null_extra_key_is_kept_by_the_struct_path():
@@ -180,7 +208,7 @@ def test_real_traces_take_the_struct_path(shared_traces):
 _ids = st.one_of(st.none(), st.integers(-(2**63), 2**64), st.text(max_size=3), st.floats(allow_nan=False))
 _times = st.one_of(st.none(), st.integers(-(10**16), 10**16), st.floats(-1e13, 1e13), st.text(max_size=3))
 _strings = st.one_of(
-    st.none(), st.sampled_from(["X", "s", "f", "i", "kernel", "cpu_op", "ac2g", 'é"\\']), st.integers(0, 3)
+    st.none(), st.sampled_from(["X", "B", "E", "s", "f", "i", "kernel", "cpu_op", "ac2g", 'é"\\']), st.integers(0, 3)
 )
 _arg_values = st.one_of(
     st.none(),
@@ -202,8 +230,10 @@ _args = st.one_of(
                 "grid",
                 "block",
                 "bytes",
+                "graph id",
                 "warps per SM",
                 "Input Dims",
+                "sycl queue",
                 "x",
             ]
         ),

@@ -80,6 +80,9 @@ NAMES = {
     "NVIDIA GeForce RTX 5080": "NVIDIA GeForce RTX 5080",
     "NVIDIA GeForce RTX 5090": "NVIDIA GeForce RTX 5090",
     "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+    "NVIDIA GB10": "NVIDIA GB10",  # DGX Spark
+    "NVIDIA GB300": "NVIDIA GB300",
     "AMD Instinct MI100": "AMD Instinct MI100",
     "AMD Instinct MI210": "AMD Instinct MI210",
     "AMD Instinct MI250X / MI250": "AMD Instinct MI250X (single GCD)",
@@ -97,6 +100,8 @@ NAMES = {
     "AMD Radeon PRO W7900": "AMD Radeon PRO W7900",
     "Intel(R) Data Center GPU Max 1550": "Intel Data Center GPU Max 1550 (one stack)",
     "Intel(R) Data Center GPU Max 1100": "Intel Data Center GPU Max 1100",
+    "Intel(R) Arc(TM) Pro B60 Graphics": "Intel Arc Pro B60",
+    "Intel(R) Arc(TM) Pro B50 Graphics": "Intel Arc Pro B50",
 }
 # Names no row may claim: other products whose names contain a known one.
 NOT_MATCHED = [
@@ -105,6 +110,8 @@ NOT_MATCHED = [
     "NVIDIA GeForce RTX 2080 with Max-Q Design",
     "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
     "NVIDIA A800 40GB Active",
+    "NVIDIA GB100",
+    "NVIDIA GB102",
     "NVIDIA GeForce RTX 4050",
     "AMD Radeon Graphics",
     "GPU 0",

@@ -174,6 +174,29 @@ def test_replays_without_capture_keep_their_context_and_are_counted(tmp_path, ru
     assert problems[UNMATCHED] == 3 and set(replayed(g, truth)["unmodelled_reason"]) == {"graph_replay_unmatched"}
 
 
+def test_kineto_graph_ids_group_replays_without_a_capture(tmp_path):
+    """CUDA 12+ kernels carry Kineto's `graph id` / `graph node id` (2026-02): without a capture
+    trace each replay is its graph, its kernels that graph's nodes in order, in the context of its
+    graph launch; with a capture the captured graph wins."""
+    case = GraphCase([LAYER, [mm(8, 8, 8, kernel="tiny")]], replays=[0, 1, 0], api="cuda", kineto_graph_ids=True)
+    g, problems, truth, r = run(case, tmp_path, capture=False)
+    rep = replayed(g, truth)
+    assert rep["graph_id"].to_list() == ["graph id 10"] * 3 + ["graph id 11"] + ["graph id 10"] * 3
+    assert rep["graph_node"].to_list() == [truth[i][1] for i in rep["event_idx"]]  # its node, in creation order
+    assert set(rep["annotation"]) == {"execute_model"} and set(rep["launch_name"]) == {"cudaGraphLaunch"}
+    eager = g.filter(~pl.col("event_idx").is_in(list(truth)))
+    assert eager.height == 2 and eager["graph_id"].null_count() == 2 and eager["kineto_graph_id"].to_list() == [0, 0]
+    view = graph_view(r.out_dir)
+    assert sorted(view.select("graph", "replays", "kernels_per_replay").rows()) == [
+        ("graph id 10", 2, 3.0),
+        ("graph id 11", 1, 1.0),
+    ]
+    assert view["capture"].null_count() == view.height
+    g, _, truth, _ = run(case, tmp_path / "captured")  # a capture trace pairs them: its graphs win
+    assert set(replayed(g, truth)["graph_id"]) == {"capture#0", "capture#1"}
+    assert right(g, case, truth) == 7
+
+
 def test_cuda_captures_without_kernel_names_pair_by_kind_and_order(tmp_path):
     case = GraphCase([LAYER, [mm(8, 8, 8, kernel="tiny")]], replays=[0, 1, 0], api="cuda")
     g, problems, truth, _ = run(case, tmp_path)

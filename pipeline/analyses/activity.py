@@ -69,10 +69,11 @@ GPU_COLUMNS = [
     "graph_id",
 ]
 KERNEL = pl.col("kind") == "kernel"
+WORK = pl.col("kind") != "sync"  # a stream waiting for an event (Ascend's EVENT_WAIT tasks) is not busy
 COLLECTIVE = pl.col("category") == "communication"
 RUN_SETS: dict[str, tuple[list[str], pl.Expr]] = {  # unions of activity: (key columns, which rows)
-    "device": (["device"], pl.lit(True)),
-    "stream": (["device", "stream"], pl.lit(True)),
+    "device": (["device"], WORK),
+    "stream": (["device", "stream"], WORK),
     "kernel": (["device"], KERNEL),  # kernels only (busy's kernel_busy_pct; communication)
     # for `communication`, on the devices with collective kernels only
     "comm": (["device"], KERNEL & COLLECTIVE),

@@ -187,7 +187,7 @@ class _Items:
         ).select("event_idx", r0="pid", r1="tid", ts_ns="ts_ns", end_ns="end_ns", code="code", gpu=pl.lit(False))
         gpu = read(
             f.gpu_ops_file,
-            where,
+            where & (pl.col("kind") != "sync"),  # a stream waiting for an event does no work
             [
                 "event_idx",
                 pl.col("device").fill_null(-1).alias("r0"),

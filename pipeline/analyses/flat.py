@@ -198,11 +198,20 @@ class Flat:
         )
 
     @cached_property
+    def lost_activity(self) -> str | None:
+        """What the trace lost of its device activity, in one line (`read.launches`); None: nothing."""
+        from pipeline.read.launches import lost_activity_line
+
+        row = self.scan("trace").select("problems_json", "n_gpu_ops").collect().row(0, named=True)
+        return lost_activity_line(json.loads(row["problems_json"] or "{}"), row["n_gpu_ops"])
+
+    @cached_property
     def activity_devices(self) -> pl.DataFrame:
         if self.has_gpu:
             return self.device_names
+        name = "cpu ops (device activity lost)" if self.lost_activity else "cpu"  # not a CPU-only trace
         return (
-            pl.DataFrame({"device": [CPU_DEVICE], "name": ["cpu"]})
+            pl.DataFrame({"device": [CPU_DEVICE], "name": [name]})
             if self.any_cpu().span[2]
             else pl.DataFrame(schema={"device": pl.Int64, "name": pl.String})
         )

@@ -1,7 +1,8 @@
 """graphs: the CUDA/HIP graphs a trace replayed, one row per graph, and the ops its replays ran.
 
 A graph is a `graph_id` of gpu_ops (`pipeline.link.graphs`): a captured graph when the replays were
-paired with their capture trace, else `uncaptured#<hash>` (the same kernels, the same id). Per graph
+paired with their capture trace, else `graph id <n>` when Kineto recorded the graph's id on its
+kernels (`pipeline.link.graph_ids`), else `uncaptured#<hash>` (the same kernels, the same id). Per graph
 and device: how often it was replayed, kernels and GPU time per replay, the graph launch call's
 duration against the launch calls its capture made (`replaced_launch_us`: the eager launches one
 graph launch stands for), the ops its kernels were captured by (by GPU time), and where it was
@@ -25,6 +26,7 @@ from pipeline.analyses.flat import Flat, as_flat
 from pipeline.analyses.rollup import us
 from pipeline.analyses.sweep import read
 from pipeline.kineto import GRAPH_LAUNCH, GRAPH_REPLAY_FRAMES, MODULE_CATS, cat_regex
+from pipeline.link.graph_ids import UNCAPTURED_PREFIXES
 
 _COLUMNS = [
     "graph_id",
@@ -142,7 +144,7 @@ def graph_view(flat) -> pl.DataFrame:
         .join(device_ns, on="device", how="left")
         .join(_launched_from(f, graphs["first_launch"]), on="first_launch", how="left")
     )
-    captured = ~pl.col("graph_id").str.starts_with("uncaptured")
+    captured = ~pl.any_horizontal(pl.col("graph_id").str.starts_with(p) for p in UNCAPTURED_PREFIXES)
     return (
         out.select(
             "device",

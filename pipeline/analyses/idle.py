@@ -1,6 +1,7 @@
 """idle: why a GPU stream sat idle, gap by gap (Holistic Trace Analysis' definition).
 
-Per device and stream, over its GPU activities (kernels, memcpy, memset) in start order: each gap
+Per device and stream, over its GPU activities (kernels, memcpy, memset; not the tasks by which a
+stream waits for an event, kind `sync`) in start order: each gap
 between an activity's end and the next one's start (negative when they overlap: summed as it is)
 is **host wait** when the next activity's launch call started after the previous activity ended
 (the CPU was late), else **kernel wait** when the gap is shorter than `kernel_wait_us` (default 30
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.analyses.activity import COLLECTIVE, KERNEL, gpu_columns
+from pipeline.analyses.activity import COLLECTIVE, KERNEL, WORK, gpu_columns
 from pipeline.analyses.flat import Flat, as_flat
 from pipeline.analyses.gpu_order import STREAM, StreamCarry, activity_windows
 from pipeline.analyses.sweep import fold
@@ -93,7 +94,7 @@ def idle(flat, kernel_wait_us: float = KERNEL_WAIT_US) -> pl.DataFrame:
     f: Flat = as_flat(flat)
     carry, total = StreamCarry(1), None
     union = comm_union(f) if f.has_gpu else None
-    for rows in activity_windows(f, ["launch_ts_ns"]):
+    for rows in activity_windows(f, ["launch_ts_ns"], WORK):  # a stream's event waits are idle time
         gaps = _gaps(carry.prepend(rows), kernel_wait_us * 1e3, union)
         total = fold(total, gaps, STREAM, [pl.col(SUMS).sum()])
     if total is None:

@@ -46,6 +46,7 @@ def kernel_table(flat, kinds: tuple[str, ...] = ("kernel",)) -> pl.DataFrame:
 
 
 def transfer_table(flat) -> pl.DataFrame:
-    """kernel_table of memcpy / memset activity (with its kind)."""
+    """kernel_table of memcpy / memset activity, and of the tasks by which a device stream waits for
+    or records an event (kind `sync`, Ascend), with its kind."""
     names = as_flat(flat).activity.names
-    return name_table(names.filter(pl.col("kind").is_in(["memcpy", "memset"])), ["device", "kind", "name"])
+    return name_table(names.filter(pl.col("kind").is_in(["memcpy", "memset", "sync"])), ["device", "kind", "name"])

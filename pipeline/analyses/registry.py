@@ -144,7 +144,7 @@ REGISTRY: tuple[Section, ...] = (
         "transfers",
         lambda f, o: transfer_table(f),
         "Memcpy / memset",
-        "the same for memcpy and memset",
+        "the same for memcpy and memset (and a stream's event waits: kind sync)",
         json=IN_DEVICE,
         top_per_device=True,
         columns=("device", "kind", "name", "count", "dur_us", "pct", "mean_us", "bytes", "achieved_gbps"),

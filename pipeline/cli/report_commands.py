@@ -34,24 +34,33 @@ def diff_picks(a: Path, b: Path, picks: list[str]) -> tuple[Optional[str], Optio
 
 
 def flatten_problems(*flats) -> int:
-    """Report traces that were truncated (when flattened for a report, or as a dataset or a
-    folder keeps them; EXIT_PROBLEMS if any), and graph replays left without their capture
-    (`link.graphs.graph_hint`)."""
+    """Report traces that were truncated or lost their device activity (when flattened for a
+    report, or as a dataset or a folder keeps them; EXIT_PROBLEMS if any), and graph replays left
+    without their capture (`link.graphs.graph_hint`)."""
+    import json
+
     from pipeline.link.graphs import graph_hint
+    from pipeline.read.launches import lost_activity_line
 
     code = EXIT_OK
     for f in flats:
         r = f.flatten_result
         if r is not None and (hint := graph_hint(r.problems)):
             err(f"{r.out_dir.name}: {hint}")
+        if r is not None and (lost := lost_activity_line(r.problems, r.n_gpu_ops)):
+            err(f"{r.out_dir.name}: {lost}")
+            code = EXIT_PROBLEMS
         if r is not None and r.truncated:
             err(f"{r.out_dir.name}: truncated ({r.truncation_reason}); analysed its {r.n_events} complete events")
             code = EXIT_PROBLEMS
         elif r is None and (f.path / "trace.parquet").is_file():
             import polars as pl
 
-            columns = ["stem", "truncated", "n_events"]
+            columns = ["stem", "truncated", "n_events", "n_gpu_ops", "problems_json"]
             row = pl.read_parquet(f.path / "trace.parquet", columns=columns).row(0, named=True)
+            if lost := lost_activity_line(json.loads(row["problems_json"] or "{}"), row["n_gpu_ops"]):
+                err(f"{row['stem']}: {lost}")
+                code = EXIT_PROBLEMS
             if row["truncated"]:
                 err(f"{row['stem']}: truncated; analysed its {row['n_events']:,} complete events")
                 code = EXIT_PROBLEMS

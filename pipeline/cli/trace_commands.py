@@ -47,6 +47,7 @@ def flatten(
     from pipeline.flatten import flatten as run
     from pipeline.link.graphs import graph_hint
     from pipeline.progress import FileProgress
+    from pipeline.read.launches import lost_activity_line
 
     user = load_formulas(formulas)
     code = EXIT_OK
@@ -76,6 +77,9 @@ def flatten(
             err(f"{t.name}: {w}")
         if not quiet and (hint := graph_hint(r.problems)):
             err(f"{t.name}: {hint}")
+        if lost := lost_activity_line(r.problems, r.n_gpu_ops):
+            err(f"{t}: {lost}")
+            code = max(code, EXIT_PROBLEMS)
         if r.truncated:
             err(f"{t}: truncated ({r.truncation_reason}); kept the {r.n_events} complete events")
             code = max(code, EXIT_PROBLEMS)

@@ -37,6 +37,7 @@ _ELEMENTWISE_OPS = (
 CATEGORIES: tuple[Category, ...] = (
     Category("memcpy", kind="memcpy"),
     Category("memset", kind="memset"),
+    Category("sync", kind="sync"),  # a device stream waiting for or recording an event (Ascend)
     Category(
         "communication",
         kernel=COMM_KERNEL,  # every communication library's kernels (comm_kernels.LIBRARIES)

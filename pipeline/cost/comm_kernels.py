@@ -118,6 +118,17 @@ LIBRARIES: tuple[CommLibrary, ...] = (
         "symm_mem/CUDASymmetricMemoryOps.cu (`one_shot_all_reduce_kernel`, `two_shot_all_reduce_kernel`)",
     ),
     CommLibrary(
+        "HCCL (Ascend)",
+        r"^(?:Notify[ _]?(?:Wait|Record)|Write[ _]?Value|SDMA|RDMA\w*|Reduce[ _]?(?:Inline|TBE)|Inline[ _]?Reduce"
+        r"|Local[ _]?Copy|Memcpy|hcom_\w+|HcclAll\w+)$",
+        False,
+        "torch_npu traces (ascend/npu_level0_rank0): the tasks HCCL puts on the `Ascend Hardware` streams, "
+        "named by their task type (`Notify Wait`, `Write Value`, `SDMA`; `Notify_Wait`, `Memcpy`, "
+        "`Reduce_Inline`, `RDMASend` on the `Plane N` lanes at Level1, msprof hccl_assembler.cpp). The "
+        "collectives themselves (`hcom_allReduce_*` on the HCCL process's `Group N Communication` lane) "
+        "are matched across ranks from there (`runs.collectives`), not from these tasks",
+    ),
+    CommLibrary(
         "other collective names",
         r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv",
         False,

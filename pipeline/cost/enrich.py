@@ -28,9 +28,11 @@ from pipeline.cost.categories import CategoryMemo, with_category
 from pipeline.cost.formulas.expression import FormulaError
 from pipeline.cost.formulas.user import UserFormulas
 from pipeline.kineto import ARG_ALIASES, COMPILED_REGION, canonical_args
+from pipeline.link import graph_ids as graph_id_args
 from pipeline.link import graphs
 from pipeline.link import links as link
 from pipeline.link.captures import CapturedGraphs
+from pipeline.link.graph_ids import GraphIds
 
 SIGNATURE_KEYS = formulas.ARGS_READ
 OP_INSTANCE = graphs.OP_INSTANCE
@@ -429,14 +431,16 @@ def link_pass(
     tally: Tally | None = None,
     user: UserFormulas | None = None,
     replays: graphs.GraphLinks | None = None,
+    graph_ids: GraphIds | None = None,
 ) -> OpKernels:
     """Link the GPU ops batch by batch, cost their ops (everything that reads the events) and
     categorise them into `spill`: event_idx, the link columns, op_instance, OP_COST_COLUMNS and
     KERNEL_INPUTS (pass 2 then reads no GPU op column but to copy it); link counts and the formula
     file's errors go to `tally` if given (batch groups count per trace themselves). `replays`: the
     trace's graph replays paired with their captures (`graphs.GraphLinks`), given their captured
-    ops. Returns the per-op kernel counts (`OpKernels`). This runs beside the launch lookup of the next batch
-    (`link.link_batches`): a third stage in a thread of its own measured slower on two cores, and
+    ops; `graph_ids`: the graphs its activity names (`graph_ids.GraphIds`), for the replays not
+    paired. Returns the per-op kernel counts (`OpKernels`). This runs beside the launch lookup of
+    the next batch (`link.link_batches`): a third stage in a thread of its own measured slower on two cores, and
     held more memory."""
     op_kernels, memo = OpKernels(), CategoryMemo()
     evaluated = Evaluated()  # shapes' costs, shared by the batches (`op_costs`)
@@ -450,8 +454,11 @@ def link_pass(
         *(declared[c] for c in KERNEL_INPUTS),
     ]
     with store.SpillWriter(spill, fields) as out:
-        for links in link.link_batches(flat_dir, carry=tuple(COST_INPUTS)):
+        carry = (*COST_INPUTS, *((graph_id_args.GRAPH, graph_id_args.NODE) if graph_ids else ()))
+        for links in link.link_batches(flat_dir, carry=carry):
             links = replays.attach(links) if replays is not None else graphs.without_graphs(links)
+            if graph_ids is not None:  # replays not paired with a capture: their graph by Kineto's graph id
+                links = graph_ids.label(links)
             if tally is not None:
                 tally.add_links(links)
             op_kernels.add(links)
@@ -557,7 +564,7 @@ def enrich(
         replays = graphs.GraphLinks.of(flat_dir, captures or [], graph_spill)
         if replays is not None:
             tally.links.update(replays.problems)
-        op_kernels = link_pass(flat_dir, spill, dtype, tally, formulas, replays)
+        op_kernels = link_pass(flat_dir, spill, dtype, tally, formulas, replays, GraphIds.of(gpu_ops))
         with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
             coster = BatchCoster(links, op_kernels, devs, tally)
             store.write_extended(gpu_ops, tmp, "gpu_ops", coster, inputs=["event_idx"], batch_rows=WRITE_BATCH_ROWS)

@@ -19,6 +19,13 @@ Rules (see README, "Link rules"):
    file order (the later event is the inner one).
 4. cpu_op, by External id: only for launches no cpu_op contains, and only in layouts where a
    kernel's External id is not simply its correlation id (older traces).
+Flows of other shapes, as layouts declare them (`kineto.INSIDE_FLOWS`, `kineto.OP_FLOWS`; torch_npu):
+5. launch, by a flow starting inside it: the `s` endpoint lies inside the launch call on the same
+   thread id (the flow may name another process: torch_npu's `HostToDevice` starts on its CANN
+   process, inside the `Dequeue@...` call of the task-queue thread); string flow ids pair too.
+6. cpu_op, by a flow from the op: the `s` endpoint is where the op that issued the activity
+   starts (torch_npu's `async_npu`); the op, step, annotation and module are those around that
+   point (rule 3 at the flow's start instead of the launch's; `cpu_op_link` = `op_flow`).
 
 Memory does not grow with the trace. GPU ops are linked BATCH_ROWS at a time, in file order
 (`link_batches`), and for each batch only the rows it needs are read, by predicates that the
@@ -52,12 +59,15 @@ import polars as pl
 from pipeline import schema, store
 from pipeline.kineto import (
     ANNOTATION_CATS,
+    API_OPS,
     CPU_OP_CATS,
+    INSIDE_FLOWS,
     LAUNCH_CATS,
     LAUNCH_FLOWS,
     LINK_FLOW_CATS,
     MODULE_CATS,
     MODULE_PREFIX,
+    OP_FLOWS,
     STEP_CATS,
     STEP_NAME,
     cat_regex,
@@ -114,6 +124,8 @@ class LinkSources:
     trust_external_id: bool  # kernels' External ids are not just their correlation ids (rule 4)
     reach: EventReach
     cells: TimeCells
+    inside_flows: bool = False  # the trace holds flows of rule 5
+    op_flows: bool = False  # the trace holds flows of rule 6
 
     @classmethod
     def of(cls, flat_dir: Path) -> LinkSources:
@@ -146,6 +158,9 @@ class LinkSources:
             .collect(engine="streaming")
             .row(0, named=True)
         )
+        flow_cats = set(
+            pl.scan_parquet(flat_dir / "flows.parquet").select(pl.col("cat").unique()).collect()["cat"].drop_nulls()
+        )
         return cls(
             events,
             flat_dir / "flows.parquet",
@@ -155,6 +170,8 @@ class LinkSources:
             trust_external_id=gpu["differ"] is not None and gpu["differ"] >= 0.5,
             reach=reach,
             cells=TimeCells.of(histogram, bins, CELL_SLICES),
+            inside_flows=bool(flow_cats & {cat for cat, _ in INSIDE_FLOWS}),
+            op_flows=bool(flow_cats & {cat for cat, _ in OP_FLOWS}),
         )
 
     @property
@@ -188,11 +205,11 @@ class LinkSources:
         return out
 
 
-def _is_launch_flow() -> pl.Expr:
+def _is_launch_flow(flows: tuple = LAUNCH_FLOWS) -> pl.Expr:
     """Flow endpoints of the launch -> GPU activity flows of every layout (`kineto.LAUNCH_FLOWS`:
     a category, and the name where the category alone says too little, as the 2021 `async`)."""
     out = pl.lit(False)
-    for cat, name in LAUNCH_FLOWS:
+    for cat, name in flows:
         out |= (pl.col("cat") == cat) if name is None else (pl.col("cat") == cat) & (pl.col("name") == name)
     return out
 
@@ -207,7 +224,8 @@ def _among(column: str, values: pl.Series) -> pl.Expr:
     values = values.drop_nulls()
     if values.is_empty():
         return pl.lit(False)
-    return pl.col(column).is_between(values.min(), values.max()) & pl.col(column).is_in(values.unique().implode())
+    low, high = pl.lit(values.min(), values.dtype), pl.lit(values.max(), values.dtype)  # strings are no column names
+    return pl.col(column).is_between(low, high) & pl.col(column).is_in(values.unique().implode())
 
 
 def _in_range(column: str, values: pl.Series) -> pl.Expr:
@@ -275,8 +293,11 @@ class _Read:
     def of(cls, src: LinkSources, running: RunningSlices, gpu: pl.DataFrame) -> _Read:
         linked = _launches_of(src, gpu)
         points = linked.filter(pl.col("launch_event_idx").is_not_null()).select(
-            point_id="event_idx", pid="launch_pid", tid="launch_tid", t="launch_ts_ns"
+            point_id="event_idx", pid="launch_pid", tid="launch_tid", t="launch_ts_ns", via=pl.lit("nesting")
         )
+        if src.op_flows:  # rule 6: the context at the start of the op a flow names, where there is one
+            at_op = _op_flow_points(src, gpu)
+            points = pl.concat([at_op, points.join(at_op, on="point_id", how="anti")])
         cells = points.with_columns(cell=src.cells.cell(points["t"])).partition_by(
             "cell", include_key=False, as_dict=True
         )
@@ -291,6 +312,10 @@ def _launches_of(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
     flows = _flows(src, gpu, corrs)
     launches = _launch_candidates(src, corrs, flows.filter(pl.col("ph") == "s"))
     launch = launch_links(launches.lazy(), gpu.lazy(), flows.lazy())
+    if src.inside_flows:  # rule 5, for the GPU ops rules 1 and 2 left without a launch
+        inside, calls = _inside_launches(src, gpu)
+        launch = pl.concat([launch, inside.lazy().join(launch, on="event_idx", how="anti")])
+        launches = pl.concat([launches, calls]).unique("event_idx", keep="first", maintain_order=True)
     about_launch = launches.lazy().select(
         launch_event_idx="event_idx",
         launch_name="name",
@@ -425,9 +450,78 @@ def launch_links(launch_slices: pl.LazyFrame, gpu: pl.LazyFrame, flows: pl.LazyF
     return pl.concat([by_flow.select("event_idx", "launch_event_idx", "launch_link"), by_corr])
 
 
+_FLOW_KEY = ["cat", "id", "id_str"]  # a flow's two endpoints share these (string ids: id is null)
+
+
+def _flow_pairs(src: LinkSources, gpu: pl.DataFrame, flows: tuple) -> pl.DataFrame:
+    """(event_idx, pid, tid, t) of the `s` endpoints of the flows (`flows`: (cat, name) pairs)
+    whose `f` endpoint is at a GPU op's (pid, tid, ts); ids as integers or as strings."""
+    at = gpu.select(_THREAD_TIME).drop_nulls().unique()
+    cols = [*_FLOW_KEY, "pid", "tid", "ts_ns"]
+    of_kind = _is_launch_flow(flows) & (pl.col("id").is_not_null() | pl.col("id_str").is_not_null())
+    ends = _read(src.flows, of_kind & (pl.col("ph") == "f") & _in_range("ts_ns", at["ts_ns"]), cols)
+    ends = ends.join(at, on=_THREAD_TIME, how="semi")
+    if ends.is_empty():
+        return pl.DataFrame(schema={"event_idx": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "t": pl.Int64})
+    by_id = _among("id", ends["id"]) | _among("id_str", ends["id_str"])
+    starts = _read(src.flows, of_kind & (pl.col("ph") == "s") & by_id, cols)
+    starts = starts.unique(_FLOW_KEY, keep="first", maintain_order=True)
+    pairs = ends.join(starts, on=_FLOW_KEY, how="inner", nulls_equal=True, suffix="_s")
+    return (
+        gpu.select("event_idx", *_THREAD_TIME)
+        .join(pairs, on=_THREAD_TIME, how="inner")
+        .select("event_idx", pid="pid_s", tid="tid_s", t="ts_ns_s")
+        .unique("event_idx", keep="first", maintain_order=True)
+    )
+
+
+def _op_flow_points(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
+    """Rule 6: (point_id, pid, tid, t, via) of the GPU ops a flow from their op ends at: the op's start."""
+    return _flow_pairs(src, gpu, OP_FLOWS).select(
+        point_id="event_idx", pid="pid", tid="tid", t="t", via=pl.lit("op_flow")
+    )
+
+
+def _inside_launches(src: LinkSources, gpu: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Rule 5: (event_idx, launch_event_idx, launch_link) of the GPU ops a flow ends at that starts
+    inside a launch call (the innermost one running at the flow's start on its thread id, whatever
+    process the flow names), and those calls (_LAUNCH_COLUMNS)."""
+    starts = _flow_pairs(src, gpu, INSIDE_FLOWS)
+    none = pl.DataFrame(schema={"event_idx": pl.Int64, "launch_event_idx": pl.Int64, "launch_link": pl.String})
+    if starts.is_empty():
+        return none, _read(src.events, pl.lit(False), _LAUNCH_COLUMNS)
+    first, last = starts["t"].min(), starts["t"].max()
+    end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)
+    calls = _read(
+        src.events,
+        src.is_slice(LAUNCH) & _among("tid", starts["tid"]) & (pl.col("ts_ns") <= last) & (end >= first),
+        _LAUNCH_COLUMNS,
+    )
+    if calls.is_empty():
+        return none, calls
+    # the innermost call around each start: the last one started at or before it that still runs
+    around = (
+        starts.sort("t")
+        .join_asof(
+            calls.select("tid", launch_event_idx="event_idx", _ts="ts_ns", _end=end).sort("_ts"),
+            left_on="t",
+            right_on="_ts",
+            by="tid",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .filter(pl.col("_end") >= pl.col("t"))
+        .select("event_idx", "launch_event_idx", launch_link=pl.lit("flow"))
+    )
+    return around, calls.join(around.select(event_idx="launch_event_idx").unique(), on="event_idx", how="semi")
+
+
 # the nesting hierarchies of context slices (ops, ProfilerStep#N annotations, other annotations,
 # modules), each nested apart: (name, code, whether a launch takes its outermost slice, else innermost)
 NESTS = (("cpu_op", 0, False), ("step", 1, False), ("annotation", 2, True), ("module", 3, True))
+API_NEST = (
+    4  # ops that are a vendor API's call (`kineto.API_OPS`), in traces with op flows: nested apart, never a task's op
+)
 
 
 def _context_in_cell(points: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame:
@@ -438,6 +532,8 @@ def _context_in_cell(points: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame
     nest = (
         pl.when(pl.col("event_idx").is_in(steps.implode()))
         .then(1)
+        .when(pl.col("api_call"))
+        .then(API_NEST)
         .when(pl.col("kind") == CPU_OP)
         .then(0)
         .when(pl.col("kind") == MODULE)
@@ -467,9 +563,10 @@ def _context_in_cell(points: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame
         name: named.slice(k * n, n) for k, (name, _) in enumerate(present)
     }
     cpu_op_event_idx = of_nest["cpu_op"]["iv_idx"]
+    via = points["via"] if "via" in points.columns else pl.lit("nesting")
     return points.select(event_idx="point_id").with_columns(
         cpu_op_event_idx=cpu_op_event_idx,
-        cpu_op_link=pl.when(cpu_op_event_idx.is_not_null()).then(pl.lit("nesting")),
+        cpu_op_link=pl.when(cpu_op_event_idx.is_not_null()).then(via),
         cpu_op_name=of_nest["cpu_op"]["name"],
         step_name=of_nest["step"]["name"],
         annotation=of_nest["annotation"]["name"],
@@ -498,6 +595,15 @@ def _slices_running(src: LinkSources, running: RunningSlices, points: pl.DataFra
     return running.between(threads, first, last)
 
 
+def _api_call() -> pl.Expr:
+    """A CPU op that is a vendor API's call (`kineto.API_OPS`)."""
+    out = pl.lit(False)
+    for pattern, unless in API_OPS:
+        hit = pl.col("name").cast(pl.String).str.contains(pattern)
+        out |= hit if unless is None else hit & ~pl.col("name").cast(pl.String).str.contains(unless)
+    return out
+
+
 def _context_slices(src: LinkSources, where: pl.Expr, threads: pl.DataFrame) -> pl.DataFrame:
     """(event_idx, kind, name, pid, tid, ts_ns, end_ns) of the CPU slices on `threads` (pid, tid)
     that `where` selects (`RunningSlices`' reads)."""
@@ -515,6 +621,7 @@ def _context_slices(src: LinkSources, where: pl.Expr, threads: pl.DataFrame) -> 
             "ts_ns",
             end.alias("end_ns"),
             _one_of("cat", src.step_cats).alias("maybe_step"),
+            ((src.kind() == CPU_OP) & _api_call() if src.op_flows else pl.lit(False)).alias("api_call"),
         ],
     )
     return slices.join(threads, on=["pid", "tid"], how="semi")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.read.values import INT64_MAX, Problems, as_int
+from pipeline.read.values import INT64_MAX, Problems, as_int, wide_int
 
 NONE_TYPE = type(None)
 INT_OR_NONE, STR_OR_NONE, DICT_OR_NONE = {int, NONE_TYPE}, {str, NONE_TYPE}, {dict, NONE_TYPE}
@@ -57,34 +57,45 @@ def no_int64_min(arr: pa.Array) -> pa.Array | None:
 
 
 def int_or_str_columns(values: list, typed: bool = False) -> tuple[pa.Array, pa.Array] | None:
-    """(int64 column, string column) of values that are ints, strings or None; else None.
+    """(int64 column, string column) of values that are ints, strings or None; else None. An int
+    beyond int64 is kept as its text (and as a uint64's bits: `values.wide_int`).
     `typed`: the values are known to be ints, strings or None."""
     if typed:
         try:
             ints = int_column(values, typed=True)  # raises at the first string
-            return None if ints is None else (ints, pa.nulls(len(values), pa.string()))
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             return _ints_beside_strings(values)
+        return (ints, pa.nulls(len(values), pa.string())) if ints is not None else _wide_ints(values)
     types = set(map(type, values))
-    if not types - INT_OR_NONE:
-        ints = int_column(values)
-        return None if ints is None else (ints, pa.nulls(len(values), pa.string()))
     if types - {int, str, NONE_TYPE}:
         return None
-    ints = int_column([v if type(v) is int else None for v in values])
-    strs = pa.array([v if type(v) is str else None for v in values], pa.string())
-    return None if ints is None else (ints, strs)
+    if not types - INT_OR_NONE:
+        ints = int_column(values)
+        return (ints, pa.nulls(len(values), pa.string())) if ints is not None else _wide_ints(values)
+    return _ints_beside_strings(values)
 
 
 def _ints_beside_strings(values: list) -> tuple[pa.Array, pa.Array] | None:
-    """`int_or_str_columns` of typed values (ints, strings, None) some of which are strings, in one
-    pass over them: a trace names a few processes and threads ("Spans", "PyTorch Profiler"),
-    every other pid and tid is an int."""
+    """`int_or_str_columns` of ints, strings and None some of which are strings, in one pass over
+    them: a trace names a few processes and threads ("Spans", "PyTorch Profiler"), every other pid
+    and tid is an int."""
     ints, strs = list(values), [None] * len(values)
     for i in [i for i, v in enumerate(values) if v.__class__ is str]:
         strs[i], ints[i] = ints[i], None
     column = int_column(ints, typed=True)
-    return None if column is None else (column, pa.array(strs, pa.string()))
+    return _wide_ints(values) if column is None else (column, pa.array(strs, pa.string()))
+
+
+def _wide_ints(values: list) -> tuple[pa.Array, pa.Array]:
+    """`int_or_str_columns` of values among which some ints lie beyond int64 (`values.wide_int`)."""
+    ints: list[int | None] = list(values)
+    strs: list[str | None] = [None] * len(values)
+    for i, v in enumerate(values):
+        if v.__class__ is str:
+            strs[i], ints[i] = v, None
+        elif v.__class__ is int and not -INT64_MAX <= v <= INT64_MAX:
+            ints[i], strs[i] = wide_int(v)
+    return pa.array(ints, pa.int64()), pa.array(strs, pa.string())
 
 
 def coerced_ints(values: list, what: str, problems: Problems) -> pa.Array:

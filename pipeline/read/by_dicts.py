@@ -11,6 +11,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.kineto import GPU_ARG_ALIASES
 from pipeline.read.arrays import (
     DICT_OR_NONE,
     STR_OR_NONE,
@@ -19,8 +20,9 @@ from pipeline.read.arrays import (
     int_or_str_columns,
     plain_ints,
 )
+from pipeline.read.chunks import NeedsExactParse
 from pipeline.read.tables import EVENT_COLUMNS, events_table
-from pipeline.read.timestamps import TimestampTexts, ns_column
+from pipeline.read.timestamps import TimestampTexts, ns_column, ts_column
 from pipeline.read.values import (
     FLOAT_EXACT_US,
     INT64_MAX,
@@ -33,17 +35,21 @@ from pipeline.read.values import (
     dumps,
     json_default,
     us_to_ns,
+    wide_int,
 )
 
 EMPTY_ARGS: dict = {}
 
 
-def events_by_column(events: list, text: bytes | None, raw_args: list | None = None) -> pa.Table | None:
+def events_by_column(
+    events: list, text: bytes | None, raw_args: list | None = None, problems: Problems | None = None
+) -> pa.Table | None:
     """The events table built a column at a time with C-level loops (map, Arrow compute).
 
     Returns None as soon as any value is not of its column's plain type (a non-object event,
     a non-string name, a float id, an out-of-range integer, ...): such chunks go through
-    `events_by_event`, which counts each coercion.
+    `events_by_event`, which counts each coercion. Timestamps written as decimal strings (torch_npu)
+    are read here, exactly, and counted in `problems` as `events_by_event` counts them.
     """
     if set(map(type, events)) - {dict}:
         return None
@@ -59,7 +65,8 @@ def events_by_column(events: list, text: bytes | None, raw_args: list | None = N
         if split is None:
             return None
         cols[k], cols[f"{k}_str"] = split
-    ts = ns_column(raw["ts"], text)
+    counted = Problems()  # merged into `problems` once the chunk is built here
+    ts = ts_column(raw["ts"], text, counted)
     dur = ns_column(raw["dur"], None)
     ids = int_or_str_columns(raw["id"])
     args = raw["args"]
@@ -78,6 +85,8 @@ def events_by_column(events: list, text: bytes | None, raw_args: list | None = N
     cols["correlation"], cols["external_id"] = corr, ext
     cols["args_json"] = args_json_of(raw_args if raw_args is not None else _dump_all(args))
     cols["extra_json"] = _extra_json(events, cols)
+    if problems is not None:
+        problems.merge(counted)
     return events_table({k: cols[k] for k in EVENT_COLUMNS})
 
 
@@ -184,6 +193,10 @@ def events_by_event(events: list, text: bytes | None, raw_args: list | None, pro
         if fid is not None:
             if type(fid) is int and -INT64_MAX <= fid <= INT64_MAX:
                 id_c[i] = fid
+            elif type(fid) is int:
+                id_c[i], id_s[i] = wide_int(fid)
+            elif type(fid) is float and not -INT64_MAX <= fid <= INT64_MAX:
+                raise NeedsExactParse("id")  # orjson reads an integer beyond 64 bits as a float
             else:
                 id_s[i] = fid if type(fid) is str else dumps_(fid).decode()
         args = e.get("args")
@@ -229,18 +242,23 @@ def events_by_event(events: list, text: bytes | None, raw_args: list | None, pro
 
 
 def _int_or_str(v, what: str, problems: Problems) -> tuple:
-    """(int, None) for an in-range integer, (None, str) for a string, else (coerced int or None, None)."""
+    """(int, None) for an in-range integer, (None, str) for a string, an integer beyond int64 as
+    `wide_int` keeps it, else (coerced int or None, None)."""
     if type(v) is int and -INT64_MAX <= v <= INT64_MAX:
         return v, None
     if type(v) is str:
         return None, v
+    if type(v) is int:
+        return wide_int(v)
+    if type(v) is float and not -INT64_MAX <= v <= INT64_MAX:
+        raise NeedsExactParse(what)  # orjson reads an integer beyond 64 bits as a float
     return (None if v is None else as_int(v, what, problems)), None
 
 
 def gpu_arg_columns(args: list) -> dict:
     """The args gpu_ops reads, from a dict per GPU event: `device` and `stream` as raw values (for
     `gpu_ops_of` to coerce and count), the rest as columns (a value of another type is null)."""
-    arg = lambda key: list(map(dict.get, args, repeat(key)))
+    arg = lambda key: _with_aliases(args, key)
     grid, block = arg("grid"), arg("block")
     return {
         "device": arg("device"),
@@ -250,7 +268,18 @@ def gpu_arg_columns(args: list) -> dict:
         "registers_per_thread": plain_ints(arg("registers per thread")),
         "shared_memory": plain_ints(arg("shared memory")),
         "copy_bytes": plain_ints(arg("bytes")),
+        "kineto_graph_id": plain_ints(arg("graph id")),
+        "kineto_graph_node_id": plain_ints(arg("graph node id")),
         "warps_per_sm": pa.array(list(map(as_float, arg("warps per SM"))), pa.float64()),
         "occupancy_pct": pa.array(list(map(as_float, arg("est. achieved occupancy %"))), pa.float64()),
         "copy_bw_gbps": pa.array(list(map(as_float, arg("memory bandwidth (GB/s)"))), pa.float64()),
     }
+
+
+def _with_aliases(args: list, key: str) -> list:
+    """Each dict's value of `key`, else of the first alias a backend writes instead that it has
+    (`kineto.GPU_ARG_ALIASES`: XPU's `sycl queue` for `stream`)."""
+    values = list(map(dict.get, args, repeat(key)))
+    for alias in GPU_ARG_ALIASES.get(key, ()):
+        values = [v if v is not None else a.get(alias) for v, a in zip(values, args)]
+    return values

@@ -11,6 +11,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.kineto import GPU_ARG_ALIASES
 from pipeline.read.arrays import (
     args_json_of,
     int_column,
@@ -21,7 +22,7 @@ from pipeline.read.arrays import (
     valid_utf8,
 )
 from pipeline.read.tables import EVENT_COLUMNS, ChunkTables, events_table, flows_of, gpu_and_flow_rows, gpu_ops_of
-from pipeline.read.timestamps import ns_column
+from pipeline.read.timestamps import ns_column, ts_column
 from pipeline.read.values import Problems
 
 # ---------------------------------------------------------------- 1. typed structs (msgspec)
@@ -39,7 +40,7 @@ class _Event(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     name: str | None = None
     pid: int | str | None = None
     tid: int | str | None = None
-    ts: int | float | None = None
+    ts: int | float | str | None = None  # a string: torch_npu's exact decimal text
     dur: int | float | None = None
     id: int | str | None = None
     args: msgspec.Raw = _NULL
@@ -108,7 +109,8 @@ def tables_by_struct(text: bytes) -> ChunkTables | None:
     fields = _transpose(events, _Event)
     del events
     extras = {k: raw_texts(v) for k in _EXTRA_KEYS if (v := fields.pop(k)).count(_ABSENT) < len(v)}
-    cols = _event_columns_by_struct(fields, extras, text)
+    problems = Problems()
+    cols = _event_columns_by_struct(fields, extras, text, problems)
     if cols is None:
         return None
     ev_table = events_table(cols)
@@ -116,8 +118,7 @@ def tables_by_struct(text: bytes) -> ChunkTables | None:
     arg_cols = _gpu_arg_columns_by_struct([fields["args"][i] for i in gpu_rows])
     if arg_cols is None:
         return None
-    problems = Problems()
-    gpu_table, device_ids = gpu_ops_of(
+    gpu_table, device_ids, task_pids = gpu_ops_of(
         gpu_rows,
         [fields["cat"][i] for i in gpu_rows],
         [fields["pid"][i] for i in gpu_rows],
@@ -127,12 +128,13 @@ def tables_by_struct(text: bytes) -> ChunkTables | None:
     )
     rows = pa.array(flow_rows, pa.int64())
     bp = plain_strings(extras["bp"].take(rows)) if "bp" in extras else pa.nulls(len(rows), pa.string())
-    return ChunkTables(ev_table, gpu_table, flows_of(rows, bp, ev_table), problems, device_ids)
+    return ChunkTables(ev_table, gpu_table, flows_of(rows, bp, ev_table), problems, device_ids, task_pids)
 
 
-def _event_columns_by_struct(fields: dict, extras: dict, text: bytes) -> dict | None:
+def _event_columns_by_struct(fields: dict, extras: dict, text: bytes, problems: Problems) -> dict | None:
     """The events columns from the structs' fields (`_Event`'s, each a tuple) and extra keys
-    (`_EXTRA_KEYS`, raw JSON texts); None if a value needs the dict path."""
+    (`_EXTRA_KEYS`, raw JSON texts); None if a value needs the dict path. Timestamps written as
+    decimal strings are counted in `problems` as the dict path counts them."""
     raws = fields["args"]
     try:
         ids = _DECODE_ID_ARGS.decode(b"[" + b",".join(raws) + b"]")
@@ -145,7 +147,7 @@ def _event_columns_by_struct(fields: dict, extras: dict, text: bytes) -> dict | 
             return None
         cols[k], cols[f"{k}_str"] = split
     cols["ts_ns"], cols["dur_ns"] = (
-        ns_column(fields["ts"], text, typed=True),
+        ts_column(fields["ts"], text, problems, typed=True),
         ns_column(fields["dur"], None, typed=True),
     )
     id_args = _transpose([a or _EMPTY_ID_ARGS for a in ids], _IdArgs)
@@ -163,22 +165,39 @@ def _event_columns_by_struct(fields: dict, extras: dict, text: bytes) -> dict | 
     return {k: cols[k] for k in EVENT_COLUMNS}
 
 
-class _GpuArgs(msgspec.Struct, gc=False):
-    """The args of GPU activity that gpu_ops reads (`gpu_arg_columns`), each of its usual type."""
+# The args of GPU activity that gpu_ops reads (`gpu_arg_columns`), each of its usual type: (field,
+# type, key in the args); then the keys some backends write instead (`kineto.GPU_ARG_ALIASES`), as
+# fields `<field>__<i>` read where the field is absent.
+_GPU_ARG_FIELDS = (
+    ("device", int | None, "device"),
+    ("stream", int | None, "stream"),
+    ("grid", list[int] | None, "grid"),
+    ("block", list[int] | None, "block"),
+    ("registers_per_thread", int | None, "registers per thread"),
+    ("shared_memory", int | None, "shared memory"),
+    ("copy_bytes", int | None, "bytes"),
+    ("warps_per_sm", int | float | None, "warps per SM"),
+    ("occupancy_pct", int | float | None, "est. achieved occupancy %"),
+    ("copy_bw_gbps", int | float | None, "memory bandwidth (GB/s)"),
+    ("kineto_graph_id", int | None, "graph id"),
+    ("kineto_graph_node_id", int | None, "graph node id"),
+)
+_ALIAS_FIELDS = tuple(
+    (f"{field}__{i}", field, typ, alias)
+    for field, typ, key in _GPU_ARG_FIELDS
+    for i, alias in enumerate(GPU_ARG_ALIASES.get(key, ()))
+)
+_GpuArgs = msgspec.defstruct(
+    "_GpuArgs",
+    [
+        (f, t, msgspec.field(default=None, name=key))
+        for f, t, key in (*_GPU_ARG_FIELDS, *((f, t, key) for f, _, t, key in _ALIAS_FIELDS))
+    ],
+    gc=False,
+)
 
-    device: int | None = None
-    stream: int | None = None
-    grid: list[int] | None = None
-    block: list[int] | None = None
-    registers_per_thread: int | None = msgspec.field(default=None, name="registers per thread")
-    shared_memory: int | None = msgspec.field(default=None, name="shared memory")
-    copy_bytes: int | None = msgspec.field(default=None, name="bytes")
-    warps_per_sm: int | float | None = msgspec.field(default=None, name="warps per SM")
-    occupancy_pct: int | float | None = msgspec.field(default=None, name="est. achieved occupancy %")
-    copy_bw_gbps: int | float | None = msgspec.field(default=None, name="memory bandwidth (GB/s)")
 
-
-_DECODE_GPU_ARGS = msgspec.json.Decoder(list[_GpuArgs | None])
+_DECODE_GPU_ARGS = msgspec.json.Decoder(list[_GpuArgs | None])  # type: ignore[valid-type]  # a defstruct
 
 
 _EMPTY_GPU_ARGS = _GpuArgs()
@@ -191,6 +210,8 @@ def _gpu_arg_columns_by_struct(raws: list) -> dict | None:
     except (msgspec.MsgspecError, ValueError):
         return None
     fields = _transpose(args, _GpuArgs)
+    for alias_field, field_name, _, _ in _ALIAS_FIELDS:  # a backend's name for the arg, where it is absent
+        fields[field_name] = [v if v is not None else a for v, a in zip(fields[field_name], fields.pop(alias_field))]
     field = fields.__getitem__
     cols = {"device": field("device"), "stream": field("stream")}
     for key in ("grid", "block"):
@@ -198,7 +219,7 @@ def _gpu_arg_columns_by_struct(raws: list) -> dict | None:
         if dims is None:
             return None
         cols.update({f"{key}_{d}": v for d, v in zip("xyz", dims)})
-    for k in ("registers_per_thread", "shared_memory", "copy_bytes"):
+    for k in ("registers_per_thread", "shared_memory", "copy_bytes", "kineto_graph_id", "kineto_graph_node_id"):
         cols[k] = plain_ints(field(k))
     for k in ("warps_per_sm", "occupancy_pct", "copy_bw_gbps"):
         cols[k] = pa.array(field(k), pa.float64())

@@ -25,6 +25,7 @@ import pyarrow as pa
 from pipeline.read.by_dicts import EMPTY_ARGS, events_by_column, events_by_event, gpu_arg_columns
 from pipeline.read.by_struct import raw_args_of, tables_by_struct
 from pipeline.read.chunks import ChunkParseError, NeedsExactParse, parse_chunk, parse_chunk_exact
+from pipeline.read.durations import pair_chunk
 from pipeline.read.tables import ChunkTables, flows_of, gpu_and_flow_rows, gpu_ops_of
 from pipeline.read.tame import BAD_UNICODE, TOO_DEEP, TooDeep, scrub, tame_deep
 from pipeline.read.values import Problems
@@ -34,14 +35,21 @@ def build_from_text(text: bytes) -> ChunkTables:
     """Parse one chunk of traceEvents text and build its tables (the worker's job). Values nested
     too deep for the parsers are kept as their text and counted (`pipeline.tame`)."""
     try:
-        return _build_from_text(text)
+        return _paired(_build_from_text(text))
     except (RecursionError, TooDeep):
         tamed, n = tame_deep(text)
         if not n:  # the deep value goes on past this chunk: a cut to merge with the next
             raise ChunkParseError("a value nested too deep goes on past the chunk") from None
         tables = _build_from_text(tamed)
         tables.problems.coerced[TOO_DEEP] += n
-        return tables
+        return _paired(tables)
+
+
+def _paired(tables: ChunkTables) -> ChunkTables:
+    """The chunk's B/E events paired into durations on their B rows, what is left open kept for the
+    next chunks (`read.durations`). Every builder's tables go through here alike."""
+    tables.events, tables.open_ends = pair_chunk(tables.events)
+    return tables
 
 
 def _build_from_text(text: bytes) -> ChunkTables:
@@ -50,12 +58,17 @@ def _build_from_text(text: bytes) -> ChunkTables:
         return tables
     raw_args = raw_args_of(text)
     try:
-        return build_chunk(parse_chunk(text), text, raw_args)
+        return _build_scrubbed(parse_chunk(text), text, raw_args)
     except NeedsExactParse:
-        return build_chunk(parse_chunk_exact(text), None, raw_args)
+        return _build_scrubbed(parse_chunk_exact(text), None, raw_args)
 
 
 def build_chunk(events: list, text: bytes | None = None, raw_args: list | None = None) -> ChunkTables:
+    """The tables of parsed events (a salvaged stretch), B/E pairs paired as `build_from_text` does."""
+    return _paired(_build_scrubbed(events, text, raw_args))
+
+
+def _build_scrubbed(events: list, text: bytes | None = None, raw_args: list | None = None) -> ChunkTables:
     """`_build_chunk`; strings holding a lone surrogate (no UTF-8 for it) fixed first and counted."""
     try:
         return _build_chunk(events, text, raw_args)
@@ -76,15 +89,20 @@ def _build_chunk(events: list, text: bytes | None = None, raw_args: list | None 
     are serialised again.
     """
     problems = Problems()
-    ev_table = events_by_column(events, text, raw_args)
+    ev_table = events_by_column(events, text, raw_args, problems)
     if ev_table is None:
         ev_table = events_by_event(events, text, raw_args, problems)
     gpu_rows, flow_rows = gpu_and_flow_rows(ev_table)
     gpu = [events[i] for i in gpu_rows]  # GPU events and flow endpoints are objects (their ph and cat say so)
     gpu_args = [a if type(a) is dict else EMPTY_ARGS for a in map(dict.get, gpu, repeat("args"))]
-    gpu_table, device_ids = gpu_ops_of(
-        gpu_rows, [e["cat"] for e in gpu], [e.get("pid") for e in gpu], gpu_arg_columns(gpu_args), ev_table, problems
+    gpu_table, device_ids, task_pids = gpu_ops_of(
+        gpu_rows,
+        [e.get("cat") for e in gpu],
+        [e.get("pid") for e in gpu],
+        gpu_arg_columns(gpu_args),
+        ev_table,
+        problems,
     )
     bp = pa.array([v if type(v) is str else None for v in (events[i].get("bp") for i in flow_rows)], pa.string())
     flows_table = flows_of(pa.array(flow_rows, pa.int64()), bp, ev_table)
-    return ChunkTables(ev_table, gpu_table, flows_table, problems, device_ids)
+    return ChunkTables(ev_table, gpu_table, flows_table, problems, device_ids, task_pids)

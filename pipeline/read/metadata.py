@@ -63,16 +63,20 @@ def devices_table(metadata: dict, gpu_device_ids: set, problems: Problems) -> pa
     return pa.Table.from_pylist(rows, schema=schema.table("devices").arrow_schema())
 
 
-def trace_row(path: str, metadata: dict, counts: dict, problems: Problems, tail, cats: Iterable = ()) -> dict:
+def trace_row(
+    path: str, metadata: dict, counts: dict, problems: Problems, tail, cats: Iterable = (), more: dict | None = None
+) -> dict:
     """The trace table's row of a trace read from `path` (`cats`: the event categories it holds,
-    which tell its layout)."""
+    which tell its layout; `more`: other problems_json entries, e.g. `read.launches`')."""
     info = metadata.get("distributedInfo")
     dist = info if isinstance(info, dict) else {}
     rest = {k: v for k, v in metadata.items() if k != "deviceProperties"}
     issues = {
         **{f"coerced:{k}": v for k, v in problems.coerced.items()},
         **{f"dropped:{k}": v for k, v in problems.dropped.items()},
+        **{f"unmatched:{k}": v for k, v in problems.unmatched.items()},
     }
+    issues.update(more or {})
     if tail.truncated:
         issues["truncated"] = 1
     sv = metadata.get("schemaVersion")

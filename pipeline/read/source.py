@@ -32,6 +32,7 @@ DEFAULT_CHUNK_BYTES = 2 << 20  # parsed, a chunk takes ~25x its size in Python o
 TAIL_BYTES = (1 << 20, 16 << 20)  # windows of an uncompressed file's end to find traceEvents' end in
 CHECK_BYTES = 256 << 10  # the events before that end parsed to make sure of it
 CUT_WINDOW_BYTES = 64 << 10  # read at each cut of an uncompressed file, to find an event boundary
+ARRAY_NOT_CLOSED = "json_array_not_closed"  # counted (coerced) when a JSON array trace lacks its `]`
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Tail:
     metadata: dict = field(default_factory=dict)
     truncated: bool = False
     reason: str | None = None
+    unclosed: bool = False  # a JSON Array Format trace without its closing `]`, as the format allows
 
 
 def _pread(path: str, start: int, end: int) -> bytes:
@@ -52,6 +54,17 @@ def _are_events(text: bytes) -> bool:
     except ChunkParseError:
         return False
     return bool(events) and all(type(e) is dict and "ph" in e for e in events)
+
+
+def _unclosed_array(buf: bytes) -> tuple[bytes, dict] | None:
+    """(events text, no metadata) when the end of a JSON Array Format trace that never closes is
+    complete events, a trailing comma allowed: the Trace Event Format lets a writer omit the closing
+    `]` (a trace written as it runs; Chrome's importer adds it). None when the text ends inside an
+    event (a truncated trace)."""
+    text = buf.rstrip(WS)
+    if text.endswith(b","):
+        text = text[:-1]
+    return (text, {}) if text.strip(WS) and _are_events(text) else None
 
 
 class TraceSource:
@@ -302,6 +315,9 @@ class TraceSource:
 
     def _finish(self, buf: bytes, problem: str | None) -> Iterator[bytes | Salvaged]:
         split = None if problem else split_tail(buf, self.header.bare_list)
+        if split is None and not problem and self.header.bare_list:
+            split = _unclosed_array(buf)
+            self.tail.unclosed = split is not None
         if split is not None:
             events_text, meta = split
             self.metadata.update(meta)

@@ -3,14 +3,16 @@ events table: the GPU activity and flow endpoints are taken from it the same way
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import schema
-from pipeline.kineto import FLOW_PHASES, GPU_KINDS, THREAD_ID_FORMS
+from pipeline.kineto import DEVICE_FROM_PID, FLOW_PHASES, GPU_KINDS, THREAD_ID_FORMS
 from pipeline.read.arrays import coerced_ints
+from pipeline.read.device_tasks import task_columns, task_rows
+from pipeline.read.durations import OpenEnds
 from pipeline.read.values import Problems
 
 
@@ -21,13 +23,24 @@ class ChunkTables:
     flows: pa.Table
     problems: Problems
     device_ids: set
+    task_pids: set = field(default_factory=set)  # pids of device tasks without a cat (`device_tasks`)
+    open_ends: OpenEnds | None = None  # B/E events left to pair across chunks (`read.durations`)
 
 
 def gpu_and_flow_rows(ev: pa.Table) -> tuple[list, list]:
-    """Rows of GPU activity (ph X, a GPU cat) and of flow endpoints (ph s/f/t)."""
+    """Rows of GPU activity (ph X, a GPU cat; of a cat the host uses too, on a device's process:
+    `kineto.DEVICE_FROM_PID`; or a device task without a cat: `device_tasks`) and of flow endpoints
+    (ph s/f/t)."""
     ph, cat = ev.column("ph"), ev.column("cat")
-    is_gpu = pc.and_(pc.equal(ph, "X"), pc.is_in(cat, _GPU_CATS_ARRAY))
+    is_gpu = pc.is_in(cat, _GPU_CATS_ARRAY)
+    for c, pid_below in _ON_DEVICE_PIDS.items():
+        elsewhere = pc.and_kleene(pc.equal(cat, c), pc.invert(pc.less(ev.column("pid"), pid_below)))
+        is_gpu = pc.and_not_kleene(is_gpu, elsewhere)  # null (no pid): not on a device's process
+    is_gpu = pc.and_(pc.equal(ph, "X"), is_gpu)
     gpu_rows = pc.indices_nonzero(pc.fill_null(is_gpu, False)).to_pylist()
+    tasks = task_rows(ev)
+    if tasks:
+        gpu_rows = sorted(gpu_rows + tasks)
     flow_rows = pc.indices_nonzero(pc.fill_null(pc.is_in(ph, _FLOW_PHASES_ARRAY), False)).to_pylist()
     return gpu_rows, flow_rows
 
@@ -37,6 +50,7 @@ _FLOW_PHASES_ARRAY = pa.array(sorted(FLOW_PHASES), pa.string())
 
 
 _GPU_CATS_ARRAY = pa.array(sorted(GPU_KINDS), pa.string())
+_ON_DEVICE_PIDS = {c: below for c, below in DEVICE_FROM_PID.items() if below is not None}
 
 
 def events_table(cols: dict) -> pa.Table:
@@ -77,26 +91,42 @@ EVENT_COLUMNS = (
 
 def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table, problems: Problems):
     """The gpu_ops rows of a chunk: launch geometry and copy sizes from each GPU event's args
-    (`arg_cols`: `gpu_arg_columns`; `cats`, `pids`: the rows' cat and raw pid values)."""
+    (`arg_cols`: `gpu_arg_columns`; `cats`, `pids`: the rows' cat and raw pid values); a device task
+    without a cat takes its kind, stream, device and copy size from `device_tasks.task_columns`.
+    Returns the table, the device ids it holds, and the pids of its device tasks."""
     devices = list(arg_cols["device"])
     for j, cat in enumerate(cats):
-        if devices[j] is None and cat == "mtia_ccp_events":
-            devices[j] = pids[j]  # MTIA device activity lives in the device's process
+        if devices[j] is None and cat in DEVICE_FROM_PID:
+            devices[j] = pids[j]  # e.g. MTIA's, Gaudi's device activity lives in the device's process
     device = coerced_ints(devices, "device", problems)
     idx = pa.array(rows, pa.int64())
     take = ev.take(idx)
-    table = pa.table(
-        {
-            "event_idx": idx,
-            "kind": pa.array([GPU_KINDS[c] for c in cats], pa.string()),
-            **{k: take.column(k) for k in ("cat", "name")},
-            "device": device,
-            "stream": coerced_ints(arg_cols["stream"], "stream", problems),
-            **{k: take.column(k) for k in ("pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")},
-            **{k: v for k, v in arg_cols.items() if k not in ("device", "stream")},
-        }
+    cols = {
+        "event_idx": idx,
+        "kind": pa.array([GPU_KINDS.get(c) for c in cats], pa.string()),
+        **{k: take.column(k) for k in ("cat", "name")},
+        "device": device,
+        "stream": coerced_ints(arg_cols["stream"], "stream", problems),
+        **{k: take.column(k) for k in ("pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")},
+        **{k: v for k, v in arg_cols.items() if k not in ("device", "stream")},
+    }
+    task_pids: set = set()
+    tasks = [j for j, c in enumerate(cats) if c is None]
+    if tasks:
+        at = pa.array(tasks, pa.int64())
+        pid = take.column("pid").take(at)
+        found = task_columns(take.column("args_json").take(at), take.column("name").take(at), pid)
+        mask = pa.array([c is None for c in cats])
+        for k, v in found.items():
+            cols[k] = pc.replace_with_mask(pc.cast(cols[k], v.type), mask, v)
+        task_pids = set(pc.unique(pid.drop_null()).to_pylist())
+        device = cols["device"]
+    table = pa.table(cols)
+    return (
+        schema.conform(table, "gpu_ops", ("flatten",)),
+        set(pc.unique(device.drop_null()).to_pylist()),
+        task_pids,
     )
-    return schema.conform(table, "gpu_ops", ("flatten",)), set(pc.unique(device.drop_null()).to_pylist())
 
 
 def flows_of(rows: pa.Array, bp: pa.Array, ev: pa.Table) -> pa.Table:

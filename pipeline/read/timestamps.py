@@ -9,9 +9,9 @@ from decimal import Decimal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.read.arrays import NUMBER_OR_NONE, int_column, no_int64_min
+from pipeline.read.arrays import NONE_TYPE, NUMBER_OR_NONE, int_column, no_int64_min
 from pipeline.read.chunks import NeedsExactParse
-from pipeline.read.values import FLOAT_EXACT_US, NS_PER_US
+from pipeline.read.values import FLOAT_EXACT_US, NS_PER_US, Problems
 
 _TS_TEXT = re.compile(rb'"ts"\s*:\s*(-?[0-9][0-9.eE+-]*|[^,}\s]+)')
 
@@ -48,6 +48,41 @@ class TimestampTexts:
         return int((Decimal(t.decode()) * NS_PER_US).to_integral_value())  # as us_to_ns does with ijson's Decimal
 
 
+def ns_column_of_strings(values: list) -> tuple[pa.Array, int] | None:
+    """µs timestamps written as decimal strings (torch_npu writes `"ts": "1736405443863674.400"`,
+    exact to the ns) as int64 ns, straight from their digits, never through a float; and how many
+    were strings. None unless every value is such a string or None (others take the careful path,
+    which coerces and counts each one as `us_to_ns` does)."""
+    if set(map(type, values)) - {str, NONE_TYPE}:
+        return None
+    s = pa.array(values, pa.string())
+    n = len(s) - s.null_count
+    if not n or not pc.all(pc.match_substring_regex(s, _EXACT_TS_TEXT)).as_py():
+        return None
+    present = s.filter(s.is_valid())
+    if pc.max(pc.abs(pc.cast(present, pa.float64()))).as_py() >= 9.2e15:
+        return None  # beyond int64 ns: dropped and counted by the careful path
+    ns = ns_of_decimal_texts(present)
+    if ns is None:
+        return None
+    if s.null_count:
+        ns = pc.replace_with_mask(pa.nulls(len(s), pa.int64()), s.is_valid(), ns)
+    return ns, n
+
+
+def ts_column(values: list, text: bytes | None, problems: Problems, typed: bool = False) -> pa.Array | None:
+    """`ns_column` of the events' `ts`, or of their decimal strings (`ns_column_of_strings`, each
+    counted as `coerced:ts_string_to_number`); None if any needs the event-by-event path."""
+    ns = ns_column(values, text, typed)
+    if ns is not None:
+        return ns
+    strings = ns_column_of_strings(values)
+    if strings is None:
+        return None
+    problems.coerced["ts_string_to_number"] += strings[1]
+    return strings[0]
+
+
 def ns_column(values: list, text: bytes | None, typed: bool = False) -> pa.Array | None:
     """µs values (int/float/None) as int64 ns, exactly as `us_to_ns`; None if that needs coercion.
 
@@ -60,7 +95,7 @@ def ns_column(values: list, text: bytes | None, typed: bool = False) -> pa.Array
     if typed:
         try:
             arr = pa.array(values)
-        except (pa.ArrowInvalid, OverflowError):
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # TypeError: strings beside numbers
             return None
         if arr.type == pa.null():
             arr = arr.cast(pa.int64())

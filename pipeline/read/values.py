@@ -18,6 +18,15 @@ KNOWN_KEYS = frozenset(("ph", "cat", "name", "pid", "tid", "ts", "dur", "args", 
 
 
 INT64_MAX = 2**63 - 1
+UINT64_SPAN = 2**64
+
+
+def wide_int(v: int) -> tuple[int | None, str]:
+    """An integer id outside ±INT64_MAX as the id columns keep it (`pid`, `tid`, `id` and their
+    `_str` columns): its decimal text, and the int64 with the same 64 bits when it is a uint64
+    above INT64_MAX (runtimes that write 64-bit thread and flow ids unsigned, e.g. IBM's AIU), so
+    that it still groups and joins as a number; else no number."""
+    return (v - UINT64_SPAN if INT64_MAX + 1 < v < UINT64_SPAN else None), str(v)
 
 
 # |µs| below this: round(x * 1000) of a float is the exact nanosecond count of its
@@ -65,14 +74,17 @@ def _writable(v, depth: int):
 
 @dataclass
 class Problems:
-    """Counts of coerced and dropped values, by reason."""
+    """Counts of coerced and dropped values, and of B/E events left without a duration
+    (`read.durations`), by reason."""
 
     coerced: Counter = field(default_factory=Counter)
     dropped: Counter = field(default_factory=Counter)
+    unmatched: Counter = field(default_factory=Counter)
 
     def merge(self, other: Problems):
         self.coerced.update(other.coerced)
         self.dropped.update(other.dropped)
+        self.unmatched.update(other.unmatched)
 
 
 def us_to_ns(v, what: str, problems: Problems):

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from pipeline.read.chunks import FileSpan, run_local, text_of
 from pipeline.read.decode import build_from_text
+from pipeline.read.durations import OpenEnds
 from pipeline.read.stream import json_bytes_estimate
 from pipeline.read.tables import ChunkTables
 from pipeline.read.values import Problems
@@ -127,6 +128,8 @@ class SpilledChunk:
     paths: dict
     problems: Problems
     device_ids: set
+    task_pids: set
+    open_ends: OpenEnds | None = None
 
 
 def _spill(ct: ChunkTables, spill_dir: str) -> SpilledChunk:
@@ -139,7 +142,7 @@ def _spill(ct: ChunkTables, spill_dir: str) -> SpilledChunk:
         with pa.OSFile(paths[name], "wb") as f, pa.ipc.new_file(f, tbl.schema) as w:
             w.write_table(tbl)
     os.remove(base)
-    return SpilledChunk(paths, ct.problems, ct.device_ids)
+    return SpilledChunk(paths, ct.problems, ct.device_ids, ct.task_pids, ct.open_ends)
 
 
 def unspill(ct: ChunkTables | SpilledChunk) -> ChunkTables:
@@ -149,7 +152,8 @@ def unspill(ct: ChunkTables | SpilledChunk) -> ChunkTables:
     for name, p in ct.paths.items():
         tables[name] = pa.ipc.open_file(pa.memory_map(p)).read_all()
         os.remove(p)  # the mapping stays valid; the memory goes when the table does
-    return ChunkTables(tables["events"], tables["gpu_ops"], tables["flows"], ct.problems, ct.device_ids)
+    tables_ = (tables["events"], tables["gpu_ops"], tables["flows"])
+    return ChunkTables(*tables_, ct.problems, ct.device_ids, ct.task_pids, ct.open_ends)
 
 
 def run_chunk(piece, spill_dir: str):

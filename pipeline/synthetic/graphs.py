@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pipeline.synthetic.traces import DEVICE_PROPS
 
 PID, TID, GPU = 4242, 4242, 0
+GRAPH_ID_BASE, NODE_ID_BASE = 10, 1000
 BASE = 6520367000000.0  # µs, like the shared MI300X pair
 MI300X = {"name": "AMD Instinct MI300X", "totalGlobalMem": 205822885888, "computeMajor": 9, "computeMinor": 4}
 
@@ -59,6 +60,9 @@ class GraphCase:
     api: str = "hip"
     eager: int = 2  # eager kernels launched by ops in the replay trace, before the replays
     gpu_lag_us: float = 1000.0  # how far the GPU runs behind the CPU (0: a replay starts right after its launch)
+    # CUDA: kernels carry Kineto's `graph id` / `graph node id` (CUDA 12+, kineto 2026-02): graph g is
+    # id GRAPH_ID_BASE + g, its node j id NODE_ID_BASE * (g + 1) + j; eager kernels 0 and 0
+    kineto_graph_ids: bool = False
 
 
 class _Ids:
@@ -139,7 +143,8 @@ def replay_trace(case: GraphCase) -> tuple[dict, dict[int, tuple[int, int]]]:
         e, c = ids(), corr()
         ev.append(_x("cpu_op", node.op, PID, TID, t + 1, 10, _op_args(node, e)))
         ev.append(_x("cuda_runtime", launch, PID, TID, t + 2, 4, {"External id": e, "correlation": c}))
-        ev.append(_x("kernel", node.kernel, GPU, 0, gpu_t, 15, _kernel_args(api, node, c, 0)))
+        args = _kernel_args(api, node, c, 0) | ({"graph id": 0, "graph node id": 0} if case.kineto_graph_ids else {})
+        ev.append(_x("kernel", node.kernel, GPU, 0, gpu_t, 15, args))
         t, gpu_t = t + 20, gpu_t + 20
     for r, g in enumerate(case.replays):
         nodes = case.graphs[g]
@@ -156,7 +161,10 @@ def replay_trace(case: GraphCase) -> tuple[dict, dict[int, tuple[int, int]]]:
             cat, name = (
                 ("kernel", node.kernel) if node.kind == "kernel" or api == "hip" else ("gpu_memset", "Memset (Device)")
             )
-            ev.append(_x(cat, name, GPU, node.stream, start, node.dur_us, _kernel_args(api, node, c, None)))
+            args = _kernel_args(api, node, c, None)
+            if case.kineto_graph_ids:
+                args |= {"graph id": GRAPH_ID_BASE + g, "graph node id": NODE_ID_BASE * (g + 1) + j}
+            ev.append(_x(cat, name, GPU, node.stream, start, node.dur_us, args))
             ends[node.stream] = start + node.dur_us + 1
             gpu_t = start + 2  # the next kernel starts after this one started (streams overlap)
         gpu_t = max(ends.values()) + 5

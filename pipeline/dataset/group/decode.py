@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +72,8 @@ def decode_some(members: list[Member]) -> tuple[list[Member], Tables]:
             joined = _build(b",".join(texts[:-1]))
         except (ChunkParseError, RecursionError, ValueError):
             joined = None
-        if joined is not None and not (joined.problems.coerced or joined.problems.dropped):
+        # B/E events pair per thread: joined, one member's could close another's (`read.durations`)
+        if joined is not None and joined.open_ends is None and not (joined.problems.coerced or joined.problems.dropped):
             cuts = pc.indices_nonzero(pc.fill_null(pc.equal(joined.events.column("ph"), _SENTINEL_PH), False))
             if len(cuts) == len(with_text) - 1:
                 for m in members:
@@ -89,6 +91,7 @@ def decode_some(members: list[Member]) -> tuple[list[Member], Tables]:
                 m.alone, m.text = True, None
                 continue
             m.problems = ct.problems
+            m.problems.unmatched.update(_unpaired(ct.open_ends))
             ct_tables = {"events": ct.events, "gpu_ops": ct.gpu_ops, "flows": ct.flows}
         m.text = None
         decoded.append(m)
@@ -96,6 +99,15 @@ def decode_some(members: list[Member]) -> tuple[list[Member], Tables]:
     tables = {n: pa.concat_tables([p[n] for p in parts]) if parts else _empty(n) for n in READ_TABLES}
     owner = {n: np.repeat(np.arange(len(parts), dtype=np.int64), [p[n].num_rows for p in parts]) for n in READ_TABLES}
     return decoded, Tables(tables, owner, len(decoded))
+
+
+def _unpaired(left) -> Counter:
+    """What a whole trace decoded as one chunk left of its B/E events: all unmatched."""
+    from pipeline.read.durations import Durations
+
+    pairs = Durations()
+    pairs.feed(left, 0)
+    return pairs.finish()
 
 
 def _split_joined(joined, cuts: np.ndarray, members: list[Member], with_text: list[Member]) -> Tables:
@@ -129,6 +141,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")  # what `scrub` may have to 
 def finish_read(members: list[Member], t: Tables, memo: dict):
     """The rest of `flatten_into` per member: metadata scrubbed, devices, the trace row. Members
     whose deviceProperties text and device ids are the same share one devices table (`memo`)."""
+    from pipeline.read.launches import LaunchCount
     from pipeline.read.metadata import devices_table, trace_row
     from pipeline.read.source import Tail
     from pipeline.read.tame import BAD_UNICODE, scrub
@@ -145,6 +158,7 @@ def finish_read(members: list[Member], t: Tables, memo: dict):
     for k, c in held.drop_nulls().unique().iter_rows():
         cats[k].add(c)
     counts = {n: t.counts(n) for n in READ_TABLES}
+    first = t.starts("events")
     for k, m in enumerate(members):
         if m.raw_metadata is None or _SURROGATE_ESCAPE.search(m.raw_metadata):
             m.metadata, bad_strings = scrub(m.metadata)
@@ -166,7 +180,9 @@ def finish_read(members: list[Member], t: Tables, memo: dict):
             "n_flows": int(counts["flows"][k]),
             "n_devices": devices.num_rows,
         }
-        m.row = trace_row(m.path, m.metadata, n, m.problems, Tail(), cats[k])
+        launches = LaunchCount()  # against the device ops: device activity lost? (as `flatten_into`)
+        launches.add(t.tables["events"].slice(first[k], first[k + 1] - first[k]))
+        m.row = trace_row(m.path, m.metadata, n, m.problems, Tail(), cats[k], launches.problems(n["n_gpu_ops"]))
         m.metadata = {}
 
 

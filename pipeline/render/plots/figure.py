@@ -176,8 +176,10 @@ def ink_on(colour: str) -> str:
 
 def device_labels(f: Flat) -> dict[int, str]:
     """device id -> "device 0: NVIDIA A100-SXM4-80GB" (a CPU-only trace's -1: "CPU ops (...)")."""
+    lost = f.lost_activity
+    cpu = "CPU ops (the trace lost its device activity)" if lost else "CPU ops (no GPU activity in this trace)"
     return {
-        d: ("CPU ops (no GPU activity in this trace)" if d < 0 and not f.has_gpu else f"device {d}: {name}")
+        d: (cpu if d < 0 and not f.has_gpu else f"device {d}: {name}")
         for d, name in f.activity_devices.select("device", "name").iter_rows()
     }
 

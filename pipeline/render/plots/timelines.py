@@ -171,6 +171,8 @@ def queue_figure(flat, stats: pl.DataFrame | None = None, queue_full: int = QUEU
         why = (
             "No GPU activity whose launch call is in the analysed window: nothing was queued."
             if f.has_gpu
+            else f"No launch queue: {f.lost_activity}."
+            if f.lost_activity
             else "No GPU activity in this trace (CPU only): no launch queue. Profile with "
             "ProfilerActivity.CUDA to record kernels and their launches."
         )

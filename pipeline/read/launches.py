@@ -1,0 +1,72 @@
+"""launches: the calls that put work on a device, counted as a trace is read, against the device
+activity it holds: a trace whose device activity the profiler lost says so.
+
+A launch (a runtime or driver call of `kineto.LAUNCH_CATS` whose name `kineto.DEVICE_LAUNCH`
+matches: `cudaLaunchKernel`, `hipGraphLaunch`, `urEnqueueKernelLaunch`, ...) makes at least one
+device op (a graph launch makes many), so a trace with launches and no device ops, or far fewer
+device ops than launches, lost them: CUPTI's activity buffers overflowed, the device activity was
+not enabled, or the trace was cut. A real A100 trace with 270 launches and no device event was
+analysed as a CPU-only one. Legitimately fewer: a trace that captures CUDA/HIP graphs (its captured
+launches run nothing: `kineto.CAPTURE_BEGIN` calls), which is not judged.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.kineto import CAPTURE_BEGIN, DEVICE_LAUNCH, LAUNCH_CATS, NOT_DEVICE_LAUNCH
+
+LOST_SHARE = 0.5  # fewer device ops than this share of the launches: lost (each launch makes one or more)
+MIN_LAUNCHES = 20  # below this many launches, only a trace with no device op at all is judged
+LAUNCHES, WITHOUT = "lost:launches", "lost:launches_without_device_activity"  # problems_json keys
+_LAUNCH_CATS = pa.array(LAUNCH_CATS, pa.string())
+
+
+@dataclass
+class LaunchCount:
+    """Launches and graph capture calls seen so far (`add` a chunk's events table at a time)."""
+
+    counts: Counter = field(default_factory=Counter)
+
+    def add(self, events: pa.Table):
+        runtime = pc.is_in(pc.utf8_lower(events.column("cat")), _LAUNCH_CATS)
+        is_call = pc.and_(pc.equal(events.column("ph"), "X"), runtime)
+        calls = events.filter(pc.fill_null(is_call, False)).column("name")
+        if not len(calls):
+            return
+        named = pc.match_substring_regex(calls, DEVICE_LAUNCH)
+        launch = pc.and_(named, pc.invert(pc.match_substring_regex(calls, NOT_DEVICE_LAUNCH)))
+        self.counts["launches"] += pc.sum(pc.cast(pc.fill_null(launch, False), pa.int64())).as_py() or 0
+        captures = pc.fill_null(pc.match_substring_regex(calls, CAPTURE_BEGIN), False)
+        self.counts["captures"] += pc.sum(pc.cast(captures, pa.int64())).as_py() or 0
+
+    def problems(self, n_device_ops: int) -> dict:
+        """The problems_json entries when the trace lost device activity (else none)."""
+        return lost_activity(self.counts["launches"], self.counts["captures"], n_device_ops)
+
+
+def lost_activity(n_launches: int, n_captures: int, n_device_ops: int) -> dict:
+    """{LAUNCHES: n, WITHOUT: how many launches have no device op at least} when that is all of
+    them or more than LOST_SHARE of MIN_LAUNCHES or more; {} otherwise or in a capture trace."""
+    if not n_launches or n_captures:
+        return {}
+    if n_device_ops and (n_launches < MIN_LAUNCHES or n_device_ops >= LOST_SHARE * n_launches):
+        return {}
+    return {LAUNCHES: n_launches, WITHOUT: n_launches - n_device_ops}
+
+
+def lost_activity_line(problems: dict, n_device_ops: int | None = None) -> str | None:
+    """The one line that says a trace lost its device activity (None: it did not)."""
+    n, without = problems.get(LAUNCHES), problems.get(WITHOUT)
+    if not n:
+        return None
+    ops = n - without if n_device_ops is None else n_device_ops
+    held = "no device activity (kernels, copies, memsets)" if not ops else f"only {ops} device ops"
+    return (
+        f"{n} kernel launches but {held}: the profiler lost the device activity "
+        "(its activity buffers full, or device activity not recorded); times and costs of the device are missing"
+    )

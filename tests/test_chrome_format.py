@@ -1,0 +1,162 @@
+"""The Chrome Trace Event Format as specified: B/E pairs as one duration on the B row (nested per
+thread, across chunks and workers alike), ids beyond int64 kept, every phase kept."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import polars as pl
+import pytest
+
+from pipeline.flatten import flatten
+
+UINT64_TID = 2**64 - 1
+
+
+def be_trace(n_threads: int = 3, depth: int = 4, rounds: int = 60, seed: int = 1) -> list:
+    """Nested B/E events on threads with uint64 ids, interleaved across threads, in time order per
+    thread; a few args on the B and E rows."""
+    rng = random.Random(seed)
+    ts = {t: 1000.0 for t in range(n_threads)}
+    open_: dict = {t: [] for t in range(n_threads)}
+    out = []
+    for k in range(rounds * n_threads):
+        t = rng.randrange(n_threads)
+        ts[t] += rng.choice([0.5, 1.25, 3.0])
+        tid = UINT64_TID - t
+        if open_[t] and (len(open_[t]) >= depth or rng.random() < 0.45):
+            name = open_[t].pop()
+            out.append({"ph": "E", "pid": 7, "tid": tid, "ts": ts[t], "args": {"out": k}})
+        else:
+            name = f"op{k}"
+            open_[t].append(name)
+            out.append({"ph": "B", "name": name, "cat": "aiu", "pid": 7, "tid": tid, "ts": ts[t], "args": {"in": k}})
+    for t in range(n_threads):  # close all but one B, left open: unmatched
+        while len(open_[t]) > (1 if t == 0 else 0):
+            ts[t] += 1
+            open_[t].pop()
+            out.append({"ph": "E", "pid": 7, "tid": UINT64_TID - t, "ts": ts[t]})
+    return out
+
+
+def durations_of(events: list) -> tuple[dict, int]:
+    """The reference pairing: per (pid, tid), an E closes the latest open B; B index -> dur (ns)."""
+    open_: dict = {}
+    out = {}
+    for i, e in enumerate(events):
+        key = (e.get("pid"), e.get("tid"))
+        if e["ph"] == "B":
+            open_.setdefault(key, []).append(i)
+        elif e["ph"] == "E" and open_.get(key):
+            b = open_[key].pop()
+            out[b] = round((e["ts"] - events[b]["ts"]) * 1000)
+    return out, sum(map(len, open_.values()))
+
+
+@pytest.mark.parametrize("workers, chunk_bytes", [(1, None), (1, 1024), (2, 1024)])
+def test_begin_end_pairs_are_one_duration_on_the_begin_row(tmp_path, workers, chunk_bytes):
+    events = be_trace()
+    path = tmp_path / "aiu.json"
+    path.write_text(json.dumps(events))
+    r = flatten(path, tmp_path / "out", workers=workers, chunk_bytes=chunk_bytes, link=False)
+    ev = pl.read_parquet(r.out_dir / "events.parquet")
+    want, left_open = durations_of(events)
+    assert left_open == 1
+    got = dict(zip(ev["event_idx"], ev["dur_ns"]))
+    assert {i: got[i] for i in want} == want
+    assert all(got[i] is None for i, e in enumerate(events) if e["ph"] == "E")
+    assert ev.height == len(events)
+    assert r.problems.get("unmatched:B_never_ended") == 1
+    assert not any(k.startswith("dropped:") for k in r.problems)
+    assert set(ev["tid_str"]) == {str(UINT64_TID - t) for t in range(3)}
+    assert set(ev["tid"]) == {-1 - t for t in range(3)}  # the uint64's bits, for grouping and joins
+
+
+def test_unmatched_begin_end_are_counted_by_reason(tmp_path):
+    events = [
+        {"ph": "E", "pid": 1, "tid": 1, "ts": 1},  # closes nothing
+        {"ph": "B", "pid": 1, "tid": 1, "ts": 5, "name": "late"},
+        {"ph": "E", "pid": 1, "tid": 1, "ts": 4},  # before its B in time
+        {"ph": "B", "pid": 1, "tid": 2, "name": "no time"},
+        {"ph": "E", "pid": 1, "tid": 2, "ts": 6},
+        {"ph": "B", "pid": 1, "tid": 1, "ts": 7, "name": "open"},
+    ]
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    r = flatten(path, tmp_path / "out", link=False)
+    assert {k: v for k, v in r.problems.items() if k.startswith("unmatched:")} == {
+        "unmatched:E_without_open_B_on_its_thread": 1,
+        "unmatched:E_before_its_B_in_time": 1,
+        "unmatched:B_or_E_without_ts": 1,
+        "unmatched:B_never_ended": 1,
+    }
+    assert pl.read_parquet(r.out_dir / "events.parquet")["dur_ns"].null_count() == len(events)
+
+
+EVERY_PHASE = [  # one event of each phase the format defines, with the keys it allows
+    {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "runtime"}},
+    {"ph": "X", "name": "x", "cat": "c", "pid": 1, "tid": 2, "ts": 1, "dur": 2, "tts": 1, "tdur": 1, "cname": "good"},
+    {"ph": "B", "name": "b", "pid": 1, "tid": 2, "ts": 3, "sf": 7, "stack": ["0x1", "0x2"]},
+    {"ph": "E", "pid": 1, "tid": 2, "ts": 4, "args": {"result": 0}},
+    {"ph": "i", "name": "i", "pid": 1, "tid": 2, "ts": 4, "s": "g"},
+    {"ph": "I", "name": "I", "pid": 1, "tid": 2, "ts": 4},
+    {"ph": "C", "name": "ctr", "pid": 1, "ts": 5, "id": "0x1", "args": {"cats": 0, "dogs": 7.5}},
+    {"ph": "b", "name": "async", "cat": "a", "pid": 1, "tid": 2, "ts": 5, "id2": {"local": "0xeb"}, "scope": "s"},
+    {"ph": "n", "name": "async", "cat": "a", "pid": 1, "tid": 2, "ts": 6, "id2": {"global": "0xea"}},
+    {"ph": "e", "name": "async", "cat": "a", "pid": 1, "tid": 2, "ts": 7, "id": 18446744073709551615},
+    {"ph": "s", "name": "flow", "cat": "f", "pid": 1, "tid": 2, "ts": 5, "id": "0x5"},
+    {"ph": "t", "name": "flow", "cat": "f", "pid": 1, "tid": 2, "ts": 6, "id": "0x5"},
+    {"ph": "f", "name": "flow", "cat": "f", "pid": 1, "tid": 2, "ts": 7, "id": "0x5", "bp": "e"},
+    {"ph": "X", "name": "v2", "pid": 1, "tid": 2, "ts": 8, "dur": 1, "bind_id": "0x9", "flow_out": True},
+    {"ph": "X", "name": "v2in", "pid": 1, "tid": 3, "ts": 9, "dur": 1, "bind_id": "0x9", "flow_in": True},
+    {"ph": "P", "name": "sample", "pid": 1, "tid": 2, "ts": 9, "sf": 7},
+    {"ph": "N", "name": "obj", "pid": 1, "ts": 10, "id": "0x100"},
+    {"ph": "O", "name": "obj", "pid": 1, "ts": 11, "id": "0x100", "args": {"snapshot": {"a": [1, 2]}}},
+    {"ph": "D", "name": "obj", "pid": 1, "ts": 12, "id": "0x100"},
+    {"ph": "R", "name": "mark", "pid": 1, "tid": 2, "ts": 12},
+]
+
+
+@pytest.mark.parametrize("form", ["object", "array"])
+def test_every_phase_and_key_the_format_allows_is_kept(tmp_path, form):
+    doc = {"traceEvents": EVERY_PHASE, "displayTimeUnit": "ns", "otherData": {"v": 1}}
+    doc = doc if form == "object" else EVERY_PHASE
+    path = tmp_path / "every.json"
+    path.write_text(json.dumps(doc))
+    r = flatten(path, tmp_path / "out", link=False)
+    assert not any(k.startswith(("dropped:", "unmatched:")) for k in r.problems), r.problems
+    ev = pl.read_parquet(r.out_dir / "events.parquet").sort("event_idx")
+    assert ev["ph"].to_list() == [e["ph"] for e in EVERY_PHASE]
+    known = {"ph", "cat", "name", "pid", "tid", "ts", "dur", "args", "id"}
+    for e, row in zip(EVERY_PHASE, ev.iter_rows(named=True)):
+        extra = {k: v for k, v in e.items() if k not in known}
+        assert (json.loads(row["extra_json"]) if row["extra_json"] else {}) == extra
+        assert (json.loads(row["args_json"]) if row["args_json"] else None) == e.get("args")
+        if isinstance(e.get("id"), str):
+            assert row["id_str"] == e["id"]
+    assert ev.filter(pl.col("ph") == "B")["dur_ns"].to_list() == [1000]
+    assert ev.filter(pl.col("ph") == "e")["id_str"].to_list() == ["18446744073709551615"]
+    if form == "object":
+        meta = json.loads(pl.read_parquet(r.out_dir / "trace.parquet")["metadata_json"][0])
+        assert meta["displayTimeUnit"] == "ns" and meta["otherData"] == {"v": 1}
+
+
+def test_batch_pairs_begin_end_of_each_trace_apart(tmp_path):
+    """Small traces decoded together in a batch group pair their B/E each on its own."""
+    from pipeline.dataset.batch import run_batch
+    from pipeline.dataset.query import run as query
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for k in range(3):  # the same thread in each: pairs must not cross traces
+        events = [{"ph": "B", "name": f"t{k}", "pid": 1, "tid": UINT64_TID, "ts": 10 + k}]
+        if k != 1:
+            events.append({"ph": "E", "pid": 1, "tid": UINT64_TID, "ts": 20 + 2 * k})
+        (src / f"t{k}.json").write_text(json.dumps(events))
+    run_batch(src, tmp_path / "ds", jobs=1)
+    sql = "select t.stem, e.ph, e.dur_ns from events e join trace t using (trace_id) order by 1, 2"
+    got = {(r["stem"], r["ph"]): r["dur_ns"] for r in query(tmp_path / "ds", sql).to_dicts()}
+    assert got[("t0", "B")] == 10_000 and got[("t2", "B")] == 12_000 and got[("t1", "B")] is None
+    problems = query(tmp_path / "ds", "select stem, problems_json from trace order by 1").to_dicts()
+    assert [json.loads(p["problems_json"]).get("unmatched:B_never_ended") for p in problems] == [None, 1, None]

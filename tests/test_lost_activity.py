@@ -1,0 +1,100 @@
+"""A trace whose device activity the profiler lost says so: launches without device ops are a
+problem on stderr (one line, the counts), in `trace.problems_json`, exit 1 from flatten and analyze,
+and the report does not call the trace CPU-only. Traces that legitimately hold fewer device ops
+(sampled, MTIA, CPU-only, graph replays and captures) raise no alarm."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+
+import polars as pl
+import pytest
+
+from conftest import run_cli
+from pipeline.flatten import flatten
+from pipeline.read.launches import LAUNCHES, MIN_LAUNCHES, WITHOUT, lost_activity
+
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
+
+
+def _without_device_activity(src, dst, keep: float = 0.0, seed: int = 3):
+    """The trace with its device events kept with probability `keep` (0: none), as a lost buffer does."""
+    with gzip.open(src, "rt") as f:
+        doc = json.load(f)
+    rng = random.Random(seed)
+    doc["traceEvents"] = [
+        e for e in doc["traceEvents"] if str(e.get("cat", "")).lower() not in DEVICE_CATS or rng.random() < keep
+    ]
+    dst.write_text(json.dumps(doc))
+    return dst
+
+
+def test_the_rule():
+    assert lost_activity(270, 0, 0) == {LAUNCHES: 270, WITHOUT: 270}
+    assert lost_activity(3, 0, 0) == {LAUNCHES: 3, WITHOUT: 3}  # any launch and no device op
+    assert lost_activity(1000, 0, 200) == {LAUNCHES: 1000, WITHOUT: 800}
+    assert lost_activity(1000, 0, 600) == {}  # a trace cut at its end loses a few: no alarm
+    assert lost_activity(MIN_LAUNCHES - 1, 0, 1) == {}
+    assert lost_activity(460, 3, 100) == {}  # a capture trace: its captured launches run nothing
+    assert lost_activity(0, 0, 0) == {}
+
+
+@pytest.mark.real
+def test_launches_without_device_activity_exit_1_and_say_so(shared_traces, tmp_path):
+    lost = _without_device_activity(shared_traces / "hta/mi250_rocm62_minitoy.json.gz", tmp_path / "lost.json")
+    p = run_cli(["flatten", lost, "-o", tmp_path / "out"])
+    assert p.returncode == 1, p.stderr
+    said = [line for line in p.stderr.splitlines() if "launches" in line]
+    assert len(said) == 1 and "14 kernel launches but no device activity" in said[0] and "lost.json" in said[0]
+    row = pl.read_parquet(tmp_path / "out" / "lost" / "trace.parquet").row(0, named=True)
+    problems = json.loads(row["problems_json"])
+    assert problems[LAUNCHES] == 14 and problems[WITHOUT] == 14
+    a = run_cli(["analyze", lost, "--section", "kernels", "--format", "json"])
+    assert a.returncode == 1 and "14 kernel launches but no device activity" in a.stderr
+    devices = json.loads(a.stdout)["devices"]
+    assert devices and all(d["name"] != "cpu" and "lost" in d["name"] for d in devices)
+    again = run_cli(["analyze", tmp_path / "out" / "lost", "--section", "kernels"])  # a flattened trace too
+    assert again.returncode == 1 and "no device activity" in again.stderr
+
+
+@pytest.mark.real
+@pytest.mark.parametrize(("keep", "alarm"), [(0.2, True), (0.9, False)])
+def test_far_fewer_device_ops_than_launches(shared_traces, tmp_path, keep, alarm):
+    path = _without_device_activity(shared_traces / "tracelens/h100_qwen1.5_0.5b.json.gz", tmp_path / "t.json", keep)
+    r = flatten(path, tmp_path / "out", link=False)
+    assert (WITHOUT in r.problems) == alarm
+    if alarm:
+        assert r.problems[LAUNCHES] == 1029 and r.problems[WITHOUT] == 1029 - r.n_gpu_ops
+
+
+@pytest.mark.real
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hta/sampled_no_device_props",
+        "hta/mtia_inference",
+        "hta/cpu_only",
+        "tracelens/mi300x_vllm_graph_replay",
+        "tracelens/mi300x_vllm_graph_capture",  # 460 launches, 100 device ops: captured launches run nothing
+        "hta/triton_example",
+    ],
+)
+def test_no_false_alarm(shared_traces, tmp_path, name):
+    r = flatten(shared_traces / f"{name}.json.gz", tmp_path, link=False)
+    assert not any(k.startswith("lost:") for k in r.problems), r.problems
+
+
+@pytest.mark.real
+def test_batch_says_it_too(shared_traces, tmp_path):
+    from pipeline.dataset.batch import run_batch
+    from pipeline.dataset.query import run as query
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _without_device_activity(shared_traces / "hta/mi250_rocm62_minitoy.json.gz", src / "lost.json")
+    (src / "whole.json.gz").write_bytes((shared_traces / "hta/mi250_rocm62_minitoy.json.gz").read_bytes())
+    run_batch(src, tmp_path / "ds", jobs=1)
+    rows = query(tmp_path / "ds", "select stem, problems_json from trace order by stem").rows()
+    assert [json.loads(p).get(WITHOUT) for _, p in rows] == [14, None]
