@@ -40,11 +40,11 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "guides" / "reading-finding
 
 @pytest.fixture(scope="module")
 def flat_dirs(shared_traces, tmp_path_factory):
-    """Every shared trace (but torch_npu's) flattened once, by stem."""
+    """Every shared trace flattened once, by stem."""
     from pipeline.flatten import flatten
 
     out = tmp_path_factory.mktemp("findings")
-    paths = sorted(p for p in shared_traces.glob("*/*.json.gz") if p.parent.name != "ascend")
+    paths = sorted(shared_traces.glob("*/*.json.gz"))
     return {p.name.removesuffix(".json.gz"): flatten(p, out / p.parent.name).out_dir for p in paths}
 
 
