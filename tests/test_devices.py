@@ -342,6 +342,17 @@ def test_user_csv_overrides_and_adds(tmp_path, specs):
     assert (foo["spec_name"], foo["peak_bw_gbps"], foo["peak_fp8_tflops"]) == ("Foo GPU 9000", 100.0, None)
 
 
+def test_a_user_csv_written_before_the_fp4_column_still_loads(tmp_path):
+    """peak_fp4_tflops came later (dv.OPTIONAL_COLS): a spec file without it has none, blank."""
+    path = tmp_path / "old.csv"
+    pl.DataFrame(
+        [{c: "" for c in dv.SPEC_SCHEMA if c not in dv.OPTIONAL_COLS} | {"spec_name": "Old", "name_regex": "Old"}],
+        schema={c: pl.String for c in dv.SPEC_SCHEMA if c not in dv.OPTIONAL_COLS},
+    ).write_csv(path)
+    old = dv.load_specs(str(path)).filter(pl.col("spec_name") == "Old")
+    assert old.height == 1 and old["peak_fp4_tflops"][0] is None
+
+
 @pytest.mark.parametrize(
     "content",
     [
@@ -502,4 +513,5 @@ def test_specs_markdown(specs):
     lines = md.strip().splitlines()
     assert lines[0].startswith("| device | GB/s | FP32 | TF32 | BF16 |")
     assert len(lines) == specs.height + 2
-    assert "| NVIDIA H100 SXM5 80GB | 3350 | 67 | 494.5 | 989.5 | 989.5 | 1979 | 132 | 80 |" in md
+    assert "| NVIDIA H100 SXM5 80GB | 3350 | 67 | 494.5 | 989.5 | 989.5 | 1979 |  | 132 | 80 |" in md
+    assert "| NVIDIA B200 | 7700 | 75 | 1100 | 2250 | 2250 | 4500 | 9000 | 148 | 180 |" in md

@@ -33,3 +33,14 @@ def test_every_schema_column_is_in_the_readme():
     for t in schema.TABLES:
         for c in schema.table(t).columns:
             assert f"`{c.name}`" in text
+
+
+def test_the_cost_model_page_names_every_role_and_math_mode():
+    """docs/explanation/cost-model.md says what each kernel role and math mode is: a new one in the
+    data tables is documented there too."""
+    from pipeline.cost.kernel_roles import ROLES
+    from pipeline.cost.peaks import MATH_MODES
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "explanation" / "cost-model.md").read_text()
+    for name in [*ROLES, *MATH_MODES]:
+        assert f"| `{name}` |" in page, name

@@ -107,19 +107,56 @@ def queue_recount(act):
 
 
 def sequence_recount(act, n):
-    """Per device, the count of every run of n kernels on a stream; a device whose streams are all
-    shorter than n (the longest with m >= 2 kernels) gets the runs of m."""
-    kernels = {key: [x[3] for x in xs if x[4] == "kernel"] for key, xs in act.items()}
-    per_dev: dict = {}
+    """Per device, {chain: (count, µs)} of the repeated chains, recounted from their definition: the
+    runs of n kernels on a stream (m, a device's longest stream, when all are shorter than n), a run
+    and the next in one chain when each occurs exactly where the other does (every occurrence of
+    the one followed by the other, every occurrence of the other preceded by the one); chains that
+    occur once left out, but on a device where no run repeats. A chain's µs: its kernels' in every
+    occurrence, found anew as the places it occurs."""
+    kernels = {key: [x for x in xs if x[4] == "kernel"] for key, xs in act.items()}
+    out: dict = {}
     for dev in {d for d, _ in kernels}:
-        streams = [names for (d, _), names in kernels.items() if d == dev]
+        streams = [xs for (d, _), xs in kernels.items() if d == dev]
         m = min(n, max(map(len, streams)))
-        c = per_dev.setdefault(dev, {})
-        for names in streams if m >= 2 else []:
-            for i in range(len(names) - m + 1):
-                k = tuple(names[i : i + m])
-                c[k] = c.get(k, 0) + 1
-    return per_dev
+        out[dev] = {}
+        if m < 2:
+            continue
+        names = [[x[3] for x in xs] for xs in streams]
+        count, after, before = {}, {}, {}
+        for ns in names:
+            runs = [tuple(ns[i : i + m]) for i in range(len(ns) - m + 1)]
+            for i, r in enumerate(runs):
+                count[r] = count.get(r, 0) + 1
+                after.setdefault(r, []).append(runs[i + 1] if i + 1 < len(runs) else None)
+                before.setdefault(r, []).append(runs[i - 1] if i else None)
+        floor = 2 if max(count.values()) >= 2 else 1
+        one = lambda xs: xs[0] if len(set(xs)) == 1 and xs[0] is not None else None
+        follows = {r: one(after[r]) for r in count if count[r] >= floor}
+        follows = {r: s for r, s in follows.items() if s is not None and one(before[s]) == r}
+        for r in count:
+            if count[r] < floor or r in follows.values():
+                continue
+            chain = list(r)
+            while r in follows:
+                r = follows[r]
+                chain.append(r[-1])
+            us = 0.0
+            for xs in streams:
+                for i in range(len(xs) - len(chain) + 1):
+                    if [x[3] for x in xs[i : i + len(chain)]] == chain:
+                        us += float(sum(x[1] - x[0] for x in xs[i : i + len(chain)]))
+            out[dev][tuple(chain)] = (count[tuple(chain[:m])], us)
+    return out
+
+
+def ngram_count(act, dev, chain):
+    """How often `chain` occurs as consecutive kernels on a stream of device `dev`, overlaps counted."""
+    c = 0
+    for (d, _), xs in act.items():
+        names = [x[3] for x in xs if x[4] == "kernel"]
+        if d == dev:
+            c += sum(names[i : i + len(chain)] == list(chain) for i in range(len(names) - len(chain) + 1))
+    return c
 
 
 def check_trace(path, tmp_path):
@@ -136,13 +173,16 @@ def check_trace(path, tmp_path):
     for key, (mx, mean) in queue_recount(act).items():
         assert got_q[key]["max"] == mx and got_q[key]["mean"] == pytest.approx(mean, rel=1e-9, abs=1e-9), key
     seqs = rp.sequences(flat, 3)
-    for dev, counts in sequence_recount(act, 3).items():
+    for dev, chains in sequence_recount(act, 3).items():
         rows = seqs.filter(pl.col("device") == dev)
-        assert rows.height == len(counts), dev  # every sequence, once
-        for kernels, count in rows.select("kernels", "count").iter_rows():
-            assert counts[tuple(kernels)] == count
-        if counts:
-            assert rows["count"][0] == max(counts.values())  # the most frequent first
+        assert rows.height == len(chains), dev  # every chain, once
+        for kernels, count, dur_us in rows.select("kernels", "count", "dur_us").iter_rows():
+            assert chains[tuple(kernels)] == (count, pytest.approx(dur_us, abs=1e-3)), (dev, kernels)
+            assert ngram_count(act, dev, kernels) == count  # a chain occurs as often as its first run
+        if chains:
+            assert rows["count"][0] == max(c for c, _ in chains.values())  # the most frequent first
+            if rows["count"][0] >= 2:
+                assert rows["count"].min() >= 2  # no chain that occurs once, where some repeat
     return flat
 
 
@@ -153,8 +193,9 @@ def test_on_a_synthetic_trace(tmp_path):
 
 
 def test_a_device_with_short_streams_shows_its_longest_runs(tmp_path):
-    """seq-len 3: device 0 has a stream of 4 kernels (runs of 3); device 1 only streams of 2 kernels
-    (runs of 2, not nothing); device 2 a single kernel (nothing)."""
+    """seq-len 3: device 0 has a stream of 4 kernels (runs of 3, none repeated: its stream is one
+    chain); device 1 only streams of 2 kernels (runs of 2, not nothing); device 2 a single kernel
+    (nothing)."""
     ev = []
     for dev, stream, names in ((0, 7, "ABAB"), (1, 7, "CD"), (1, 8, "CD"), (2, 7, "E")):
         for i, name in enumerate(names):
@@ -167,7 +208,7 @@ def test_a_device_with_short_streams_shows_its_longest_runs(tmp_path):
     path.write_text(json.dumps({"traceEvents": ev}))
     seqs = rp.sequences(flatten(path, tmp_path / "flat").out_dir, 3)
     got = {(d, tuple(k)): c for d, k, c in seqs.select("device", "kernels", "count").iter_rows()}
-    assert got == {(0, ("A", "B", "A")): 1, (0, ("B", "A", "B")): 1, (1, ("C", "D")): 2}
+    assert got == {(0, ("A", "B", "A", "B")): 1, (1, ("C", "D")): 2}  # device 0 repeats no run: its stream once
 
 
 @pytest.mark.real

@@ -701,3 +701,23 @@ def test_kernel_without_correlation_still_links_to_its_launch_by_flow(tmp_path):
     assert g["launch_event_idx"].to_list() == [1, 5]
     assert g["launch_link"].to_list() == ["flow", "correlation"]
     assert g["cpu_op_name"].to_list() == ["aten::mm", "aten::mm"]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("trace", ["triosim/h100_vgg13", "tracelens/mi300x_vllm_graph_replay", "hta/a100_nccl"])
+def test_every_percentage_says_what_it_is_a_share_of(trace, real_flat, shared_traces):
+    """Every `pct` / `*_pct` column of every section has its meaning in the registry (a % of what),
+    and the text output says it under the tables that show it."""
+    from pipeline.analyses.registry import BY_NAME, pct_meanings
+
+    f = real_flat(shared_traces / f"{trace}.json.gz")
+    sections = rp.analyze(f)
+    seen = set()
+    for name, df in sections.items():
+        for view in BY_NAME[name].tables(df).values():
+            for column, meaning in pct_meanings(name, view.columns).items():
+                assert meaning.startswith("% of "), (name, column, meaning)  # a share (compare's: "% change")
+                seen.add(column)
+    assert {"pct", "achieved_flops_pct", "achieved_bw_pct", "busy_pct"} <= seen
+    text = rp.format_analysis(f, sections, "table", width=200)
+    assert "pct: % of the device's kernel time" in text and "achieved_flops_pct: % of the FLOP peak" in text

@@ -47,7 +47,7 @@ class Activity:
     peaks: pl.DataFrame  # (device, peak_tflops, peak_bw_gbps) of its kernels, for the roofline plot
 
 
-NAME_KEYS = ["device", "kind", "name", "category", "cpu_op_name"]  # what the name sums are kept per
+NAME_KEYS = ["device", "kind", "name", "category", "cpu_op_name", "math_mode"]  # what the name sums are kept per
 GPU_COLUMNS = [
     "event_idx",
     "kind",
@@ -57,6 +57,7 @@ GPU_COLUMNS = [
     "ts_ns",
     "dur_ns",
     "cpu_op_name",
+    "math_mode",
     "flops",
     "bytes",
     "achieved_flops_pct",

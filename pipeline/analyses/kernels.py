@@ -19,6 +19,7 @@ def name_table(names: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
         rolled(names, keys)
         .join(most_common(names, keys, "category"), on=keys, how="left", nulls_equal=True, maintain_order="left")
         .join(most_common(names, keys, "cpu_op_name"), on=keys, how="left", nulls_equal=True, maintain_order="left")
+        .join(most_common(names, keys, "math_mode"), on=keys, how="left", nulls_equal=True, maintain_order="left")
     )
     dur_us = us("dur_ns")
     out = t.select(
@@ -32,6 +33,7 @@ def name_table(names: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
         us("min_ns").alias("min_us"),
         us("max_ns").alias("max_us"),
         pl.col("cpu_op_name").alias("cpu_op"),
+        "math_mode",
     )
     rest = [k for k in keys if k != "device"]
     return with_roofline(out).sort("device", "dur_us", *rest, descending=[False, True, *[False] * len(rest)])
@@ -39,8 +41,9 @@ def name_table(names: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 
 def kernel_table(flat, kinds: tuple[str, ...] = ("kernel",)) -> pl.DataFrame:
     """Per device, per kernel name: count (every launch), dur_us, mean/min/max, pct of the device's
-    kernel time, flops, bytes, achieved TFLOP/s and GB/s, achieved % of peak, arithmetic
-    intensity, roofline bound, category, most common launching op. CPU-only traces: per CPU op."""
+    kernel time, flops, bytes, achieved TFLOP/s and GB/s, achieved % of peak (of the FLOP peak of
+    its math mode; of DRAM bandwidth), arithmetic intensity, roofline bound (cache: above the DRAM
+    roof), category, most common launching op and math mode. CPU-only traces: per CPU op."""
     names = as_flat(flat).activity.names
     return name_table(names.filter(pl.col("kind").is_in([*kinds, "cpu_op"])), ["device", "name"])
 

@@ -8,8 +8,8 @@ line. `analyze`, `SECTIONS`, the documents (`pipeline.render.documents`), `check
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 import polars as pl
@@ -45,7 +45,7 @@ class Options:
     sort: str | None = None  # ops: the column to sort by
     kernel_wait_us: float = KERNEL_WAIT_US  # idle: a shorter gap between activities is kernel wait
     queue_full: int = QUEUE_FULL  # queue: the depth at which the launching thread blocks
-    seq_len: int = SEQ_LEN  # sequences: kernels per sequence
+    seq_len: int = SEQ_LEN  # sequences: kernels per window (chains merge overlapping windows)
 
 
 Placement = Literal["devices", "device", "top"]
@@ -68,6 +68,7 @@ class Section:
     json_value: Callable[[pl.DataFrame], object] | None = None  # its JSON value (default: a list of rows)
     json_key: str | None = None  # its key in the JSON document (default: its name)
     views: Callable[[pl.DataFrame], dict[str, pl.DataFrame]] | None = None  # its tables (default: itself)
+    meanings: Mapping[str, str] = field(default_factory=dict)  # its own columns' meanings (over PCT_MEANINGS)
     # made from other sections' results (`analyze` computes it last, sharing them): f, options, section(name)
     reads: Callable[[Flat, Options, Callable[[str], pl.DataFrame]], pl.DataFrame] | None = None
     text: Callable[[pl.DataFrame, str, int | None], str] | None = None  # its table / md text (default: its tables)
@@ -80,6 +81,34 @@ class Section:
     @property
     def key(self) -> str:
         return self.json_key or self.name
+
+
+# what each percentage column is a share of, where it means the same in every section that has it
+# (a section's own `meanings` say what its `pct` is); shown with every table (`pct_meanings`)
+PCT_MEANINGS = {
+    "busy_pct": "% of its span (first start to last end) that some activity ran",
+    "kernel_busy_pct": "% of the device's span that some kernel ran",
+    "achieved_flops_pct": "% of the FLOP peak of its math mode (math_mode)",
+    "achieved_bw_pct": "% of the device's DRAM bandwidth (above 100: from the cache)",
+    "self_cpu_pct": "% of all ops' self CPU time",
+    "self_device_pct": "% of all ops' self device time",
+    "shorter_than_launch_pct": "% of the device's kernels that ran shorter than their launch call",
+    "overlap_pct": "% of the device's communication time that compute kernels overlapped",
+    "compiled_pct": "% of the step's time inside compiled regions",
+    "occupancy_pct": "% of the SM's warp slots the kernel kept busy (Kineto's estimate)",
+    # compare and trend: changes, not shares
+    "delta_pct": "% change of the new runs' time from the base's (new / base - 1)",
+    "ci_low_pct": "% change: the low end of its confidence interval",
+    "ci_high_pct": "% change: the high end of its confidence interval",
+    "change_pct": "% change at a change point (after / before - 1)",
+    "vs_previous_pct": "% change from the run before",
+    "min_effect_pct": "% change below which a difference is not reported",
+}
+KERNEL_TIME = {"pct": "% of the device's kernel time"}
+
+
+def is_pct(column: str) -> bool:
+    return column == "pct" or column.endswith("_pct")
 
 
 def _findings(f: Flat, o: Options, section: Callable[[str], pl.DataFrame]) -> pl.DataFrame:
@@ -97,6 +126,10 @@ REGISTRY: tuple[Section, ...] = (
         reads=_findings,
         text=findings_text,
         lead=True,
+        meanings={
+            "gain_low_pct": "% of the window's span (first start to last end): the low end of the saving",
+            "gain_high_pct": "% of the window's span (first start to last end): the high end of the saving",
+        },
     ),
     Section(
         "devices",
@@ -121,6 +154,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: kernel_table(f),
         "Kernels per device",
         "time, FLOPs and roofline per kernel name",
+        meanings=KERNEL_TIME,
         json=IN_DEVICE,
         top_per_device=True,
         columns=(  # by importance: a narrow terminal leaves out the last ones
@@ -134,6 +168,7 @@ REGISTRY: tuple[Section, ...] = (
             "achieved_flops_pct",
             "achieved_bw_pct",
             "roofline_bound",
+            "math_mode",
             "category",
             "flops",
             "achieved_tflops",
@@ -145,6 +180,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: transfer_table(f),
         "Memcpy / memset",
         "the same for memcpy and memset (and a stream's event waits: kind sync)",
+        meanings={"pct": "% of the device's memcpy, memset and event-wait time"},
         json=IN_DEVICE,
         top_per_device=True,
         columns=("device", "kind", "name", "count", "dur_us", "pct", "mean_us", "bytes", "achieved_gbps"),
@@ -163,6 +199,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: categories(f),
         "Time by category",
         "time per kernel category",
+        meanings={"pct": "% of the device's GPU time (kernels, memcpy, memset)"},
         json=IN_DEVICE,
         top_per_device=True,
         columns=("device", "category", "count", "dur_us", "pct"),
@@ -172,6 +209,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: coverage(f),
         "Cost coverage: kernel time costed, by source, and why the rest is not",
         "share of kernel time costed, and each cause of the rest with its remedy",
+        meanings=KERNEL_TIME,
         json=IN_DEVICE,
         top_per_device=True,
         sweeps=False,
@@ -206,6 +244,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: graph_view(f),
         "CUDA/HIP graphs: replays, kernels and GPU time per replay, the ops they ran",
         "per graph: replays, kernels and GPU time per replay, launch vs the launches it replaces, its ops",
+        meanings={"pct": "% of the device's GPU time (kernels, memcpy, memset)"},
         sweeps=False,
         columns=(  # by importance
             "device",
@@ -266,18 +305,20 @@ REGISTRY: tuple[Section, ...] = (
     Section(
         "sequences",
         lambda f, o: sequences(f, o.seq_len),
-        "Most frequent kernel sequences (fusion candidates)",
-        "runs of N consecutive kernels that repeat most",
+        "Repeated kernel chains (fusion candidates)",
+        "the longest chains of consecutive kernels that repeat, merged from overlapping runs of N",
+        meanings=KERNEL_TIME,
         top_per_device=True,
         top_in_json=True,
         sweeps=False,
-        columns=("device", "count", "dur_us", "mean_gap_us", "kernels", "launched_by"),
+        columns=("device", "count", "dur_us", "pct", "mean_gap_us", "kernels", "launched_by"),
     ),
     Section(
         "critical-path",
         lambda f, o: critical_path_frame(f),
         "Critical path: the chain of work that bounded the trace's end",
         "its length and what it spent its time on (cpu, launch, kernel, memcpy, sync, waiting)",
+        meanings={"pct": "% of the critical path's length"},
         sweeps=False,
         json_key="critical_path",
         json_value=lambda df: records(df)[0] if df.height else None,
@@ -328,6 +369,12 @@ def _computer(f: Flat, options: Options, done: dict[str, pl.DataFrame]) -> Calla
 def _nested(only: list[str]) -> bool:
     """Whether a section nested in the devices' objects is asked for (the device list comes too)."""
     return any(BY_NAME[n].json == IN_DEVICE for n in only if n in BY_NAME)
+
+
+def pct_meanings(section: str | None, columns: Iterable[str]) -> dict[str, str]:
+    """What each percentage column among `columns` of a section's table is a share of."""
+    own = BY_NAME[section].meanings if section in BY_NAME else {}
+    return {c: own.get(c) or PCT_MEANINGS.get(c, "a percentage") for c in columns if is_pct(c)}
 
 
 def section_help() -> str:

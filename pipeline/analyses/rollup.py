@@ -53,11 +53,14 @@ def cost_columns() -> list[pl.Expr]:
 
 
 def with_roofline(df: pl.DataFrame) -> pl.DataFrame:
-    """arithmetic_intensity and roofline_bound of aggregated rows (`roofline.bound`)."""
+    """arithmetic_intensity and roofline_bound of aggregated rows (`roofline.bound`: cache when their
+    bytes moved faster than DRAM can, on average over their launches)."""
     return (
         df.with_columns(arithmetic_intensity=roofline.intensity(pl.col("flops"), pl.col("bytes")))
         .with_columns(
-            roofline_bound=roofline.bound(pl.col("arithmetic_intensity"), pl.col("_peak_tflops"), pl.col("_peak_bw"))
+            roofline_bound=roofline.bound(
+                pl.col("arithmetic_intensity"), pl.col("_peak_tflops"), pl.col("_peak_bw"), pl.col("achieved_gbps")
+            )
         )
         .drop("_peak_tflops", "_peak_bw")
     )

@@ -137,7 +137,7 @@ def analyze(
     ),
     kernel_wait_us: float = typer.Option(30.0, "--kernel-wait-us", help="idle: a shorter gap is kernel wait"),
     queue_full: int = typer.Option(1024, "--queue-full", help="queue: the depth where the CPU blocks"),
-    seq_len: int = typer.Option(3, "--seq-len", help="sequences: kernels per sequence"),
+    seq_len: int = typer.Option(3, "--seq-len", help="sequences: kernels per window (windows merge into chains)"),
     steps: Optional[str] = typer.Option(
         None, "--steps", metavar="A:B", help="only ProfilerSteps A to B (A:B, A:, :B or N)"
     ),

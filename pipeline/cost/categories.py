@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from pipeline.cost.comm_kernels import COMM_KERNEL
+from pipeline.cost.memo import Memo, classified
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ CATEGORIES: tuple[Category, ...] = (
     ),
     Category(
         "gemm",
-        kernel=r"(?i)gemm|gemv|Cijk_|xmma|wgmma|nvjet|matmul|splitKreduce|^bmm_|^triton_tem_fused_(?:addmm|mm|bmm)",
+        kernel=r"(?i)(?:^|[^b])gemm|gemv|Cijk_|xmma|wgmma|nvjet|matmul|splitKreduce|^bmm_|^triton_tem_fused_(?:addmm|mm|bmm)",
         op=r"^aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|dot|_addmm_activation)$",
     ),
     Category("triton_other", kernel=r"^triton_"),  # templates (tem_) matched above; old `triton__0d1d2d...`
@@ -103,12 +104,7 @@ def category_expr(name: pl.Expr, op: pl.Expr, kind: pl.Expr) -> pl.Expr:
     return pl.coalesce(*first, *fallback, pl.lit(OTHER))
 
 
-class CategoryMemo:
-    """The categories of the (name, op, kind) seen so far, when a table is categorised batch by
-    batch: each distinct key is then categorised once over all batches."""
-
-    def __init__(self) -> None:
-        self.named: pl.DataFrame | None = None
+CategoryMemo = Memo  # the categories of the (name, op, kind) seen so far (`memo.classified`)
 
 
 def with_category(
@@ -116,28 +112,11 @@ def with_category(
     name: str = "name",
     op: str = "cpu_op_name",
     kind: str = "kind",
-    memo: CategoryMemo | None = None,
+    memo: Memo | None = None,
 ) -> pl.DataFrame:
-    """`frame` with a `category` column from its `name`, `op` and `kind` columns (`category_expr`).
-
-    The regexes are the cost, and a trace has hundreds of thousands of GPU ops but a few hundred
-    distinct (name, op, kind): they are categorised once each (once over all the batches sharing
-    a `memo`) and joined back (a null op or kind matching null), on the keys as categoricals
-    (small ids rather than long kernel names), beside the frame's columns rather than copying them.
-    """
-    keys = list(dict.fromkeys([name, op, kind]))  # a CPU-only trace uses the op name as kernel name
-    as_keys = frame.select(
-        pl.col(k).cast(pl.Categorical) if t == pl.String else pl.col(k) for k, t in frame.select(keys).schema.items()
+    """`frame` with a `category` column from its `name`, `op` and `kind` columns (`category_expr`),
+    computed once per distinct (name, op, kind) (`memo.classified`; a CPU-only trace uses the op
+    name as kernel name)."""
+    return classified(
+        frame, [name, op, kind], lambda text: {"category": category_expr(text(name), text(op), text(kind))}, memo
     )
-    text = lambda c: pl.col(c).cast(pl.String)
-    new = as_keys.unique()
-    if memo is not None and memo.named is not None:
-        new = new.join(memo.named, on=keys, how="anti", nulls_equal=True)
-    if new.is_empty() and memo is not None and memo.named is not None:
-        named = memo.named  # nothing new: not even the expression is built (its regexes are many)
-    else:
-        named = new.with_columns(category=category_expr(text(name), text(op), text(kind)))
-        if memo is not None:
-            named = memo.named = named if memo.named is None else pl.concat([memo.named, named])
-    category = as_keys.join(named, on=keys, how="left", nulls_equal=True, maintain_order="left")["category"]
-    return frame.with_columns(category)

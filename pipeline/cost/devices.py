@@ -24,20 +24,12 @@ from pathlib import Path
 
 import polars as pl
 
+from pipeline.cost.peaks import PEAK_COLS, peak_for_mode
+from pipeline.cost.peaks import dtype_mode as _dtype_mode
 from pipeline.errors import UsageError
 from pipeline.schema import DATA_DIR
 
 SPECS_CSV = DATA_DIR / "device_specs.csv"
-PEAK_COLS = [
-    "peak_fp64_tflops",
-    "peak_fp32_tflops",
-    "peak_tf32_tflops",
-    "peak_bf16_tflops",
-    "peak_fp16_tflops",
-    "peak_fp8_tflops",
-    "peak_int8_tops",
-    "peak_bw_gbps",
-]
 SPEC_SCHEMA = {
     "spec_name": pl.String,
     "vendor": pl.String,
@@ -56,29 +48,10 @@ OUT_SCHEMA = {
     **{c: pl.Float64 for c in PEAK_COLS},
     "spec_source": pl.String,
 }
+# columns a user's spec file may leave out (blank): those added after the format was first published
+OPTIONAL_COLS = ("peak_fp4_tflops",)
 MEM_TOLERANCE = 0.10  # relative, totalGlobalMem (GiB) against memory_gb (datasheets give GB or GiB)
 PEAK_TOLERANCE = 0.02  # relative: rows whose peaks all agree within it are one device for matching
-
-DTYPE_PEAK = {
-    "fp8": "peak_fp8_tflops",
-    "e4m3": "peak_fp8_tflops",
-    "e5m2": "peak_fp8_tflops",
-    "float8_e4m3fn": "peak_fp8_tflops",
-    "float8_e5m2": "peak_fp8_tflops",
-    "bf16": "peak_bf16_tflops",
-    "bfloat16": "peak_bf16_tflops",
-    "fp16": "peak_fp16_tflops",
-    "half": "peak_fp16_tflops",
-    "float16": "peak_fp16_tflops",
-    "tf32": "peak_tf32_tflops",
-    "fp32": "peak_fp32_tflops",
-    "float": "peak_fp32_tflops",
-    "float32": "peak_fp32_tflops",
-    "fp64": "peak_fp64_tflops",
-    "double": "peak_fp64_tflops",
-    "float64": "peak_fp64_tflops",
-    "int8": "peak_int8_tops",
-}
 
 
 # ---- the table
@@ -92,6 +65,7 @@ def _blank_to_null(col: str) -> pl.Expr:
 def _read_specs(path: Path) -> pl.DataFrame:
     """Read a spec CSV that has (at least) the table's columns, typed; blank cells are null."""
     df = pl.read_csv(path, infer_schema=False)
+    df = df.with_columns(pl.lit("").alias(c) for c in OPTIONAL_COLS if c not in df.columns)
     missing = [c for c in SPEC_SCHEMA if c not in df.columns]
     if missing:
         raise ValueError(f"missing column(s) {', '.join(missing)}")
@@ -126,6 +100,7 @@ def specs_markdown(specs: pl.DataFrame) -> str:
         "peak_bf16_tflops": "BF16",
         "peak_fp16_tflops": "FP16",
         "peak_fp8_tflops": "FP8",
+        "peak_fp4_tflops": "FP4",
         "sm_count": "SMs/CUs",
         "memory_gb": "GB",
         "source": "source",
@@ -259,9 +234,8 @@ def match_specs(devices: pl.DataFrame, specs: pl.DataFrame, force: str | None = 
 
 
 def peak_for_dtype(row: dict, dtype: str | None) -> float | None:
-    """Peak TFLOP/s (TOP/s for int8) a kernel of `dtype` can reach on the device `row` (a matched
-    spec): `roofline.dtype_peak`, the one rule, applied to one row."""
-    from pipeline.cost.roofline import dtype_peak
-
-    peaks = pl.DataFrame({c: [row.get(c)] for c in PEAK_COLS}, schema={c: pl.Float64 for c in PEAK_COLS})
-    return peaks.select(dtype_peak(pl.lit(dtype, pl.String))).item()
+    """Peak TFLOP/s (TOP/s for int8) a kernel of op dtype `dtype` can reach on the device `row` (a
+    matched spec) when its name says nothing of its math: the peak of the dtype's math mode
+    (`peaks.DTYPE_MODE`, `peaks.mode_peak`)."""
+    mode = pl.select(_dtype_mode(pl.lit(dtype, pl.String))).item()
+    return peak_for_mode(row, mode)

@@ -3,11 +3,16 @@
 An op's cost comes, in this order, from the user's formula file (`--formulas`, `formulas.user`),
 the formula table (`pipeline.cost.formulas`), each evaluated once per distinct (op name, Input
 Dims, Input type, Input Strides, Concrete Inputs) signature, or Inductor's own estimate on the
-record of a Triton launch (`kernel_flop`, `kernel_num_gb`); it is split over the kernels that op
-launched in proportion to their durations (a split-K GEMM's kernels share its FLOPs; nothing is
-counted once per kernel). memcpy/memset carry their own byte counts. Each costed kernel says where
-its cost came from (`cost_source`), every other one why it has none (`unmodelled_reason`, the
-causes of `pipeline.cost.coverage`).
+record of a Triton launch (`kernel_flop`, `kernel_num_gb`). An op's FLOPs are split over the
+kernels that do its math (`kernel_role` = math: `pipeline.cost.kernel_roles`) in proportion to
+their durations, never given to the layout conversions, copies, fills, split-K reductions or
+epilogues around them; its bytes go to its math kernels too, or to all its kernels when it
+launched no math kernel (a copy op's copy kernels are its work). Nothing is counted once per
+kernel. memcpy/memset carry their own byte counts. Each kernel is held to the peak of the
+precision its math ran at (`math_mode`: from its name, `pipeline.cost.math_modes`, else its op's
+dtype; `pipeline.cost.peaks`), and a kernel that moved its bytes faster than DRAM can is
+`roofline_bound` = cache. Each costed kernel says where its cost came from (`cost_source`),
+every other one why it has none (`unmodelled_reason`, the causes of `pipeline.cost.coverage`).
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline import schema, store
-from pipeline.cost import coverage, formulas, roofline
+from pipeline.cost import coverage, formulas, peaks, roofline
 from pipeline.cost import devices as device_specs_mod
-from pipeline.cost.categories import CategoryMemo, with_category
+from pipeline.cost.categories import with_category
 from pipeline.cost.formulas.expression import FormulaError
 from pipeline.cost.formulas.user import UserFormulas
+from pipeline.cost.kernel_roles import FLOP_ROLES, with_kernel_role
+from pipeline.cost.math_modes import NAMED, with_named_mode
+from pipeline.cost.memo import Memo
 from pipeline.kineto import ARG_ALIASES, COMPILED_REGION, canonical_args
 from pipeline.link import graph_ids as graph_id_args
 from pipeline.link import graphs
@@ -36,7 +44,7 @@ from pipeline.link.graph_ids import GraphIds
 
 SIGNATURE_KEYS = formulas.ARGS_READ
 OP_INSTANCE = graphs.OP_INSTANCE
-PEAK_COLS = device_specs_mod.PEAK_COLS
+PEAK_COLS = peaks.PEAK_COLS
 
 
 class Evaluated(dict):
@@ -277,62 +285,90 @@ CAUSE_LINKS = ["launch_event_idx", "launch_name", "cpu_op_event_idx"]
 
 
 def kernel_costs(g: pl.DataFrame, op_kernels: pl.DataFrame, devs: pl.DataFrame) -> pl.DataFrame:
-    """Add flops/bytes/achieved columns, `cost_source` and `unmodelled_reason` to linked gpu_ops
-    (columns used: kind, device, dur_ns, copy_bytes, CAUSE_LINKS, op_instance (whose FLOPs the
-    kernel shares: its op, or for a graph-replayed kernel its (replay, captured op):
-    `graphs.OP_INSTANCE`), their op's OP_COST_COLUMNS from `op_costs`, and `trace_shapes` /
-    `trace_launches`: whether the trace recorded shapes / any launch at all; the others, such as
-    `category` (`categories.with_category`), are carried along).
+    """Add flops/bytes/achieved columns, `math_mode`, `cost_source` and `unmodelled_reason` to
+    linked gpu_ops (columns used: KERNEL_INPUTS, CAUSE_LINKS, op_instance (whose FLOPs the kernel
+    shares: its op, or for a graph-replayed kernel its (replay, captured op): `graphs.OP_INSTANCE`),
+    their op's OP_COST_COLUMNS from `op_costs`, and `trace_shapes` / `trace_launches`: whether the
+    trace recorded shapes / any launch at all; the others, such as `category`, are carried along).
 
-    `op_kernels` is the count and time of each op's kernels over the whole trace (`OpKernels`):
-    `g` may be one batch of the GPU ops, and an op's FLOPs and bytes are split over all its
-    kernels.
+    `op_kernels` is the count and time of each op's kernels, and of its math kernels, over the
+    whole trace (`OpKernels`): `g` may be one batch of the GPU ops, and an op's FLOPs go to all
+    its math kernels (by duration), its bytes to them too, or to all its kernels when it has no
+    math kernel.
 
     Eager on purpose: the in-memory engine divides by a column that holds one value throughout
     (the peaks of a one-device trace) by multiplying with its reciprocal, the streaming engine
     does not, and the last bits of the results must not depend on the engine.
     """
     is_kernel = pl.col("kind") == "kernel"
+    is_math = pl.col("kernel_role").is_in(list(FLOP_ROLES)).fill_null(False)
     dur_s = pl.col("dur_ns") / 1e9
-    share = (
-        pl.when(pl.col("op_dur_ns") > 0)
-        .then(pl.col("dur_ns") / pl.col("op_dur_ns"))
-        .otherwise(1.0 / pl.col("op_kernels"))
-    )
+
+    def share(dur: str, n: str) -> pl.Expr:  # of a kernel among kernels taking `dur` ns, `n` of them
+        return pl.when(pl.col(dur) > 0).then(pl.col("dur_ns") / pl.col(dur)).otherwise(1.0 / pl.col(n))
+
+    has_math = pl.col("math_kernels").fill_null(0) > 0
+    flop_share = pl.when(is_math).then(share("math_dur_ns", "math_kernels")).otherwise(0.0)
+    byte_share = pl.when(~has_math).then(share("op_dur_ns", "op_kernels")).when(is_math).then(flop_share)
     g = g.join(op_kernels, on=OP_INSTANCE, how="left", maintain_order="left").with_columns(
-        op_kernels=pl.when(is_kernel).then(pl.col("op_kernels")), op_dur_ns=pl.when(is_kernel).then(pl.col("op_dur_ns"))
+        pl.when(is_kernel).then(pl.col(c)).alias(c) for c in OpKernels.COUNTS
     )
     g = g.with_columns(
-        flops=pl.when(is_kernel).then(pl.col("op_flops") * share).otherwise(pl.lit(0.0)),
-        bytes=pl.when(is_kernel).then(pl.col("op_bytes") * share).otherwise(pl.col("copy_bytes").cast(pl.Float64)),
+        flops=pl.when(is_kernel).then(pl.col("op_flops") * flop_share).otherwise(pl.lit(0.0)),
+        bytes=pl.when(is_kernel).then(pl.col("op_bytes") * byte_share).otherwise(pl.col("copy_bytes").cast(pl.Float64)),
         cost_family=pl.when(is_kernel).then(pl.col("cost_family")).otherwise(pl.col("kind")),
         cost_source=pl.when(is_kernel).then(pl.col("op_source")).otherwise(pl.lit("transfer")),
-    ).with_columns(unmodelled_reason=coverage.unmodelled_reason(pl.col("cost_source").is_not_null()))
-    peaks = devs.select(pl.col("device"), "spec_name", *PEAK_COLS).unique("device", keep="first")
-    g = g.join(peaks, on="device", how="left", maintain_order="left")
-    g = g.with_columns(peak_tflops=roofline.dtype_peak(pl.col("cost_dtype")))
+    ).with_columns(
+        # the precision of its math: its name's, else (when it has FLOPs) its op's dtype's; none for
+        # a kernel doing none of its op's math
+        math_mode=pl.when(is_kernel & is_math).then(
+            pl.coalesce(NAMED, pl.when(pl.col("flops") > 0).then(peaks.dtype_mode(pl.col("cost_dtype"))))
+        ),
+        unmodelled_reason=coverage.unmodelled_reason(pl.col("cost_source").is_not_null()),
+    )
+    peak_cols = devs.select(pl.col("device"), "spec_name", *PEAK_COLS).unique("device", keep="first")
+    g = g.join(peak_cols, on="device", how="left", maintain_order="left")
+    achieved_tflops = pl.when(pl.col("dur_ns") > 0).then(pl.col("flops") / dur_s / 1e12)
+    # a mode read off the op's dtype that the kernel outran was not its mode (FP32 data above the
+    # FP32 peak ran on TF32 tensor cores): `peaks.FASTER_MODE`
+    for slow, fast in peaks.FASTER_MODE.items():
+        outran = (
+            pl.col(NAMED).is_null() & (pl.col("math_mode") == slow) & (achieved_tflops > peaks.mode_peak(pl.lit(slow)))
+        )
+        g = g.with_columns(math_mode=pl.when(outran.fill_null(False)).then(pl.lit(fast)).otherwise("math_mode"))
+    g = g.with_columns(peak_tflops=peaks.mode_peak(pl.col("math_mode")))
     g = g.with_columns(
-        achieved_tflops=pl.when(pl.col("dur_ns") > 0).then(pl.col("flops") / dur_s / 1e12),
+        achieved_tflops=achieved_tflops,
         achieved_gbps=pl.when(pl.col("dur_ns") > 0).then(pl.col("bytes") / dur_s / 1e9),
         arithmetic_intensity=roofline.intensity(pl.col("flops"), pl.col("bytes")),
     ).with_columns(
         achieved_flops_pct=100 * pl.col("achieved_tflops") / pl.col("peak_tflops"),
         achieved_bw_pct=100 * pl.col("achieved_gbps") / pl.col("peak_bw_gbps"),
-        roofline_bound=roofline.bound(pl.col("arithmetic_intensity"), pl.col("peak_tflops"), pl.col("peak_bw_gbps")),
+        roofline_bound=roofline.bound(
+            pl.col("arithmetic_intensity"), pl.col("peak_tflops"), pl.col("peak_bw_gbps"), pl.col("achieved_gbps")
+        ),
     )
-    dropped = [*OP_COST_COLUMNS, "op_dur_ns", "trace_shapes", "trace_launches"]
+    dropped = [*OP_COST_COLUMNS, *OpKernels.COUNTS[1:], NAMED, "trace_shapes", "trace_launches"]
     kept = ("cost_family", "cost_dtype", "peak_bw_gbps")
     return g.drop(*[c for c in [*dropped, *PEAK_COLS] if c not in kept], strict=False)
 
 
 class OpKernels:
     """Per CPU op, the count and total duration of the kernels it launched (`op_kernels`,
-    `op_dur_ns`) over the whole trace. Gathered batch by batch as one small table per batch, sorted
-    by op, and summed over the batches only for the ops a batch of pass 2 asks for: building one
-    table for the whole trace held several times its size at once, the largest thing that grew
-    with the trace."""
+    `op_dur_ns`) and of those that do its math (`math_kernels`, `math_dur_ns`: `kernel_roles`)
+    over the whole trace. Gathered batch by batch as one small table per batch, sorted by op, and
+    summed over the batches only for the ops a batch of pass 2 asks for: building one table for
+    the whole trace held several times its size at once, the largest thing that grew with the
+    trace."""
 
-    _EMPTY = {OP_INSTANCE: pl.Int64, "op_kernels": pl.UInt32, "op_dur_ns": pl.Int64}
+    COUNTS = ("op_kernels", "op_dur_ns", "math_kernels", "math_dur_ns")
+    _EMPTY = {
+        OP_INSTANCE: pl.Int64,
+        "op_kernels": pl.UInt32,
+        "op_dur_ns": pl.Int64,
+        "math_kernels": pl.UInt32,
+        "math_dur_ns": pl.Int64,
+    }
 
     def __init__(self) -> None:
         self._parts: list[pl.DataFrame] = []
@@ -340,20 +376,27 @@ class OpKernels:
         self.launches_recorded = False  # whether any GPU op links to its launch
 
     def add(self, links: pl.DataFrame):
-        """Count a batch of linked GPU ops (kind, dur_ns, op_instance)."""
+        """Count a batch of linked GPU ops (kind, dur_ns, kernel_role, op_instance)."""
         kernels = links.filter((pl.col("kind") == "kernel") & pl.col(OP_INSTANCE).is_not_null())
+        dur = pl.col("dur_ns").fill_null(0)
+        is_math = pl.col("kernel_role").is_in(list(FLOP_ROLES)).fill_null(False)
         part = (
             kernels.group_by(OP_INSTANCE)
-            .agg(op_kernels=pl.len(), op_dur_ns=pl.col("dur_ns").fill_null(0).sum())
+            .agg(
+                op_kernels=pl.len(),
+                op_dur_ns=dur.sum(),
+                math_kernels=is_math.sum().cast(pl.UInt32),
+                math_dur_ns=dur.filter(is_math).sum(),
+            )
             .sort(OP_INSTANCE)
         )
         if part.height:
-            self._parts.append(part)
+            self._parts.append(part.cast(self._EMPTY))  # type: ignore[arg-type]
 
     def of(self, ops: pl.Series) -> pl.DataFrame:
-        """(op_instance, op_kernels, op_dur_ns) of the ops from the first to the last of `ops`
-        (a batch's ops are a narrow range: each batch's table is sliced by binary search; graph
-        replays' instances, negative, are a range of their own)."""
+        """(op_instance, COUNTS) of the ops from the first to the last of `ops` (a batch's ops are
+        a narrow range: each batch's table is sliced by binary search; graph replays' instances,
+        negative, are a range of their own)."""
         ops = ops.drop_nulls()
         pieces = [pl.DataFrame(schema=self._EMPTY)]
         for some in (ops.filter(ops < 0), ops.filter(ops >= 0)):
@@ -366,7 +409,7 @@ class OpKernels:
                 start, end = idx.search_sorted(first, side="left"), idx.search_sorted(last, side="right")
                 if end > start:
                     pieces.append(part.slice(start, end - start))
-        return pl.concat(pieces).group_by(OP_INSTANCE).agg(pl.col("op_kernels").sum(), pl.col("op_dur_ns").sum())
+        return pl.concat(pieces).group_by(OP_INSTANCE).agg(pl.col(c).sum() for c in self.COUNTS)
 
 
 class Tally:
@@ -412,7 +455,8 @@ class Tally:
 
 
 COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  # the gpu_ops columns costing reads
-KERNEL_INPUTS = ["kind", "device", "dur_ns", "copy_bytes", "category"]  # of them (and their category), kernel_costs
+# of them (and their category, role and the math mode their name gives), what kernel_costs reads
+KERNEL_INPUTS = ["kind", "device", "dur_ns", "copy_bytes", "category", "kernel_role", NAMED]
 COST_COLUMNS = schema.table("gpu_ops").names(("cost",))  # the columns it adds
 LINKED = schema.table("gpu_ops").names(("link",))  # the columns linking adds (graphs' included)
 LINK_SPILL = "gpu_links"  # the temporary file of pass 1 (see `enrich`)
@@ -442,7 +486,7 @@ def link_pass(
     paired. Returns the per-op kernel counts (`OpKernels`). This runs beside the launch lookup of
     the next batch (`link.link_batches`): a third stage in a thread of its own measured slower on two cores, and
     held more memory."""
-    op_kernels, memo = OpKernels(), CategoryMemo()
+    op_kernels, memo, roles, modes = OpKernels(), Memo(), Memo(), Memo()
     evaluated = Evaluated()  # shapes' costs, shared by the batches (`op_costs`)
     events = pl.scan_parquet(flat_dir / "events.parquet")
     declared = {f.name: f for f in schema.table("gpu_ops").arrow_schema(schema.ALL_STAGES)}
@@ -451,7 +495,7 @@ def link_pass(
         *schema.table("gpu_ops").arrow_schema(("link",)),
         pa.field(OP_INSTANCE, pa.int64()),
         *(pa.field(c, OP_COST_TYPES.get(c, pa.string())) for c in OP_COST_COLUMNS),
-        *(declared[c] for c in KERNEL_INPUTS),
+        *(declared[c] if c in declared else pa.field(c, pa.string()) for c in KERNEL_INPUTS),
     ]
     with store.SpillWriter(spill, fields) as out:
         carry = (*COST_INPUTS, *((graph_id_args.GRAPH, graph_id_args.NODE) if graph_ids else ()))
@@ -461,6 +505,7 @@ def link_pass(
                 links = graph_ids.label(links)
             if tally is not None:
                 tally.add_links(links)
+            links = with_named_mode(with_kernel_role(links, roles), modes)
             op_kernels.add(links)
             costed = _with_op_costs(events, links, dtype, evaluated, user)
             op_kernels.shapes_recorded |= bool(costed["op_shapes"].any())

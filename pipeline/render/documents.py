@@ -8,6 +8,8 @@ rows or a table of them. Options are checked before any work is done (`check_opt
 
 from __future__ import annotations
 
+import re
+import textwrap
 from dataclasses import dataclass
 
 import polars as pl
@@ -15,7 +17,7 @@ import polars as pl
 from pipeline.analyses.cpu import check_grouping
 from pipeline.analyses.diff import SIDE_COLS
 from pipeline.analyses.flat import as_flat
-from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE, REGISTRY, SECTIONS, TOP_LEVEL
+from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE, REGISTRY, SECTIONS, TOP_LEVEL, pct_meanings
 from pipeline.errors import UsageError
 from pipeline.render.tables import dumps, records, render
 
@@ -115,9 +117,23 @@ def _text_section(
     if s is not None and s.text is not None:
         return head + s.text(df.head(top) if top else df, fmt, layout.width)
     views = s.tables(df) if s else {name: df}
-    return head + ("\n" if fmt == "md" else "").join(
+    tables = ("\n" if fmt == "md" else "").join(
         _table(view, rows, s, fmt, layout, top, devices, len(views) > 1) for view, rows in views.items() if rows.height
     )
+    columns = dict.fromkeys(c for rows in views.values() for c in rows.columns)
+    return head + tables + _pct_legend(pct_meanings(name, columns), tables, fmt, layout.width)
+
+
+def _pct_legend(meanings: dict[str, str], tables: str, fmt: str, width: int | None) -> str:
+    """Under a section's tables, what each percentage column they show is a share of."""
+    visible = "\n".join(ln for ln in tables.splitlines() if not re.match(r"\(\d+ more: ", ln))  # not the hidden
+    shown = [f"{c}: {m}" for c, m in meanings.items() if re.search(rf"(?<![\w]){re.escape(c)}(?![\w])", visible)]
+    if not shown:
+        return ""
+    text = "; ".join(shown)
+    if fmt == "md":
+        return f"\n*{text}*\n"
+    return textwrap.fill(text, width or 100, break_on_hyphens=False) + "\n"
 
 
 def _table(view: str, df: pl.DataFrame, s, fmt: str, layout: Layout, top, devices: dict[int, str], named: bool) -> str:

@@ -7,7 +7,9 @@ a `Cost` or None. Single formulas register with ``@formula(...)``; families of l
 (convolution layouts, elementwise, reductions, collectives) register from small data tables. Each
 family module states its own conventions; these hold for all:
 
-* FLOPs: a multiply-add is 2 FLOPs.
+* FLOPs: a multiply-add is 2 FLOPs. Integer and boolean arithmetic is no floating-point work: an
+  op whose compute dtype is an integer or bool does 0 FLOPs (`NO_FLOPS`), except int8, whose
+  multiply-adds are counted against the INT8 tensor peak (TOP/s).
 * Bytes = the minimum traffic: the sum over tensor inputs of numel × element size (a dim with
   stride 0 in ``Input Strides``, i.e. an expanded tensor, is read once), plus the outputs the
   formula computes × the output element size. Auxiliary outputs (logsumexp, saved mean/rstd,
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any, NamedTuple
 
-from .dtypes import DTYPE_SIZE
+from .dtypes import DTYPE_SIZE, FLOATING
 from .inputs import OpInputs, Shape
 
 
@@ -86,11 +88,14 @@ def _to_cost(work: Work, inp: OpInputs, family: str) -> Cost | None:
     written = out_numel * DTYPE_SIZE.get(out_dtype or "", math.nan) if out_numel else 0.0
     read = inp.input_bytes() if work.read_bytes is None else work.read_bytes
     flops, nbytes = float(work.flops), float(read) + float(written)
+    flops = 0.0 if dtype in NO_FLOPS else flops
     if not math.isfinite(flops) or flops < 0 or math.isinf(nbytes) or nbytes < 0:
         return None
     return Cost(flops, nbytes, dtype or "unknown", family)
 
 
+# compute dtypes whose arithmetic is not counted as FLOPs (int8's is: INT8 tensor-core TOP/s)
+NO_FLOPS = frozenset(d for d in DTYPE_SIZE if d not in FLOATING and d not in ("int8", "qint8", "quint8", "qint32"))
 FORMULAS: dict[str, Formula] = {}
 
 

@@ -18,7 +18,7 @@ import pipeline.render.html.charts as ch
 from pipeline.analyses.flat import Flat, as_flat
 from pipeline.analyses.memory import memory_series
 from pipeline.analyses.queue import queue_series
-from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE
+from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE, pct_meanings
 from pipeline.render.html.cells import duration, engineering_bytes
 from pipeline.render.html.model import Chart, Findings, Note, Page, Part, Section, Table
 from pipeline.render.html.overview import overview
@@ -83,14 +83,16 @@ def section_tables(name: str, df: pl.DataFrame, devices: dict[int, str], top: in
         rows = rows.select(ordered_columns(rows, s.columns if s and not s.views else None))
         if s is not None and s.json in (DEVICES, IN_DEVICE):
             rows = rows.drop([c for c in POSITION_COLUMNS if c in rows.columns])
+        meanings = pct_meanings(name, rows.columns)
         if not per_device:
             cut = bool(top and s is not None and s.top_in_json)
-            parts.append(Table(rows.head(top) if top and cut else rows, caption))
+            parts.append(Table(rows.head(top) if top and cut else rows, caption, meanings=meanings))
             continue
         for (device,), mine in rows.group_by("device", maintain_order=True):
             label = f"device {device}" + (f": {devices[device]}" if device in devices else "")
             mine = mine.drop("device")
-            parts.append(Table(mine.head(top) if top else mine, f"{caption}: {label}" if caption else label))
+            title = f"{caption}: {label}" if caption else label
+            parts.append(Table(mine.head(top) if top else mine, title, meanings=meanings))
     return parts
 
 

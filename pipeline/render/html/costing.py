@@ -98,6 +98,7 @@ def off_roofline_kernels(reasons: pl.DataFrame, several: bool) -> list[Table]:
             off.select(cols),
             "Kernels with the most time off the roofline (pct: of kernel time)",
             compact=True,
+            meanings={"pct": "% of the device's kernel time"},
         )
     ]
 
@@ -154,7 +155,14 @@ def coverage_parts(cov: pl.DataFrame, label, several: bool) -> list[Part]:
     off = cov.filter(~pl.col("cause").str.starts_with(COSTED)).sort("pct", descending=True)
     cols = [c for c in ("cause", *(["device"] if several else []), "pct", "remedy", "top") if c in off.columns]
     table = (
-        [Table(off.select(cols), "What has no cost, and the names taking most of it", compact=True)]
+        [
+            Table(
+                off.select(cols),
+                "What has no cost, and the names taking most of it",
+                compact=True,
+                meanings={"pct": "% of the device's kernel time"},
+            )
+        ]
         if off.height
         else []
     )

@@ -20,6 +20,7 @@ class Table:
     frame: pl.DataFrame
     caption: str | None = None
     compact: bool = False  # a small table of an overview: no filter box, no scroll box, shorter names
+    meanings: dict[str, str] = field(default_factory=dict)  # what a column is (its header's hover: a % of what)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import polars as pl
 
 import pipeline.render.html.charts as ch
 from pipeline.analyses.flat import Flat
+from pipeline.analyses.registry import pct_meanings
 from pipeline.render.html.cells import duration, percent
 from pipeline.render.html.costing import costing_parts, tone
 from pipeline.render.html.model import Chart, Group, Part, Table, Tile
@@ -24,6 +25,9 @@ TOP = 10  # rows of the top kernels and ops
 MAX_DEVICE_TILES = 4  # devices with a tile of their own (more: one tile for all)
 MAX_STREAMS = 16  # stream rows in the busy and idle charts
 MAX_ROOFLINES = 4  # devices with a roofline
+CACHE_SERIES = "above the DRAM roof: data from the cache"  # the points of kernels roofline_bound = cache
+CACHE_COLOUR = "#8e44ad"
+BOUND_TIPS = {"compute": "compute-bound", "memory": "memory-bound", "cache": CACHE_SERIES}
 IDLE_PARTS = (
     ("host_wait_us", "host wait (CPU late)"),
     ("kernel_wait_us", "kernel wait (short gaps)"),
@@ -179,7 +183,8 @@ def top_kernels(kernels: pl.DataFrame, several: bool) -> Table:
     if not several:
         cols.remove("device")
     top = kernels.sort("dur_us", descending=True).head(TOP).select(cols)
-    return Table(top, f"Top {top.height} kernels by time (of {kernels.height:,}; all in Kernels below)", compact=True)
+    title = f"Top {top.height} kernels by time (of {kernels.height:,}; all in Kernels below)"
+    return Table(top, title, compact=True, meanings=pct_meanings("kernels", cols))
 
 
 def top_ops(ops: pl.DataFrame) -> Table:
@@ -235,13 +240,18 @@ def rooflines(f: Flat, kernels: pl.DataFrame) -> list[dict]:
         pts = p.points.sort("dur_us", descending=True)
         if not pts.height:
             continue
-        cats = pts["category"].unique(maintain_order=True).to_list()
-        groups = ch.series(cats, {c: CATEGORY_COLOURS.get(c, OTHER_COLOUR) for c in cats})
+        cache = (pl.col("roofline_bound") == "cache").fill_null(False)
+        cats = pts.filter(~cache)["category"].unique(maintain_order=True).to_list()
+        cats += [CACHE_SERIES] if pts.filter(cache).height else []
+        groups = ch.series(
+            cats, {c: CATEGORY_COLOURS.get(c, OTHER_COLOUR) for c in cats} | {CACHE_SERIES: CACHE_COLOUR}
+        )
         points = []
         for r in pts.to_dicts():
             size = max(3.0, min(22.0, 3.0 + 4.4 * (r["share"] or 0.0) ** 0.5))
             x, y = ch.num(r["arithmetic_intensity"]), ch.num(r["achieved_tflops"])
-            points.append({"x": x, "y": y, "r": round(size, 1), "s": cats.index(r["category"]), "tip": _kernel_tip(r)})
+            group = cats.index(CACHE_SERIES if r["roofline_bound"] == "cache" else r["category"])
+            points.append({"x": x, "y": y, "r": round(size, 1), "s": group, "tip": _kernel_tip(r)})
         xs = [q["x"] for q in points if q["x"]]
         lo, hi = min(xs) / 4, max(xs) * 4
         roofs = []
@@ -273,6 +283,11 @@ def rooflines(f: Flat, kernels: pl.DataFrame) -> list[dict]:
         note = (
             f"{pts.height} kernels with FLOPs and bytes, {percent(drawn)} of the device's kernel time; "
             "a point's area is its share of that time. Hover a point for its kernel."
+            + (
+                " Points above the DRAM roof moved their bytes faster than DRAM can: from the cache."
+                if CACHE_SERIES in cats
+                else ""
+            )
         )
         out.append(
             ch.scatter(
@@ -290,14 +305,15 @@ def rooflines(f: Flat, kernels: pl.DataFrame) -> list[dict]:
 
 def _kernel_tip(r: dict) -> list[str]:
     """The tooltip of a kernel's point: its whole name, time, intensity, rates, bound, op."""
-    of_peak = lambda k: f" ({percent(r[k])} of peak)" if r.get(k) is not None else ""
-    bound = f" · {r['roofline_bound']}-bound" if r.get("roofline_bound") else ""
+    of_peak = lambda k, what: f" ({percent(r[k])} of {what})" if r.get(k) is not None else ""
+    bound = f" · {BOUND_TIPS.get(r['roofline_bound'], r['roofline_bound'])}" if r.get("roofline_bound") else ""
+    mode = f" {r['math_mode']}" if r.get("math_mode") else ""
     tip = [
         r["name"],
         f"{r['category']} · {duration(r['dur_us'] or 0)} ({percent(r['pct'] or 0)} of the device), "
         f"{r['count']:,} launches",
         f"{ch.num(r['arithmetic_intensity']) or 0:.3g} FLOP/byte · "
-        f"{r['achieved_tflops'] or 0:.4g} TFLOP/s{of_peak('achieved_flops_pct')}",
-        f"{r['achieved_gbps'] or 0:.4g} GB/s{of_peak('achieved_bw_pct')}{bound}",
+        f"{r['achieved_tflops'] or 0:.4g}{mode} TFLOP/s{of_peak('achieved_flops_pct', f'the{mode} peak')}",
+        f"{r['achieved_gbps'] or 0:.4g} GB/s{of_peak('achieved_bw_pct', 'DRAM bandwidth')}{bound}",
     ]
     return tip + ([f"launched by {r['cpu_op']}"] if r.get("cpu_op") else [])

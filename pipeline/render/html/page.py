@@ -139,7 +139,7 @@ def _tile(t: Tile) -> str:
 
 def _part(p: Part) -> str:
     if isinstance(p, Table):
-        return html_table(p.frame, p.caption, COMPACT_NAMES if p.compact else NAME_CHARS, p.compact)
+        return html_table(p.frame, p.caption, COMPACT_NAMES if p.compact else NAME_CHARS, p.compact, p.meanings)
     if isinstance(p, Chart):
         title = p.spec.get("title", "")
         note = p.spec.get("note")

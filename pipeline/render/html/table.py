@@ -5,8 +5,11 @@ whole name on hover. Built as text, escaped cell by cell: no name reaches the pa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import polars as pl
 
+from pipeline.analyses.registry import PCT_MEANINGS
 from pipeline.render.html.cells import NAME_CHARS, Cell, cell, kind
 from pipeline.render.html.escape import text as esc
 
@@ -18,15 +21,22 @@ def is_numeric(df: pl.DataFrame, column: str) -> bool:
 
 
 def html_table(
-    df: pl.DataFrame, caption: str | None = None, name_chars: int = NAME_CHARS, compact: bool = False
+    df: pl.DataFrame,
+    caption: str | None = None,
+    name_chars: int = NAME_CHARS,
+    compact: bool = False,
+    meanings: Mapping[str, str] | None = None,
 ) -> str:
     """`df` as a `<div class="tbl">` holding a filter box, a row count and the table (every row and
-    column). `compact`: a small table of the overview (no filter box, no scroll box)."""
+    column). `compact`: a small table of the overview (no filter box, no scroll box). `meanings`:
+    what columns are (a percentage: of what), on their headers' hover (default: `PCT_MEANINGS`)."""
+    meanings = {**PCT_MEANINGS, **(meanings or {})}
     head = list(df.columns)
     numeric = [is_numeric(df, c) for c in head]
     styles = [kind(c) for c in head]
     th = "".join(
-        f'<th data-value="{esc(c)}" class="{"num" if n else "txt"}" tabindex="0" title="{esc(_header_help(c, s))}">'
+        f'<th data-value="{esc(c)}" class="{"num" if n else "txt"}" tabindex="0" '
+        f'title="{esc(_header_help(c, s, meanings))}">'
         f"{esc(c)}</th>"
         for c, n, s in zip(head, numeric, styles, strict=True)
     )
@@ -69,8 +79,11 @@ def _td(c: Cell, numeric: bool) -> str:
     return f'<td{attr} data-value="{esc(c.value)}"{style}>{inner}</td>'
 
 
-def _header_help(column: str, style: str) -> str:
-    """What a header says on hover: the column's name and how its values are shown."""
+def _header_help(column: str, style: str, meanings: Mapping[str, str]) -> str:
+    """What a header says on hover: the column's name, what it is (a percentage: of what), and how
+    its values are shown."""
+    if column in meanings:
+        return f"{column}: {meanings[column]}; click to sort"
     how = {
         "time": "a time, shown in the unit that suits each value",
         "pct": "a percentage",

@@ -1,6 +1,7 @@
 """roofline: per device, each costed kernel a bubble at (arithmetic intensity, achieved TFLOP/s),
 area = its share of the device's kernel time, colour = its category; the memory roof and a compute
-roof per peak its kernels' dtypes reach, each labelled with its value; the kernels with the most
+roof per peak its kernels' math modes reach, each labelled with its value; a kernel above the DRAM
+roof (roofline_bound = cache: its bytes came from the cache) ringed in black; the kernels with the most
 time named; under the legends, how much of the kernel time is drawn and why the rest is not. A
 device with nothing to place says why, in the figure. What a panel shows: `roofline_data`."""
 
@@ -37,6 +38,8 @@ MIN_AREA = 6.0  # pt²: the smallest bubble drawn (0.5% of the time)
 SIZE_REFS = (1, 10, 50)  # % of the device's kernel time, in the size legend
 PANEL_COLUMNS = 2  # roofline panels per row
 ROOF = "#b22222"
+CACHE_RING = "black"  # the ring of a kernel above the DRAM roof (roofline_bound = cache)
+CACHE_LABEL = "ring: from the cache"  # above the DRAM roof
 
 
 def roofline_figure(flat, kernels: pl.DataFrame):
@@ -126,14 +129,15 @@ def draw_points(ax, points: pl.DataFrame):
     rows = points.sort("share", descending=True)
     categories = rows["category"].fill_null("other")
     colours = category_colours(categories)
+    cache = [b == "cache" for b in rows["roofline_bound"]]
     ax.scatter(
         rows["arithmetic_intensity"],
         rows["achieved_tflops"],
         s=[area(v) for v in rows["share"]],
         c=[colours[c] for c in categories],
         alpha=0.65,
-        edgecolors="0.25",
-        linewidths=0.5,
+        edgecolors=[CACHE_RING if c else "0.25" for c in cache],
+        linewidths=[1.8 if c else 0.5 for c in cache],
         zorder=3,
     )
 
@@ -256,6 +260,8 @@ def legends(ax, points: pl.DataFrame):
         )
         for c, p in by_time.iter_rows()
     ]
+    if (points["roofline_bound"] == "cache").any():
+        dots.append(Line2D([], [], ls="", marker="o", ms=7, mfc="white", mec=CACHE_RING, mew=1.8, label=CACHE_LABEL))
     colour = ax.legend(
         handles=dots,
         title="colour: kernel category (share of the kernel time drawn)",

@@ -1,5 +1,5 @@
 """roofline_data: what a device's roofline shows: its kernels with FLOPs and bytes (the points),
-its roofs (the memory bandwidth, a compute peak per dtype its kernels are held to), and the share
+its roofs (the memory bandwidth, a compute peak per math mode its kernels are held to), and the share
 of its kernel time that is not drawn, by why (`WHY`, with the fix where there is one: `FIX`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import polars as pl
 
 from pipeline.analyses.flat import Flat
 from pipeline.cost.coverage import CAUSES
-from pipeline.cost.devices import DTYPE_PEAK
+from pipeline.cost.peaks import UNKNOWN_MODE
 from pipeline.render.plots.figure import device_labels
 
 WHY = {  # why a kernel is not on the roofline: its gpu_ops.unmodelled_reason, or what its cost lacks
@@ -29,10 +29,11 @@ COST_COLUMNS = (
     "dur_ns",
     "flops",
     "bytes",
-    "cost_dtype",
+    "math_mode",
     "peak_tflops",
     "unmodelled_reason",
 )
+LATER = ("math_mode",)  # cost columns a trace costed by an earlier version lacks
 
 
 @dataclass
@@ -43,35 +44,35 @@ class Panel:
     label: str  # "device 0: NVIDIA H100 80GB HBM3"
     points: pl.DataFrame  # kernel_table rows with an intensity and a rate, + share: % of kernel time placed
     bw_gbps: float | None  # the memory roof
-    roofs: list[tuple[str, float]]  # (dtypes, peak TFLOP/s), the most used first
+    roofs: list[tuple[str, float]]  # (math modes, peak TFLOP/s), the most used first
     reasons: list[tuple[str, float]]  # (reason, % of the device's kernel time), largest first; "drawn" among them
 
 
 def _costed_kernels(f: Flat) -> pl.LazyFrame | None:
     """The trace's kernels in the analysed window with their cost columns (None: never costed)."""
     g = pl.scan_parquet(f.path / "gpu_ops.parquet")
-    if not set(COST_COLUMNS) <= set(g.collect_schema().names()):
+    have = set(g.collect_schema().names())
+    if not set(COST_COLUMNS) - set(LATER) <= have:
         return None
+    g = g.with_columns(pl.lit(None, pl.String).alias(c) for c in LATER if c not in have)  # costed before them
     return g.select(COST_COLUMNS).filter((pl.col("kind") == "kernel") & f.time_filter())
 
 
-def _dtype_of_peak(dtype: pl.Expr) -> pl.Expr:
-    """The dtype whose peak a kernel of `dtype` is held to (`roofline.dtype_peak`: bf16 when unknown)."""
-    short = {k: v.removeprefix("peak_").removesuffix("_tflops").removesuffix("_tops") for k, v in DTYPE_PEAK.items()}
-    key = dtype.str.strip_chars().str.to_lowercase()
-    return key.replace_strict(short, default="bf16", return_dtype=pl.String).fill_null("bf16")
+def _mode_of_peak(mode: pl.Expr) -> pl.Expr:
+    """The math mode whose peak a kernel is held to (`peaks.mode_peak`: bf16 when unknown)."""
+    return mode.fill_null(UNKNOWN_MODE)
 
 
 def compute_roofs(f: Flat) -> pl.DataFrame:
     """(device, peak_tflops, dtypes, dur_ns): one compute roof per peak the device's drawn kernels
-    are held to, named by their dtypes ("bf16", "fp32"), the most used first."""
+    are held to, named by their math modes ("tf32", "bf16/fp16"), the most used first."""
     g = _costed_kernels(f)
     if g is None:
         return pl.DataFrame(schema={"device": pl.Int64, "peak_tflops": pl.Float64, "dtypes": pl.String})
     drawn = (pl.col("flops") > 0) & (pl.col("bytes") > 0) & pl.col("peak_tflops").is_not_null()
     return (
         g.filter(drawn)
-        .group_by("device", "peak_tflops", dtype=_dtype_of_peak(pl.col("cost_dtype")))
+        .group_by("device", "peak_tflops", dtype=_mode_of_peak(pl.col("math_mode")))
         .agg(pl.col("dur_ns").sum())
         .sort("dur_ns", descending=True)
         .group_by("device", "peak_tflops", maintain_order=True)
