@@ -58,7 +58,8 @@ def saving_line(d: dict, window: str = "the window") -> str:
 
 
 def evidence_text(e: dict, limit: int | None = NAME_CHARS) -> str:
-    name = shorten(str(e["name"]), limit, names=e.get("what") != "chain") if limit else str(e["name"])
+    chain = e.get("what") == "chain"  # a chain is read whole (the lines wrap)
+    name = shorten(str(e["name"]), limit) if limit and not chain else str(e["name"])
     parts = [name]
     if e.get("count") is not None:
         parts.append(f"x{e['count']:,}")
