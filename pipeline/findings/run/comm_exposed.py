@@ -15,13 +15,12 @@ ID = "comm_exposed"
 
 def comm_exposed(r: RunFacts) -> Finding | None:
     lim = r.limits(ID)
-    ranks = {k: d for k, d in r.per_rank.items() if d["device"] and d["step_us"]}
+    ranks = r.device_ranks
     if not ranks:
         return None
     moving = {k: max(d["exposed_comm_us"] - d["wait_us"], 0.0) for k, d in ranks.items()}
     mid = r.median(list(moving.values()))
-    mid_step = r.median([d["step_us"] for d in ranks.values()])
-    if mid < lim["min_span"] * mid_step:
+    if mid < lim["min_span"] * r.median_step_us:
         return None
     wall = r.bounded((mid * lim["low"], mid * lim["high"]))
     if not r.worth(wall):

@@ -99,6 +99,16 @@ class RunFacts:
         return out
 
     @cached_property
+    def device_ranks(self) -> dict[int, dict]:
+        """`per_rank` of the ranks with a device and steps."""
+        return {k: d for k, d in self.per_rank.items() if d["device"] and d["step_us"]}
+
+    @cached_property
+    def median_step_us(self) -> float:
+        """The median rank's summed steps (of the ranks with a device)."""
+        return self.median([d["step_us"] for d in self.device_ranks.values()])
+
+    @cached_property
     def window_us(self) -> float:
         """The run's time: the longest of its ranks' summed steps (else its collectives' span)."""
         totals = [d["step_us"] for d in self.per_rank.values()]

@@ -17,15 +17,14 @@ ID = "host_bound"
 
 def host_bound(r: RunFacts) -> Finding | None:
     lim = r.limits(ID)
-    ranks = {k: d for k, d in r.per_rank.items() if d["device"] and d["step_us"]}
+    ranks = r.device_ranks
     if not ranks:
         return None
     busy = {k: (d["compute_us"] + d["exposed_comm_us"]) / d["step_us"] for k, d in ranks.items()}
     idle = {k: max(d["step_us"] - d["compute_us"] - d["exposed_comm_us"], 0.0) for k, d in ranks.items()}
     mid_busy = r.median(list(busy.values()))
     mid_idle = r.median(list(idle.values()))
-    mid_step = r.median([d["step_us"] for d in ranks.values()])
-    if mid_busy >= lim["max_busy"] or mid_idle < lim["min_span"] * mid_step:
+    if mid_busy >= lim["max_busy"] or mid_idle < lim["min_span"] * r.median_step_us:
         return None
     wall = r.bounded((mid_idle * lim["low"], mid_idle * lim["high"]))
     if not r.worth(wall):
