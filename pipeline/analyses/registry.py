@@ -30,6 +30,8 @@ from pipeline.analyses.memory import memory, memory_by_op, with_memory_columns
 from pipeline.analyses.ops import op_table
 from pipeline.analyses.queue import QUEUE_FULL, queue
 from pipeline.analyses.sequences import SEQ_LEN, sequences
+from pipeline.findings.rules import findings_frame, flat_view, trace_findings
+from pipeline.render.findings import findings_text
 from pipeline.render.tables import records
 
 GROUP_COLUMNS = tuple(c for columns in GROUPINGS.values() for c in columns)  # an op grouping's key columns
@@ -67,6 +69,10 @@ class Section:
     json_key: str | None = None  # its key in the JSON document (default: its name)
     views: Callable[[pl.DataFrame], dict[str, pl.DataFrame]] | None = None  # its tables (default: itself)
     meanings: Mapping[str, str] = field(default_factory=dict)  # its own columns' meanings (over PCT_MEANINGS)
+    # made from other sections' results (`analyze` computes it last, sharing them): f, options, section(name)
+    reads: Callable[[Flat, Options, Callable[[str], pl.DataFrame]], pl.DataFrame] | None = None
+    text: Callable[[pl.DataFrame, str, int | None], str] | None = None  # its table / md text (default: its tables)
+    lead: bool = False  # what to fix: shown first, before everything else, even when empty (it says so)
 
     def tables(self, df: pl.DataFrame) -> dict[str, pl.DataFrame]:
         """What table, md, csv and xlsx show of the section: named tables (default: its rows)."""
@@ -105,7 +111,26 @@ def is_pct(column: str) -> bool:
     return column == "pct" or column.endswith("_pct")
 
 
+def _findings(f: Flat, o: Options, section: Callable[[str], pl.DataFrame]) -> pl.DataFrame:
+    return findings_frame(trace_findings(f, section))
+
+
 REGISTRY: tuple[Section, ...] = (
+    Section(
+        "findings",
+        lambda f, o: _findings(f, o, _computer(f, o, {})),
+        "What to fix (largest saving first; savings overlap, do not add them)",
+        "what to fix: each finding's evidence, saving (a range of µs) and remedy, largest first",
+        json_value=records,
+        views=lambda df: {"findings": flat_view(df)},
+        reads=_findings,
+        text=findings_text,
+        lead=True,
+        meanings={
+            "gain_low_pct": "% of the window's span (first start to last end): the low end of the saving",
+            "gain_high_pct": "% of the window's span (first start to last end): the high end of the saving",
+        },
+    ),
     Section(
         "devices",
         lambda f, o: busy(f),
@@ -319,7 +344,26 @@ def analyze(
         f.sweep_both(group_by)  # the CPU sweep also serves the compile view, and a CPU-only trace's device tables
     options = options or Options()
     options = Options(**{**options.__dict__, "group_by": group_by, "sort": sort})
-    return {s.name: s.compute(f, options) for s in chosen}
+    done: dict[str, pl.DataFrame] = {}
+    section = _computer(f, options, done)
+    for s in chosen:
+        if s.reads is None:
+            section(s.name)
+    for s in chosen:
+        if s.reads is not None:
+            done[s.name] = s.reads(f, options, section)
+    return {s.name: done[s.name] for s in chosen}
+
+
+def _computer(f: Flat, options: Options, done: dict[str, pl.DataFrame]) -> Callable[[str], pl.DataFrame]:
+    """section(name): a section's frame, computed once (kept in `done`)."""
+
+    def section(name: str) -> pl.DataFrame:
+        if name not in done:
+            done[name] = BY_NAME[name].compute(f, options)
+        return done[name]
+
+    return section
 
 
 def _nested(only: list[str]) -> bool:

@@ -85,7 +85,7 @@ def render_sections(
     names = device_names(sections) if devices is None else devices
     out = []
     for name, df in sections.items():
-        if df.height:
+        if df.height or (name in BY_NAME and BY_NAME[name].text is not None):  # "nothing to fix" is news too
             out.append(_text_section(name, df, fmt, layout, top, names))
     return "\n".join(out)
 
@@ -114,6 +114,8 @@ def _text_section(
     s = BY_NAME.get(name)
     title = s.title if s else name
     head = f"## {title}\n\n" if fmt == "md" else f"{title}\n"
+    if s is not None and s.text is not None:
+        return head + s.text(df.head(top) if top else df, fmt, layout.width)
     views = s.tables(df) if s else {name: df}
     tables = ("\n" if fmt == "md" else "").join(
         _table(view, rows, s, fmt, layout, top, devices, len(views) > 1) for view, rows in views.items() if rows.height

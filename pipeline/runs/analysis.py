@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.findings.run import RunFacts, run_findings
 from pipeline.render.rows import Rows
 from pipeline.runs import clock
 from pipeline.runs.calls import KIND_NAMES, Extract
@@ -88,6 +89,7 @@ class RunResult:
     desyncs: Rows
     problems: Rows
     waits: WaitStore = field(default_factory=WaitStore)
+    findings: dict[str, list[dict]] = field(default_factory=dict)  # per run: what to fix (`Finding.as_dict`)
 
 
 @dataclass
@@ -132,7 +134,7 @@ def analyze(extracts: list, run_by: str | None = None, align: bool = True) -> Ru
     store = WaitStore()
     for run in group_runs(infos, run_by):
         _one_run(run, extracts, align, parts, store)
-    return RunResult(
+    res = RunResult(
         runs=_rows(parts["runs"], RUNS_COLUMNS),
         ranks=_rows(parts["ranks"], RANKS_COLUMNS),
         collectives=_rows(parts["coll"], COLL_COLUMNS),
@@ -145,6 +147,8 @@ def analyze(extracts: list, run_by: str | None = None, align: bool = True) -> Ru
         problems=_rows(parts["prob"], ["run", "file", "problem", "detail"]),
         waits=store,
     )
+    res.findings = {r: [x.as_dict() for x in run_findings(RunFacts.of(res, r))] for r in res.runs.data["run"]}
+    return res
 
 
 RUNS_COLUMNS = ["run", "world_size", "traces", "ranks", "missing_ranks", "no_rank", "duplicate", "problems"]

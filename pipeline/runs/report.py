@@ -157,8 +157,9 @@ def _result(rep) -> RunResult:
 
 
 def runs_json(rep) -> dict:
-    """{"runs": [{run, world_size, ranks, missing_ranks, clock_offset_us, collectives, stragglers,
-    problems, ...}]}: the contract of `tracepipe ranks --format json` (README, "Whole runs")."""
+    """{"runs": [{run, findings, world_size, ranks, missing_ranks, clock_offset_us, collectives,
+    stragglers, problems, ...}]}: the contract of `tracepipe ranks --format json` (README, "Whole
+    runs"; findings: what to fix across the run's ranks, docs/guides/reading-findings.md)."""
     runs = _runs(_result(rep))
     return {"runs": [{**head, "steps": list(head["steps"]), "collectives": list(colls)} for head, colls in runs]}
 
@@ -196,6 +197,7 @@ def _runs(res: RunResult) -> Iterator[tuple[dict, Iterator[dict]]]:
         ranks = _of_run(res.ranks, run)
         head = {
             "run": run,
+            "findings": res.findings.get(run, []),
             "world_size": r["world_size"],
             "ranks": list(r["ranks"] or []),
             "missing_ranks": list(r["missing_ranks"] or []),
@@ -257,8 +259,8 @@ def only_run(rep, run: str):
     if run not in names:
         raise UsageError(f"no run {run!r}; runs: {', '.join(map(str, names)) or 'none'}")
     keep = lambda rows: rows.filter([r == run for r in rows.data["run"]])
-    tables = {f: keep(getattr(res, f)) for f in RunResult.__dataclass_fields__ if f != "waits"}
-    out = RunResult(**tables, waits=res.waits)
+    tables = {f: keep(getattr(res, f)) for f in RunResult.__dataclass_fields__ if f not in ("waits", "findings")}
+    out = RunResult(**tables, waits=res.waits, findings={run: res.findings.get(run, [])})
     return RunReport.of(out) if isinstance(rep, RunReport) else out
 
 

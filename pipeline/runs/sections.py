@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.render.findings import FLAT_COLUMNS, findings_lines, flat_rows
 from pipeline.render.rows import Rows
 from pipeline.render.tables import render
 
@@ -103,6 +104,7 @@ def render_sections(
     all) and say how many more there are; `columns`: only these, where a section has them."""
     one_run = fmt != "csv" and res.runs.height == 1  # its name once, above the tables, not in every row
     out = [f"run: {res.runs.data['run'][0]}\n"] if one_run else []
+    out.append(_findings(res, fmt, width, one_run))
     for name, title, table, shown in SECTIONS:
         df = in_us(getattr(res, table))
         if not df.height:
@@ -124,11 +126,33 @@ def render_sections(
     return "\n".join(out)
 
 
+FINDINGS_TITLE = "What to fix across the ranks (largest saving first; they overlap)"
+
+
+def findings_rows(res) -> Rows:
+    """Every run's findings as one flat table (run first)."""
+    rows = [{"run": run, **r} for run, found in res.findings.items() for r in flat_rows(found)]
+    return Rows({c: [r.get(c) for r in rows] for c in ("run", *FLAT_COLUMNS)})
+
+
+def _findings(res, fmt: str, width: int | None, one_run: bool) -> str:
+    """The findings, first: per run, numbered (table, md), or as rows (csv)."""
+    if fmt == "csv":
+        return "# findings\n" + render(findings_rows(res), "csv")
+    head = f"## {FINDINGS_TITLE}\n\n" if fmt == "md" else f"{FINDINGS_TITLE}\n"
+    parts = []
+    for run, found in res.findings.items():
+        label = "" if one_run else (f"### run {run}\n\n" if fmt == "md" else f"run {run}:\n")
+        parts.append(label + findings_lines(found, fmt, width, "the run's steps"))
+    return head + "\n".join(parts)
+
+
 def section_frames(rep) -> dict:
     """Every section's rows (all of its columns, times in µs) as polars frames, by name: the
-    sheets of xlsx (and what an html page shows)."""
+    sheets of xlsx (and what an html page shows); the findings first."""
     res = getattr(rep, "result", rep)
-    return {name: in_us(getattr(res, table)).to_polars() for name, _, table, _ in SECTIONS}
+    frames = {"findings": findings_rows(res).to_polars()}
+    return frames | {name: in_us(getattr(res, table)).to_polars() for name, _, table, _ in SECTIONS}
 
 
 def write_runs_workbook(rep, path) -> None:

@@ -1,5 +1,5 @@
-"""analysis: the page of `analyze --format html`: the overview, then every section the analysis
-computed, in the registry's order, as the JSON document has it.
+"""analysis: the page of `analyze --format html`: what to fix (the findings), the overview, then
+every section the analysis computed, in the registry's order, as the JSON document has it.
 
 Nothing here names a section to show it: each is `<section data-section="KEY">` (its key in the
 JSON document), titled and explained by its registry entry (`Section.title`, `.help`), holding a
@@ -20,9 +20,9 @@ from pipeline.analyses.memory import memory_series
 from pipeline.analyses.queue import queue_series
 from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE, pct_meanings
 from pipeline.render.html.cells import duration, engineering_bytes
-from pipeline.render.html.model import Chart, Note, Page, Part, Section, Table
+from pipeline.render.html.model import Chart, Findings, Note, Page, Part, Section, Table
 from pipeline.render.html.overview import overview
-from pipeline.render.html.page import render_page
+from pipeline.render.html.page import anchor, render_page
 
 SMALL_MEMORY = 0.001  # a device whose memory never reaches this share of the largest peak gets no timeline
 TIMELINE_POINTS = 6000  # per device or stream: enough to zoom into (every peak kept, see memory_series)
@@ -49,8 +49,14 @@ def analysis_page(
         page.facts.append(("devices", names))
     page.overview = overview(f, sections, devices)
     empty = []
+    links = {n: anchor(BY_NAME[n].key) for n, df in sections.items() if n in BY_NAME and df.height}
     for name, df in sections.items():
         s = BY_NAME.get(name)
+        if s is not None and s.lead:  # what to fix: first, and said even when there is nothing
+            sec = Section(s.title, name=s.key, help=s.help, lead=True)
+            sec.parts = [Findings(tuple(df.to_dicts()), links)]
+            page.sections.append(sec)
+            continue
         if not df.height:
             empty.append((s.key if s else name, s.help if s else ""))
             continue

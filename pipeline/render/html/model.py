@@ -56,7 +56,19 @@ class Group:
     parts: tuple
 
 
-Part = Table | Chart | Tile | Note | Group
+@dataclass(frozen=True)
+class Findings:
+    """What to fix: findings (`Finding.as_dict` rows, largest saving first), each drawn with its
+    range, title, evidence, remedy and a link to its section (`links`: section name -> the anchor
+    on this page, when the page holds that section)."""
+
+    rows: tuple[dict, ...]
+    links: dict = field(default_factory=dict)
+    window: str = "the window"  # what gain_pct is a share of
+    run: str | None = None  # a run's findings on a page of several runs
+
+
+Part = Table | Chart | Tile | Note | Group | Findings
 
 
 @dataclass
@@ -66,6 +78,7 @@ class Section:
     name: str | None = None  # its key in the JSON document: data-section="NAME"
     help: str = ""  # a line under the title
     anchor: str = ""  # its id on the page (default: its name)
+    lead: bool = False  # shown before the overview (what to fix)
 
 
 @dataclass

@@ -6,9 +6,9 @@ package) and each chart's data (JSON in `<script type="application/json">`, esca
 at all, inline styles, and only its own script, by hash (so markup that got into a name could not
 run even if an escape were missed). It opens from `file://`, an e-mail or a CI artifact.
 
-Layout: a heading with the input's facts, a bar of links to the sections, the overview (tiles,
-then charts and small tables in a grid), then every section (`<section data-section="NAME">`),
-and a line naming the sections that had nothing to show.
+Layout: a heading with the input's facts, a bar of links to the sections, what to fix (the lead
+sections: the findings), the overview (tiles, then charts and small tables in a grid), then every
+section (`<section data-section="NAME">`), and a line naming the sections that had nothing to show.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from importlib.resources import files
 from pipeline.render.html.cells import NAME_CHARS
 from pipeline.render.html.escape import script_json
 from pipeline.render.html.escape import text as esc
-from pipeline.render.html.model import Chart, Group, Note, Page, Part, Section, Table, Tile
+from pipeline.render.html.findings import findings_html
+from pipeline.render.html.model import Chart, Findings, Group, Note, Page, Part, Section, Table, Tile
 from pipeline.render.html.table import html_table
 
 COMPACT_NAMES = 48  # characters of a name in an overview's table
@@ -63,8 +64,11 @@ def render_page(page: Page, empty: list[tuple[str, str]] | None = None) -> str:
     sections = [s for s in page.sections if s.parts]
     for s in sections:
         s.anchor = s.anchor or anchor(s.name or s.title)
-    links = ['<a href="#overview">Overview</a>'] if page.overview else []
-    links += [f'<a href="#{esc(s.anchor)}">{esc(_short_title(s.title))}</a>' for s in sections]
+    lead = [s for s in sections if s.lead]
+    rest = [s for s in sections if not s.lead]
+    link = lambda s: f'<a href="#{esc(s.anchor)}">{esc(_short_title(s.title))}</a>'
+    links = [link(s) for s in lead] + (['<a href="#overview">Overview</a>'] if page.overview else [])
+    links += [link(s) for s in rest]
     facts = "".join(f"<div><dt>{esc(k)}</dt><dd>{esc(v)}</dd></div>" for k, v in page.facts)
     out = [
         "<!DOCTYPE html>",
@@ -81,9 +85,10 @@ def render_page(page: Page, empty: list[tuple[str, str]] | None = None) -> str:
         f'<nav class="toc">{"".join(links)}</nav>',
         "<main>",
     ]
+    out += [_section(s) for s in lead]
     if page.overview:
         out.append(f'<section id="overview" class="overview"><h2>Overview</h2>{_overview(page.overview)}</section>')
-    out += [_section(s) for s in sections]
+    out += [_section(s) for s in rest]
     if empty:
         names = ", ".join(f"{n} ({t})" if t and t != n else n for n, t in empty)
         out.append(f'<p class="empty">Nothing to show in this input: {esc(names)}.</p>')
@@ -117,6 +122,7 @@ def _overview(parts: list[Part]) -> str:
 
 def _section(s: Section) -> str:
     data = f' data-section="{esc(s.name)}"' if s.name else ""
+    data += ' class="lead"' if s.lead else ""
     help_line = f'<p class="help">{esc(s.help)}</p>' if s.help else ""
     return (
         f'<section{data} id="{esc(s.anchor)}"><h2>{esc(s.title)}</h2>{help_line}'
@@ -150,4 +156,6 @@ def _part(p: Part) -> str:
         return _tile(p)
     if isinstance(p, Group):
         return "".join(_part(q) for q in p.parts)
+    if isinstance(p, Findings):
+        return findings_html(p)
     raise TypeError(f"not a part of a page: {type(p).__name__}")

@@ -1,8 +1,8 @@
-"""runs: the page of `ranks --format html`: per run, an overview (ranks traced and missing, the
-worst straggler, time waited, a rank x step heat map of waits, each rank's step time split,
-bus bandwidth by message size), then every section of the run report (`pipeline.runs.sections`:
-runs, ranks, stragglers, collectives, steps, desyncs, and whatever is added there), each
-`<section data-section="NAME">` with every row.
+"""runs: the page of `ranks --format html`: what to fix across the ranks (per run), then per run
+an overview (ranks traced and missing, the worst straggler, time waited, a rank x step heat map
+of waits, each rank's step time split, bus bandwidth by message size), then every section of
+the run report (`pipeline.runs.sections`: runs, ranks, stragglers, collectives, steps, desyncs,
+and whatever is added there), each `<section data-section="NAME">` with every row.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import polars as pl
 import pipeline.render.html.charts as ch
 from pipeline.render.html.cells import duration, engineering_bytes
 from pipeline.render.html.frames import frames_page
-from pipeline.render.html.model import Chart, Note, Part, Table, Tile
-from pipeline.render.html.page import render_page
-from pipeline.runs.sections import SECTIONS, SLOWEST_FIRST, section_frames
+from pipeline.render.html.model import Chart, Findings, Note, Part, Section, Table, Tile
+from pipeline.render.html.page import anchor, render_page
+from pipeline.runs.sections import FINDINGS_TITLE, SECTIONS, SLOWEST_FIRST, section_frames
 
 STEP_PREFIX = "ProfilerStep#"  # said once, as the columns' label, rather than in every column
 SHOWN_PROBLEMS = 5  # problems said in the overview (the problems section holds them all)
@@ -42,6 +42,11 @@ def runs_html(rep, facts=()) -> str:
     for run in runs:
         parts += overview(rep, run, None if one else run)
     page, empty = frames_page(title, "run", sections, [("dataset runs", ", ".join(runs)), *facts], parts)
+    links = {s.name: anchor(s.name) for s in page.sections if s.name}
+    found = getattr(rep.result, "findings", {}) if rep.result is not None else {}
+    fix = Section(FINDINGS_TITLE, name="findings", lead=True)
+    fix.parts = [Findings(tuple(found.get(run, [])), links, "the run's steps", None if one else run) for run in runs]
+    page.sections.insert(0, fix)
     return render_page(page, empty)
 
 

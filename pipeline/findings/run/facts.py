@@ -1,0 +1,127 @@
+"""facts: what the run rules read of one run of `ranks` (a `runs.analysis.RunResult`'s tables,
+read by their column names): its ranks' steps, stragglers and the collectives they were last in.
+
+Times in µs. The run's time (`window_us`, what a finding's gain_pct is a share of): the longest of
+its ranks' summed steps, else the span of its collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from statistics import median
+
+from pipeline.findings.finding import Range, capped, narrowed
+from pipeline.findings.limits import limits
+
+
+@dataclass
+class RunFacts:
+    run: str
+    ranks: list[int]
+    steps: list[dict]  # rank, step, step_us, compute_us, comm_us, exposed_comm_us, wait_us
+    stragglers: list[dict]  # rank, wait_caused_us, times_last (largest wait caused first)
+    lags: dict[int, list[float]] = field(
+        default_factory=dict
+    )  # rank -> its lag behind the next-latest rank, per collective it was last in
+    collectives: int = 0
+    span_us: float = 0.0  # first collective's start to last one's, when there are no steps
+
+    @staticmethod
+    def limits(rule: str) -> dict:
+        return limits(rule)
+
+    @classmethod
+    def of(cls, res, run: str, top: int = 3) -> RunFacts:
+        """The facts of run `run` of a RunResult (its tables' rows of that run; the waits of the
+        collectives its `top` stragglers were last in)."""
+        mine = lambda rows: [r for r in rows.iter_rows(named=True) if r["run"] == run]
+        us = lambda v: None if v is None or v != v else float(v) / 1e3
+        steps = [
+            {
+                "rank": r["rank"],
+                "step": r["step"],
+                **{
+                    k[:-3] + "_us": us(r[k]) for k in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "wait_ns")
+                },
+            }
+            for r in mine(res.steps)
+        ]
+        strag = [
+            {"rank": r["rank"], "wait_caused_us": us(r["wait_caused_ns"]) or 0.0, "times_last": r["times_last"]}
+            for r in mine(res.stragglers)
+        ]
+        ranks = sorted({r["rank"] for r in mine(res.ranks)})
+        c = res.collectives
+        lags: dict[int, list[float]] = {}
+        wanted = {s["rank"] for s in strag[:top]}
+        first, last, n = None, None, 0
+        if c.height:
+            runs, last_rank = c.data["run"], c.data["last_rank"]
+            stores, firsts, skews = c.data["_store"], c.data["first_ns"], c.data["start_skew_ns"]
+            for i in range(c.height):
+                if runs[i] != run:
+                    continue
+                n += 1
+                f0 = float(firsts[i])
+                first = f0 if first is None else min(first, f0)
+                last = f0 + float(skews[i]) if last is None else max(last, f0 + float(skews[i]))
+                lr = int(last_rank[i])
+                if lr in wanted and float(skews[i]) >= 1e3:  # measures.LAST_BY: a straggler by at least 1 µs
+                    who, waits = res.waits.get(int(stores[i]))
+                    others = [w for k, w in zip(who, waits) if k != lr]
+                    if others:
+                        lags.setdefault(lr, []).append(min(others) / 1e3)
+        span = (last - first) / 1e3 if first is not None and last is not None else 0.0
+        return cls(run, ranks, steps, strag, lags, n, span)
+
+    @cached_property
+    def per_rank(self) -> dict[int, dict]:
+        """rank -> its steps' sums (step_us, compute_us, comm_us, exposed_comm_us, wait_us) and count."""
+        out: dict[int, dict] = {}
+        for s in self.steps:
+            d = out.setdefault(
+                s["rank"],
+                {
+                    "steps": 0,
+                    "step_us": 0.0,
+                    "compute_us": 0.0,
+                    "comm_us": 0.0,
+                    "exposed_comm_us": 0.0,
+                    "wait_us": 0.0,
+                    "device": False,
+                },
+            )
+            d["steps"] += 1
+            for k in ("step_us", "compute_us", "comm_us", "exposed_comm_us", "wait_us"):
+                d[k] += s[k] or 0.0
+            d["device"] = d["device"] or s["compute_us"] is not None
+        return out
+
+    @cached_property
+    def device_ranks(self) -> dict[int, dict]:
+        """`per_rank` of the ranks with a device and steps."""
+        return {k: d for k, d in self.per_rank.items() if d["device"] and d["step_us"]}
+
+    @cached_property
+    def median_step_us(self) -> float:
+        """The median rank's summed steps (of the ranks with a device)."""
+        return self.median([d["step_us"] for d in self.device_ranks.values()])
+
+    @cached_property
+    def window_us(self) -> float:
+        """The run's time: the longest of its ranks' summed steps (else its collectives' span)."""
+        totals = [d["step_us"] for d in self.per_rank.values()]
+        return max(totals) if totals else self.span_us
+
+    def median(self, values: list[float]) -> float:
+        return float(median(values)) if values else 0.0
+
+    def bounded(self, wall: Range) -> Range:
+        """high at most max_ratio x low, within the run's time."""
+        ratio = limits("common")["max_ratio"]
+        return narrowed(capped(wall, self.window_us) if self.window_us else wall, ratio)
+
+    def worth(self, wall: Range) -> bool:
+        c = limits("common")
+        return wall[1] >= max(c["min_gain_span"] * self.window_us, c["min_gain_us"])
