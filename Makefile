@@ -102,10 +102,12 @@ clean:           ## remove generated outputs
 
 .PHONY: help install install-cluster install-oracle demo test lint test-fast fuzz oracle gloo-runs bench bench-runs bench-peers bench-compare bench-archive batch compact query examples acceptance clean
 
-readme:          ## regenerate the README sections derived from schemas, formulas and device specs
-	$(PY) scripts/gen_readme.py
+docs:            ## the documentation site into site/ (MkDocs, strict; reference pages generated from the code)
+	@$(PY) -c "import mkdocs, material" 2>/dev/null || $(MAKE) install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	@echo "documentation: site/index.html"
 
-docs: install    ## the API reference (pdoc) of the public modules, into build/api/
-	$(PY) -m pdoc --no-show-source -o build/api pipeline pipeline.dataset.tables pipeline.runs.report
-	@echo "API reference: build/api/index.html"
-.PHONY: docs readme
+docs-serve:      ## the documentation site at http://127.0.0.1:8000, rebuilt on every change
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
+
+.PHONY: docs docs-serve

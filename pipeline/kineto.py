@@ -180,7 +180,7 @@ def layout_of(cats: Iterable[str | None]) -> str:
 
 
 def layouts_markdown() -> str:
-    """The layout table for the README (`make readme`)."""
+    """The layout table for the documentation (scripts/gen_docs.py)."""
     rows = ["| layout | torch | since | what distinguishes it | real traces that test it |", "|---|---|---|---|---|"]
     for x in LAYOUTS:
         traces = ", ".join(f"`{t}`" for t in x.traces) or f"none yet: learned from {x.source}; built by `{x.built_by}`"

@@ -1,6 +1,6 @@
 """Table schemas, declared once in `schemas/*.toml` (column, type, unit, meaning).
 
-The writer, the validation and the README's schema section all derive from these files.
+The writer, the validation and the documentation's table reference all derive from these files.
 A column may name the `stage` that fills it (`flatten` by default, else `link` or `cost`).
 """
 
@@ -108,7 +108,7 @@ def cast_to(tbl: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def markdown(name: str) -> str:
-    """The README section for one table."""
+    """The documentation section for one table."""
     t = table(name)
     lines = [
         f"#### `{t.name}`",

@@ -363,11 +363,11 @@ def test_analyze_and_batch_cost_with_the_file(tmp_path, run_cli):
     assert g["unmodelled_reason"].to_list() == [None, None, None, "no_formula"] * 2
 
 
-# ------------------------------------------------------------------ the README's example
+# ------------------------------------------------------------------ the documentation's example
 def readme_formula_file() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "guides" / "formula-files.md").read_text()
     m = re.search(r"<!-- formula-file:begin -->\s*```toml\n(.*?)```", text, re.S)
-    assert m, "README has no formula file example"
+    assert m, "docs/guides/formula-files.md has no formula file example"
     return m.group(1)
 
 

@@ -91,7 +91,7 @@ OPTIONS = (
         ("--no-cache",),
         bool,
         False,
-        "read every trace of a run folder again, and keep nothing (README: Whole runs, the cache)",
+        "read every trace of a run folder again, and keep nothing (docs: Whole runs, the cache)",
     ),
 )
 DOC = "Whole runs: collectives matched across ranks, clocks aligned, waits, stragglers, bus bandwidth."

@@ -151,7 +151,7 @@ COLLECTIVE_KERNEL = _union([lib.kernel for lib in LIBRARIES if lib.matched])
 
 
 def libraries_markdown() -> str:
-    """The README table of `LIBRARIES` (scripts/gen_readme.py)."""
+    """The documentation's table of `LIBRARIES` (scripts/gen_docs.py)."""
     rows = [
         "| library | kernels (regex on the name) | matched across ranks | where the names come from |",
         "|---|---|---|---|",

@@ -7,7 +7,7 @@ in `pipeline.cost.enrich.op_costs`) and whether the trace recorded shapes and la
 (`trace_shapes`, `trace_launches`). Each cause
 says what it means, what would give those kernels a cost (`remedy`; None where nothing can from
 what the trace holds) and the real trace that taught it. `analyze --section coverage`, the
-roofline's coverage note and the README's table are made from these entries.
+roofline's coverage note and the documentation's table are made from these entries.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def summary(cause: str | None) -> str | None:
 
 
 def causes_markdown() -> str:
-    """The causes as a Markdown table (README)."""
+    """The causes as a Markdown table (the documentation)."""
     lines = ["| cause | what it means | remedy | taught by |", "| --- | --- | --- | --- |"]
     for c in CAUSES:
         lines.append(f"| `{c.name}` | {c.summary} | {c.remedy or '(none)'} | {c.taught_by} |")

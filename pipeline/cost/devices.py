@@ -91,7 +91,7 @@ def load_specs(extra: str | None = None) -> pl.DataFrame:
 
 
 def specs_markdown(specs: pl.DataFrame) -> str:
-    """The spec table as a markdown table for the README."""
+    """The spec table as a markdown table for the documentation."""
     cols = {
         "spec_name": "device",
         "peak_bw_gbps": "GB/s",

@@ -3,7 +3,7 @@
 All joins are polars queries over the flattened Parquet files; no Python loops over events or
 threads (batches loop over GPU ops and time cells).
 
-Rules (see README, "Link rules"):
+Rules (see docs/explanation/link-rules.md):
 1. launch, by flow: a flow's `s` endpoint binds to the runtime/driver slice that starts at the
    same (pid, tid, ts) and its `f` endpoint to the GPU activity at the same (pid, tid, ts); `s`
    and `f` pair by (cat, id). A flow link whose two sides carry different correlation ids is

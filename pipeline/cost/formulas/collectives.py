@@ -180,7 +180,7 @@ for _names, _kind in _COLLECTIVES:
             _names,
             "collective",
             "0",
-            "message size = nccl-tests size of the buffers the op records (README: Whole runs, collective sizes)",
+            "message size = nccl-tests size of the buffers the op records (docs: Whole runs, collective sizes)",
             partial(_collective, _names[0], _kind),
         )
     )

@@ -304,7 +304,7 @@ _ON = {
 
 
 def sources_markdown() -> str:
-    """The README table of `SIZE_SOURCES` (scripts/gen_readme.py)."""
+    """The documentation's table of `SIZE_SOURCES` (scripts/gen_docs.py)."""
     rows = ["| # | source | read on | events | what it reads | taught by |", "|---|---|---|---|---|---|"]
     for i, s in enumerate(SIZE_SOURCES, 1):
         reads = " ".join((s.read.fn.__doc__ or "").split())
