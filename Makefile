@@ -104,7 +104,7 @@ clean:           ## remove generated outputs
 
 docs:            ## the documentation site into site/ (MkDocs, strict; reference pages generated from the code)
 	@$(PY) -c "import mkdocs, material" 2>/dev/null || $(MAKE) install
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 	@echo "documentation: site/index.html"
 
 docs-serve:      ## the documentation site at http://127.0.0.1:8000, rebuilt on every change
