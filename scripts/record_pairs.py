@@ -56,14 +56,12 @@ Step = Callable[[], None]
 
 
 # ------------------------------------------------------------------ the loops
-def optimizer_loop(fixed: bool) -> Step:
+def optimizer_loop(fixed: bool, fix: str = "fused") -> Step:
+    """AdamW over 48 small parameters: a per-parameter loop, or `fix` ("fused" / "foreach")."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(24)])
-    opt = (
-        torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        if fixed
-        else torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-    )
+    how = {fix: True} if fixed else {"foreach": False}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **how)
     x = torch.randn(16, 64)
 
     def step() -> None:
