@@ -12,14 +12,13 @@ most half its size.
 
 from __future__ import annotations
 
-import gzip
-import json
 import statistics
 from functools import cache
 from pathlib import Path
 
 import pytest
 import tomllib
+from test_findings import _steps_us as steps_us  # the CPU-side ProfilerStep#N durations (µs)
 
 from pipeline import report as rp
 
@@ -34,18 +33,6 @@ def manifest(name: str) -> dict:
 
 def trace(name: str, side: str) -> Path:
     return PAIRS / name / f"{name}_{side}.json.gz"
-
-
-def steps_us(path: Path) -> list[float]:
-    """The CPU-side ProfilerStep#N durations (µs), one per step."""
-    with gzip.open(path, "rt") as fh:
-        events = json.load(fh)["traceEvents"]
-    out: dict[str, float] = {}
-    for e in events:
-        n = str(e.get("name", ""))
-        if n.startswith("ProfilerStep#") and e.get("ph") == "X" and e.get("cat") != "gpu_user_annotation":
-            out[n] = max(out.get(n, 0.0), float(e["dur"]))
-    return sorted(out.values())
 
 
 @pytest.fixture(scope="module")
