@@ -232,18 +232,19 @@ class _Items:
         its end when it is no sync call; state n + i is sync call i reached at its end. next[s] is
         the state a step from s reaches (`step`), s itself where the walk stops."""
         n = len(self.start)
-        i = np.arange(n, dtype=np.int64)
-        p = self.pred.astype(np.int64)
+        kind = np.int32 if 2 * n < 2**31 else np.int64  # half the memory, faster gathers
+        i = np.arange(n, dtype=kind)
+        p = self.pred.astype(kind)
         stop = p < 0
         pc = np.where(stop, i, p)
         r = np.where(self.via_launch, self.start[pc], np.minimum(self.end[pc], self.start))
         at_sync_end = (self.sync_to[pc] >= 0) & (r == self.end[pc])
-        nxt = np.empty(2 * n, np.int64)
-        nxt[:n] = np.where(stop, i, pc + n * at_sync_end)
-        g = self.sync_to.astype(np.int64)
+        nxt = np.empty(2 * n, kind)
+        nxt[:n] = np.where(stop, i, pc + kind(n) * at_sync_end)
+        g = self.sync_to.astype(kind)
         synced = g >= 0
         gc = np.where(synced, g, 0)
-        nxt[n:] = np.where(synced, gc + n * (self.sync_to[gc] >= 0), i + n)  # a state never reached: stops
+        nxt[n:] = np.where(synced, gc + kind(n) * (self.sync_to[gc] >= 0), i + kind(n))  # a state never reached: stops
         return nxt
 
     def _entry(self, i: int) -> int:
@@ -265,7 +266,7 @@ class _Items:
         if not lasts:
             return []
         nxt, ahead = self._steps()
-        cur = np.array([self._entry(i) for i in lasts], np.int64)
+        cur = np.array([self._entry(i) for i in lasts], nxt.dtype)
         while True:
             moved = ahead[cur]
             if np.array_equal(moved, cur):
@@ -279,8 +280,8 @@ class _Items:
         marks = [x]  # every JUMP-th state
         while (a := int(ahead[marks[-1]])) != marks[-1]:
             marks.append(a)
-        cur = np.array(marks, np.int64)
-        rows = np.empty((self.JUMP, len(marks)), np.int64)
+        cur = np.array(marks, nxt.dtype)
+        rows = np.empty((self.JUMP, len(marks)), nxt.dtype)
         for k in range(self.JUMP):
             rows[k] = cur
             cur = nxt[cur]
