@@ -232,7 +232,7 @@ class _Items:
         its end when it is no sync call; state n + i is sync call i reached at its end. next[s] is
         the state a step from s reaches (`step`), s itself where the walk stops."""
         n = len(self.start)
-        kind = np.int32 if 2 * n < 2**31 else np.int64  # half the memory, faster gathers
+        kind = np.dtype(np.int32 if 2 * n < 2**31 else np.int64)  # half the memory, faster gathers
         i = np.arange(n, dtype=kind)
         p = self.pred.astype(kind)
         stop = p < 0
@@ -240,11 +240,11 @@ class _Items:
         r = np.where(self.via_launch, self.start[pc], np.minimum(self.end[pc], self.start))
         at_sync_end = (self.sync_to[pc] >= 0) & (r == self.end[pc])
         nxt = np.empty(2 * n, kind)
-        nxt[:n] = np.where(stop, i, pc + kind(n) * at_sync_end)
+        nxt[:n] = np.where(stop, i, pc + at_sync_end.astype(kind) * n)
         g = self.sync_to.astype(kind)
         synced = g >= 0
         gc = np.where(synced, g, 0)
-        nxt[n:] = np.where(synced, gc + kind(n) * (self.sync_to[gc] >= 0), i + kind(n))  # a state never reached: stops
+        nxt[n:] = np.where(synced, gc + (self.sync_to[gc] >= 0).astype(kind) * n, i + n)  # a state never reached: stops
         return nxt
 
     def _entry(self, i: int) -> int:
