@@ -44,13 +44,15 @@ carrying per thread its last item and latest end, per stream the items that may 
 later one. Only numpy arrays of ~30 bytes per item are kept (start, end, event_idx, category,
 predecessors). The walks are numpy, not loops: a step depends only on the state (the item, and for
 a sync call whether it is reached at its end), so `_next` is one array over all states; the state
-1,024 steps ahead comes from ten squarings of it, walks' origins from jumps of 1,024 steps, and the
-path's states from every 1,024th one stepped 1,024 times side by side (~40 bytes per item more).
+1,024 steps ahead comes from ten squarings of it, the walks' origins from jumps of 1,024 steps,
+and the path's states from every 1,024th one stepped 1,024 times side by side (~12 bytes per item
+more while walking; the path's segments are made 65,536 states at a time).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import polars as pl
@@ -226,30 +228,41 @@ class _Items:
             self.sync_to[syncs[ok]] = g[ok]
 
     JUMP = 1 << 10  # the walks' stride: states 1,024 steps ahead are known for every state
+    CHUNK = 1 << 16  # states made into segments at a time (their temporaries: ~10 MB)
 
     def _next(self) -> np.ndarray:
         """The walk as a function on states: state i (< n) is item i reached before its end, or at
-        its end when it is no sync call; state n + i is sync call i reached at its end. next[s] is
-        the state a step from s reaches (`step`), s itself where the walk stops."""
-        n = len(self.start)
-        kind = np.dtype(np.int32 if 2 * n < 2**31 else np.int64)  # half the memory, faster gathers
-        i = np.arange(n, dtype=kind)
-        p = self.pred.astype(kind)
-        stop = p < 0
-        pc = np.where(stop, i, p)
-        r = np.where(self.via_launch, self.start[pc], np.minimum(self.end[pc], self.start))
-        at_sync_end = (self.sync_to[pc] >= 0) & (r == self.end[pc])
-        nxt = np.empty(2 * n, kind)
-        nxt[:n] = np.where(stop, i, pc + at_sync_end.astype(kind) * n)
-        g = self.sync_to.astype(kind)
-        synced = g >= 0
-        gc = np.where(synced, g, 0)
-        nxt[n:] = np.where(synced, gc + (self.sync_to[gc] >= 0).astype(kind) * n, i + n)  # a state never reached: stops
+        its end when it is no sync call; state n + k is sync call `syncs[k]` reached at its end.
+        next[s] is the state a step from s reaches (the module docstring's rule), s itself where
+        the walk stops."""
+        n, syncs = len(self.start), self._syncs
+        kind = np.dtype(np.int32 if n + len(syncs) < 2**31 else np.int64)  # half the memory, faster gathers
+        nxt = np.empty(n + len(syncs), kind)
+        for k in range(0, n, self.CHUNK):  # a slice at a time: the temporaries stay small
+            i = np.arange(k, min(k + self.CHUNK, n), dtype=kind)
+            p = self.pred[i].astype(kind)
+            stop = p < 0
+            pc = np.where(stop, i, p)
+            r = np.where(self.via_launch[i], self.start[pc], np.minimum(self.end[pc], self.start[i]))
+            nxt[i] = np.where(stop, i, self._state(pc, (self.sync_to[pc] >= 0) & (r == self.end[pc])))
+        if len(syncs):
+            g = self.sync_to[syncs].astype(kind)  # reached at its end
+            nxt[n:] = self._state(g, self.sync_to[g] >= 0)
         return nxt
+
+    @cached_property
+    def _syncs(self) -> np.ndarray:
+        """The sync calls that wait for a GPU item, in item order (state n + k is the k-th's end)."""
+        return np.flatnonzero(self.sync_to >= 0)
+
+    def _state(self, items: np.ndarray, at_sync_end: np.ndarray) -> np.ndarray:
+        """The state of each item, reached at its end where `at_sync_end` (a sync call), else before."""
+        at = np.searchsorted(self._syncs, items).astype(items.dtype) + len(self.start)
+        return np.where(at_sync_end, at, items)
 
     def _entry(self, i: int) -> int:
         """The state of a walk starting at item i's end."""
-        return i + len(self.start) if self.sync_to[i] >= 0 else i
+        return int(self._state(np.array([i]), self.sync_to[[i]] >= 0)[0])
 
     def _steps(self) -> tuple[np.ndarray, np.ndarray]:
         """(`_next`, the state JUMP steps ahead of each state: where the walk stops, if sooner), made once."""
@@ -292,31 +305,36 @@ class _Items:
     def walk(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """The path ending with item i: its segments' items (-1: a gap), codes and starts in time
         order, and its end. A gap before a CPU item i is m's (outer[i]) as long as m ran."""
-        n = len(self.start)
-        end = int(self.end[i])
         states = self._chain(self._entry(i))
-        item = np.where(states >= n, states - n, states)
+        parts = [self._segments(states[k : k + self.CHUNK]) for k in range(0, len(states), self.CHUNK)]
+        items, codes, starts = (np.concatenate([q[j] for q in parts])[::-1].copy() for j in range(3))
+        return items, codes, starts, int(self.end[i])
+
+    def _segments(self, states: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The segments the steps from these states make, backwards in time (items, codes, starts):
+        per state its own segment, then the gap (waiting, or launch), then the outer item's part."""
+        n = len(self.start)
         at_sync = states >= n
+        item = states.copy()
+        item[at_sync] = self._syncs[states[at_sync] - n]
         g = np.where(at_sync, self.sync_to[item], 0)
         s = np.where(at_sync, self.end[g], self.start[item])
         code = np.where(at_sync, SYNC, self.code[item]).astype(np.int8)
-        p = self.pred[item].astype(np.int64)
+        p = self.pred[item]
         via = self.via_launch[item]
         normal = ~at_sync & (p >= 0)
         pc = np.where(normal, p, 0)
         r = np.where(normal, np.where(via, self.start[pc], np.minimum(self.end[pc], s)), s)
-        x = self.outer[item].astype(np.int64)
+        x = self.outer[item]
         xc = np.where(x >= 0, x, 0)
         gap = normal & (r < s)
         runs = gap & (x >= 0) & (self.end[xc] > r)
         held = np.where(runs, np.minimum(self.end[xc], s), r)
-        # per state, backwards: its own segment, then the gap (waiting or launch), then the outer item's part
-        items = np.stack([item, np.full_like(item, -1), x], axis=1)
+        items = np.stack([item.astype(np.int32), np.full(len(item), -1, np.int32), x.astype(np.int32)], axis=1)
         codes = np.stack([code, np.where(via, LAUNCH, WAITING).astype(np.int8), self.code[xc]], axis=1)
         starts = np.stack([s, held, r], axis=1)
-        keep = np.stack([np.ones_like(gap), gap & (held < s), gap & (held > r)], axis=1)
-        items, codes, starts = items[keep][::-1], codes[keep][::-1], starts[keep][::-1]
-        return items.astype(np.int32), codes.astype(np.int8), starts.astype(np.int64), end
+        keep = np.stack([np.ones(len(gap), bool), gap & (held < s), gap & (held > r)], axis=1)
+        return items[keep], codes[keep], starts[keep]
 
 
 @dataclass
