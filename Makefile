@@ -11,6 +11,7 @@ SRC     ?= traces
 OUT     ?= dataset
 SQL     ?= select count(*) as events from events
 J       ?= 2
+NATIVE  ?= 1
 SIZES   ?= 1000,2000
 TEMPLATE ?=
 SECTIONED ?=
