@@ -727,11 +727,14 @@ PyObject *build(PyObject *, PyObject *arg) {
   int64_t ts_keys = -1;
   Py_BEGIN_ALLOW_THREADS;
   try {
-    padded_string json(len + 2);
-    char *p = json.data();
+    // the chunk in brackets, in a buffer kept for the next chunk (no allocation per chunk)
+    thread_local std::vector<char> buffer;
+    if (buffer.size() < len + 2 + SIMDJSON_PADDING) buffer.resize(len + 2 + SIMDJSON_PADDING + (len >> 3));
+    char *p = buffer.data();
     p[0] = '[';
     memcpy(p + 1, text, len);
     p[len + 1] = ']';
+    padded_string_view json(p, len + 2, buffer.size());
     if (!t_parser) t_parser = new ondemand::parser();
     c.gpu.resize(g_field_kinds.size());
     ondemand::document doc = t_parser->iterate(json);
