@@ -36,6 +36,10 @@ constexpr int64_t INT64_MIN_ = INT64_MIN;
 struct Validity {
   std::vector<uint8_t> bits;
   int64_t nulls = 0;
+  void clear() {
+    bits.clear();
+    nulls = 0;
+  }
   void push(bool valid, int64_t i) {
     if ((i & 7) == 0) bits.push_back(0);
     if (valid)
@@ -49,6 +53,11 @@ struct StrCol {
   std::vector<int32_t> offsets{0};
   std::string data;
   Validity valid;
+  void clear() {
+    offsets.assign(1, 0);
+    data.clear();
+    valid.clear();
+  }
   void push(std::string_view s, int64_t i) {
     data.append(s);
     if (data.size() > INT32_MAX) throw Bail{};
@@ -64,6 +73,10 @@ struct StrCol {
 struct IntCol {
   std::vector<int64_t> v;
   Validity valid;
+  void clear() {
+    v.clear();
+    valid.clear();
+  }
   void push(int64_t x, int64_t i) {
     v.push_back(x);
     valid.push(true, i);
@@ -77,6 +90,10 @@ struct IntCol {
 struct DblCol {
   std::vector<double> v;
   Validity valid;
+  void clear() {
+    v.clear();
+    valid.clear();
+  }
   void push(double x, int64_t i) {
     v.push_back(x);
     valid.push(true, i);
@@ -291,6 +308,10 @@ int event_key(std::string_view k) {
 struct IdOrStr {
   IntCol ints;
   StrCol strs;
+  void clear() {
+    ints.clear();
+    strs.clear();
+  }
   void push(ondemand::value v, int64_t i) {
     switch (v.type().value()) {
       case ondemand::json_type::number: {
@@ -328,6 +349,14 @@ struct Times {
   bool has_float = false, all_int_fit = true, all_exact = true, all_small = true, all_below_text_max = true;
   bool ints_exact_as_float = true;
   int64_t n_present = 0;
+  void clear() {
+    exact.clear();
+    us.clear();
+    valid.clear();
+    has_float = false;
+    all_int_fit = all_exact = all_small = all_below_text_max = ints_exact_as_float = true;
+    n_present = 0;
+  }
   void push(ondemand::value v, int64_t i) {
     auto t = v.type().value();
     if (t == ondemand::json_type::null) {
@@ -407,6 +436,25 @@ struct Chunk {
   std::vector<GpuField> gpu;
   std::vector<uint8_t> gpu_bad;  // per event: its GPU args are not of the plain shape
   bool any_bp = false, any_s = false;
+  // emptied for the next chunk, the buffers' memory kept: no allocation per chunk once they have
+  // grown to a chunk's size (allocating and freeing them per chunk fragmented the C heap: a
+  // workers=1 flatten's peak RSS grew with the trace's size)
+  void clear(size_t n_fields) {
+    n = 0;
+    for (StrCol *c : {&ph, &cat, &name, &args, &bp, &s}) c->clear();
+    for (IdOrStr *c : {&pid, &tid, &id}) c->clear();
+    ts.clear();
+    dur.clear();
+    correlation.clear();
+    external_id.clear();
+    gpu.resize(n_fields);
+    for (GpuField &g : gpu) {
+      for (IntCol &c : g.ints) c.clear();
+      g.dbl.clear();
+    }
+    gpu_bad.clear();
+    any_bp = any_s = false;
+  }
 };
 
 struct ArgsFound {
@@ -689,7 +737,12 @@ void read_event(ondemand::object o, Chunk &c, int64_t i) {
 }
 
 // ------------------------------------------------------------------ to Python
-PyObject *bytes_of(const void *p, size_t n) { return PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)n); }
+// a read-only view of the module's own buffer, valid until this thread's next build(): the caller
+// copies what it keeps into Arrow's memory pool (long-lived C-heap blocks fragmented the heap)
+char g_empty[8];
+PyObject *bytes_of(const void *p, size_t n) {
+  return PyMemoryView_FromMemory(n ? (char *)p : g_empty, (Py_ssize_t)n, PyBUF_READ);
+}
 
 PyObject *validity_of(const Validity &v) {
   if (!v.nulls) Py_RETURN_NONE;
@@ -722,7 +775,8 @@ PyObject *build(PyObject *, PyObject *arg) {
   if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return nullptr;
   const char *text = (const char *)view.buf;
   size_t len = (size_t)view.len;
-  Chunk c;
+  thread_local Chunk c;
+  c.clear(g_field_kinds.size());
   bool ok = false;
   int64_t ts_keys = -1;
   Py_BEGIN_ALLOW_THREADS;
@@ -736,7 +790,6 @@ PyObject *build(PyObject *, PyObject *arg) {
     p[len + 1] = ']';
     padded_string_view json(p, len + 2, buffer.size());
     if (!t_parser) t_parser = new ondemand::parser();
-    c.gpu.resize(g_field_kinds.size());
     ondemand::document doc = t_parser->iterate(json);
     t_doc = &doc;
     ondemand::array events = doc.get_array();
@@ -856,7 +909,8 @@ PyObject *configure(PyObject *, PyObject *args) {
 
 PyMethodDef methods[] = {
     {"build", build, METH_O,
-     "build(text) -> dict of column buffers for one chunk of traceEvents text, or None (the Python builders)"},
+     "build(text) -> dict of column buffers (memoryviews valid until the next build) for one chunk of traceEvents "
+     "text, or None (the Python builders)"},
     {"configure", configure, METH_VARARGS, "configure(kinds, keys): the GPU arg fields read from args"},
     {nullptr, nullptr, 0, nullptr}};
 
