@@ -70,14 +70,15 @@ struct StrCol {
   }
 };
 
-struct IntCol {
-  std::vector<int64_t> v;
+template <typename T>
+struct NumCol {
+  std::vector<T> v;
   Validity valid;
   void clear() {
     v.clear();
     valid.clear();
   }
-  void push(int64_t x, int64_t i) {
+  void push(T x, int64_t i) {
     v.push_back(x);
     valid.push(true, i);
   }
@@ -86,23 +87,8 @@ struct IntCol {
     valid.push(false, i);
   }
 };
-
-struct DblCol {
-  std::vector<double> v;
-  Validity valid;
-  void clear() {
-    v.clear();
-    valid.clear();
-  }
-  void push(double x, int64_t i) {
-    v.push_back(x);
-    valid.push(true, i);
-  }
-  void push_null(int64_t i) {
-    v.push_back(0);
-    valid.push(false, i);
-  }
-};
+using IntCol = NumCol<int64_t>;
+using DblCol = NumCol<double>;
 
 inline std::string_view trim_right(std::string_view s) {
   while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\r' || s.back() == '\t'))
