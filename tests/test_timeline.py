@@ -329,6 +329,14 @@ def test_combine_a_runs_dataset_as_its_folder(skewed_run, tmp_path):
 
     assert sorted(map(key, a["traceEvents"])) == sorted(map(key, b["traceEvents"]))
 
+    def meta(d: dict) -> dict:  # the top-level keys, but where each input was read from
+        return {k: v for k, v in d.items() if k != "traceEvents"} | {
+            "combinedFrom": [{k: v for k, v in s.items() if k != "path"} for s in d["combinedFrom"]]
+        }
+
+    assert len(a["deviceProperties"]) == 4 and all("distributedInfo" in s for s in a["combinedFrom"])
+    assert meta(a) == meta(b)  # each rank's deviceProperties and distributedInfo too
+
 
 def test_combine_a_real_run_draws(shared_traces, tmp_path):
     """dlrm8_v100: 8 real ranks with epoch-µs times and a shared "Spans" pseudo-process: shifts in
