@@ -292,7 +292,7 @@ class GraphLinks:
     def attach(self, links: pl.DataFrame) -> pl.DataFrame:
         """A link batch (`links.link_batches`) with the graph columns, `op_instance` and the reason
         unpaired replayed kernels have no op; paired kernels given their captured op."""
-        pairs = link._read(self.pairs, link._among("event_idx", links["event_idx"]), list(_SPILL))
+        pairs = link.read_where(self.pairs, link.among("event_idx", links["event_idx"]), list(_SPILL))
         pairs = pairs.join(self.nodes, on="node_ref", how="left")
         out = links.join(pairs, on="event_idx", how="left", maintain_order="left")
         paired = pl.col("node_ref").is_not_null()
@@ -334,7 +334,7 @@ def _graph_launches(events: Path) -> pl.DataFrame:
     if not graph_launch:
         return pl.DataFrame(schema={"correlation": pl.Int64, "launch_event_idx": pl.Int64})
     return (
-        link._read(
+        link.read_where(
             events,
             is_call & pl.col("name").is_in(graph_launch) & pl.col("correlation").is_not_null(),
             ["correlation", pl.col("event_idx").alias("launch_event_idx"), "pid", "tid", "ts_ns"],
@@ -359,7 +359,7 @@ def _pair_all(
     while start < launches.height:
         batch = launches.slice(start, n)
         start += batch.height
-        kernels = link._read(gpu_ops, link._among("correlation", batch["correlation"]), _GPU)
+        kernels = link.read_where(gpu_ops, link.among("correlation", batch["correlation"]), _GPU)
         kernels = kernels.with_columns(pl.col("name").cast(pl.String), _node_kind(pl.col("kind").cast(pl.String)))
         n = max(1, min(4 * n, REPLAY_KERNELS * batch.height // max(1, kernels.height)))
         if kernels.is_empty():

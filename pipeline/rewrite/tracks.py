@@ -28,7 +28,7 @@ import polars as pl
 
 from pipeline.analyses.critical_path import critical_path_items
 from pipeline.analyses.flat import Flat, as_flat
-from pipeline.analyses.memory import MEMORY, _memory_events
+from pipeline.analyses.memory import MEMORY, memory_events
 from pipeline.analyses.queue import depth_windows
 from pipeline.analyses.sweep import PER_WINDOW, time_windows, within
 from pipeline.rewrite.jsonout import us_number
@@ -75,7 +75,7 @@ def memory_counters(f: Flat) -> Iterator[dict]:
         return
     events = f.path / "events.parquet"
     for window in time_windows(events, MEMORY, PER_WINDOW):
-        m = _memory_events(events, within(window))
+        m = memory_events(events, within(window))
         for r in m.iter_rows(named=True):
             label = _device_label(r["device"]) if r["device"] is not None else "device ?"
             for name, value in ((ALLOCATED, r["allocated"]), (RESERVED, r["reserved"])):
