@@ -145,6 +145,16 @@ def test_augment_carries_queue_memory_and_critical_path(shared_traces, tmp_path)
     m = import_trace(d)
     assert not m.overlaps
     assert any(name.startswith("launch queue stream") for _, name in m.counter_tracks)
+    # the findings: an instant each, with the findings section's own record (id, title, saving range)
+    doc = json.loads(
+        run_cli(["analyze", shared_traces / "tracelens/h100_qwen1.5_0.5b.json.gz", "--format", "json"]).stdout
+    )
+    instants = [e["args"] for e in ev if e.get("cat") == "finding"]
+    assert doc["findings"] and r.added["findings"] == len(instants) == len(doc["findings"])
+    for got, want in zip(instants, doc["findings"]):
+        assert (got["id"], got["title"], got["remedy"]) == (want["id"], want["title"], want["remedy"])
+        assert [got["gain_low_us"], got["gain_high_us"]] == want["gain_us"]
+        assert [got["gain_low_pct"], got["gain_high_pct"]] == want["gain_pct"]
 
 
 # ------------------------------------------------------------------ slice
