@@ -24,6 +24,7 @@ from pipeline.analyses.window import trace_origin_ns
 from pipeline.kineto import CPU_OP_CAT
 from pipeline.link import nesting
 from pipeline.link.windows import EventReach
+from pipeline.read.durations import SLICE
 from pipeline.store import scalar_int
 
 MEMORY = pl.col("name") == "[memory]"
@@ -55,7 +56,7 @@ def _ops_around(events: Path, reach: EventReach, a: int, b: int) -> pl.DataFrame
     """CPU ops running at some time in [a, b]: those that start by b and end at or after a."""
     end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)
     earliest = reach.earliest_start(a)
-    where = (pl.col("ph") == "X") & pl.col("cat").str.contains(CPU_OP_CAT) & pl.col("ts_ns").is_not_null()
+    where = SLICE & pl.col("cat").str.contains(CPU_OP_CAT) & pl.col("ts_ns").is_not_null()
     where &= (pl.col("ts_ns") <= b) & (end >= a)
     if earliest is not None:
         where &= pl.col("ts_ns") >= earliest

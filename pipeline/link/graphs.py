@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 from pipeline.kineto import BLIT_KERNELS, GRAPH_LAUNCH, LAUNCH_CAT
 from pipeline.link import links as link
 from pipeline.link.captures import NODE_SCHEMA, CapturedGraphs
+from pipeline.read.durations import SLICE
 from pipeline.store import scalar_int
 
 GRAPH_COLUMNS = ["graph_id", "graph_node", "capture_trace_id", "cpu_op_args_json", "capture_launch_dur_ns"]
@@ -321,7 +322,7 @@ NODE_TYPES = {"graph_node": pl.Int64, "capture_launch_dur_ns": pl.Int64}
 
 def _graph_launches(events: Path) -> pl.DataFrame:
     """(correlation, launch_event_idx, pid, tid, ts_ns) of the graph launch calls, in time order."""
-    is_call = (pl.col("ph") == "X") & pl.col("cat").str.contains(LAUNCH_CAT)
+    is_call = SLICE & pl.col("cat").str.contains(LAUNCH_CAT)
     names = (
         pl.scan_parquet(events)
         .filter(is_call)

@@ -75,6 +75,7 @@ from pipeline.kineto import (
 )
 from pipeline.link import nesting
 from pipeline.link.windows import EventReach, RunningSlices, TimeBins, TimeCells
+from pipeline.read.durations import SLICE
 
 BATCH_ROWS = 1 << 15  # GPU ops linked together
 CELL_SLICES = 1 << 17  # CPU slices starting in one time cell (read together), about
@@ -138,7 +139,7 @@ class LinkSources:
         bins = TimeBins.over(reach.span)
         starts = (
             pl.scan_parquet(events)
-            .filter((pl.col("ph") == "X") & pl.col("ts_ns").is_not_null())
+            .filter(SLICE & pl.col("ts_ns").is_not_null())
             .group_by("cat", bin=bins.of(pl.col("ts_ns")))
             .agg(n=pl.len())
             .collect(engine="streaming")
@@ -185,7 +186,7 @@ class LinkSources:
         cats = [c for k in kinds for c in self.cats[k]]
         where = (
             _one_of("cat", cats)
-            & (pl.col("ph") == "X")
+            & SLICE
             & pl.col("pid").is_not_null()
             & pl.col("tid").is_not_null()
             & pl.col("ts_ns").is_not_null()

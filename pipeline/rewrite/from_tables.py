@@ -21,6 +21,7 @@ import orjson
 import polars as pl
 
 from pipeline.dataset.tables import tables
+from pipeline.read.durations import BEGIN
 from pipeline.rewrite.jsonout import us_number
 
 BATCH = 1 << 16
@@ -59,7 +60,7 @@ def event_of(row: dict, args_json: str | None, extra_json: str | None):
             e[key] = number
     if row["ts_ns"] is not None:
         e["ts"] = us_number(row["ts_ns"])
-    if row["dur_ns"] is not None:
+    if row["dur_ns"] is not None and row["ph"] != BEGIN:  # a B's duration is its E's, not written
         e["dur"] = us_number(row["dur_ns"])
     if row["id_str"] is not None:
         e["id"] = row["id_str"]

@@ -36,6 +36,7 @@ from pipeline.analyses.window import Intervals, Window
 from pipeline.errors import UsageError
 from pipeline.flatten import flatten
 from pipeline.link import nesting
+from pipeline.read.durations import SLICE
 from pipeline.rewrite import lanes
 from pipeline.rewrite.jsonout import TraceWriter, metadata_after, open_trace, read_events, us_number
 
@@ -78,29 +79,6 @@ def _overlaps(intervals: Intervals, start: pl.Expr, end: pl.Expr) -> pl.Expr:
     first = pl.lit(starts).gather(at.clip(0, len(intervals) - 1))
     meets = pl.when(end > start).then(first < end).otherwise(first <= start)
     return start.is_not_null() & (at < len(intervals)) & meets
-
-
-def _paired(ev: pl.LazyFrame, begin: str, end: str, key: list[str]) -> pl.DataFrame:
-    """(b_idx, e_idx, ts_ns, end_ns) of begin/end events matched as a stack per `key`, in time
-    order (ends first at one instant, as Perfetto takes them); a begin never ended lasts forever
-    (e_idx null), an end without a begin is left out."""
-    rows = (
-        ev.filter(pl.col("ph").is_in([begin, end]) & pl.col("ts_ns").is_not_null())
-        .select("event_idx", *key, "ts_ns", d=pl.when(pl.col("ph") == begin).then(1).otherwise(-1))
-        .collect(engine="streaming")
-    )
-    if not rows.height:
-        return pl.DataFrame(schema={"b_idx": pl.Int64, "e_idx": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64})
-    g = pl.struct(key).rank("dense")
-    rows = rows.with_columns(g=g).sort("g", "ts_ns", "d", "event_idx")
-    rows = rows.with_columns(depth=pl.col("d").cum_sum().over("g"))
-    rows = rows.with_columns(level=pl.when(pl.col("d") == 1).then("depth").otherwise(pl.col("depth") + 1))
-    rows = rows.with_columns(k=pl.int_range(pl.len()).over("g", "level", "d"))
-    b = rows.filter(pl.col("d") == 1).select("g", "level", "k", b_idx="event_idx", ts_ns="ts_ns")
-    e = rows.filter(pl.col("d") == -1).select("g", "level", "k", e_idx="event_idx", e_ts="ts_ns")
-    p = b.join(e, on=["g", "level", "k"], how="left")
-    p = p.with_columns(pl.when(pl.col("e_ts") >= pl.col("ts_ns")).then(pl.col("e_idx", "e_ts")))
-    return p.select("b_idx", "e_idx", "ts_ns", end_ns=pl.col("e_ts").fill_null(1 << 62))
 
 
 def _whole_flows(flows: pl.LazyFrame, kept: pl.DataFrame) -> pl.DataFrame:
@@ -146,7 +124,8 @@ def select(flat_dir: Path, intervals: Intervals) -> Selection:
     ev = pl.scan_parquet(Path(flat_dir) / "events.parquet")
     flows = pl.scan_parquet(Path(flat_dir) / "flows.parquet")
     end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(0)
-    plain = ~pl.col("ph").is_in([*FLOW_PHASES, "M", "C", *(p for b, e, _ in PAIRED for p in (b, e))])
+    # slices (X, and B timed by their E) and instants; B/E and b/e pairs by their span below
+    plain = ~pl.col("ph").is_in([*FLOW_PHASES, "M", "C", *(p for b, e, _ in PAIRED for p in (b, e))]) | SLICE
     cols = ["event_idx", *TRACK, "ph", "ts_ns", "end_ns", "correlation"]
     window = (
         ev.filter(plain & _overlaps(intervals, pl.col("ts_ns"), end))
@@ -160,9 +139,11 @@ def select(flat_dir: Path, intervals: Intervals) -> Selection:
         .collect(engine="streaming")
     )
     linked = linked.join(window.select("event_idx"), on="event_idx", how="anti")
-    pairs = [_paired(ev, b, e, key) for b, e, key in PAIRED]
+    pairs = [lanes.paired(ev, b, e, key) for b, e, key in PAIRED]
     paired = pl.concat(pairs).filter(_overlaps(intervals, pl.col("ts_ns"), pl.col("end_ns")))
-    paired_idx = pl.concat([paired["b_idx"], paired["e_idx"].drop_nulls()])
+    timed = pl.concat([window["event_idx"], linked["event_idx"]])  # the Bs among them: their Es too
+    ends = pairs[0].filter(pl.col("b_idx").is_in(timed.implode()))["e_idx"].drop_nulls()
+    paired_idx = pl.concat([paired["b_idx"], paired["e_idx"].drop_nulls(), ends]).unique()
     counters = ev.filter((pl.col("ph") == "C") & pl.col("ts_ns").is_not_null())
     in_window = counters.filter(_overlaps(intervals, pl.col("ts_ns"), pl.col("ts_ns"))).select("event_idx")
     first = intervals[0][0]
@@ -175,7 +156,7 @@ def select(flat_dir: Path, intervals: Intervals) -> Selection:
         .collect(engine="streaming")
     )
     meta = ev.filter(pl.col("ph") == "M").select("event_idx").collect(engine="streaming")
-    slices = pl.concat([window, linked]).filter(pl.col("ph") == "X")
+    slices = pl.concat([window, linked]).filter(pl.col("ph").is_in(["X", "B"]))  # B: timed (plain)
     flow_idx = _whole_flows(flows, slices.select(*TRACK, "ts_ns", "end_ns"))
     every = pl.concat(
         [
@@ -192,7 +173,7 @@ def select(flat_dir: Path, intervals: Intervals) -> Selection:
     return Selection(
         keep,
         dict.fromkeys(carried["event_idx"].to_list(), first),
-        window.height + paired_idx.len() + in_window.collect(engine="streaming").height,
+        pl.concat([window["event_idx"], paired_idx]).n_unique() + in_window.collect(engine="streaming").height,
         linked.height,
         flow_idx.height,
     )
