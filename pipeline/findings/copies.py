@@ -10,7 +10,8 @@ Two premises, either enough:
   time, as far as device time is on the critical path. (`fusion` leaves these kernels to this rule.)
 A trace without a device: CPU ops that copy ([copies] cpu_copies: copy_, _to_copy, clone, ...),
 outside the optimizer's steps and the DataLoader's fetches, at least [copies] min_span of the
-window; [copy_low, copy_high] of their self time.
+window; [cpu_copy_low, cpu_copy_high] of their self time and of the allocations of their results
+(the `empty*` ops inside them).
 """
 
 from __future__ import annotations
@@ -112,10 +113,16 @@ def _on_cpu(t: Facts, lim: dict) -> Finding | None:
     theirs = pl.concat([t.inside("optimizer"), t.inside("dataloader")]).filter(
         pl.col("name").str.contains(lim["cpu_copies"])
     )
-    copy_us = max(float(k["dur_us"].sum() or 0.0) - float(theirs["us"].sum() or 0.0), 0.0)
+    all_us = float(k["dur_us"].sum() or 0.0)
+    copy_us = max(all_us - float(theirs["us"].sum() or 0.0), 0.0)
     if copy_us < lim["min_span"] * t.span_us:
         return None
-    wall, _ = t.bounded(t.on_host(scaled(copy_us, lim["copy_low"], lim["copy_high"])))
+    # a copy that goes takes the allocation of its result with it (empty_like / empty_strided inside
+    # clone / _to_copy), in the same share as the copies counted
+    n_alloc, alloc_us = t.under(lim["cpu_allocs"], lim["cpu_copies"])
+    alloc_us *= copy_us / all_us if all_us else 0.0
+    mass = copy_us + alloc_us
+    wall, _ = t.bounded(t.on_host(scaled(mass, lim["cpu_copy_low"], lim["cpu_copy_high"])))
     if not t.worth(wall):
         return None
     by = t.callers(lim["cpu_copies"], lim["cpu_copy_family"]).sort("us", descending=True)
@@ -133,6 +140,18 @@ def _on_cpu(t: Facts, lim: dict) -> Finding | None:
         )
         for r in by.head(5).iter_rows(named=True)
     ]
+    if alloc_us:
+        evidence.append(
+            Evidence(
+                "op",
+                "allocations of the copies' results",
+                n_alloc,
+                alloc_us,
+                pct(alloc_us, t.span_us),
+                of="the window",
+                note="self time of the empty* ops inside the copy ops",
+            )
+        )
     inner = by.filter(pl.col("caller").is_not_null() & (pl.col("us") >= 0.1 * copy_us)).head(3)["caller"].to_list()
     remedy = _sentence(CPU_REMEDY) + (
         f"; the copies inside {', '.join(inner)} are that op converting its inputs: give it the layout and dtype it "
@@ -149,8 +168,8 @@ def _on_cpu(t: Facts, lim: dict) -> Finding | None:
         remedy,
         "ops",
         tuple(evidence),
-        f"{lim['copy_low']:.0%}-{lim['copy_high']:.0%} of their self time (outside the optimizer's steps and the "
-        "DataLoader's fetches), at most the critical path",
+        f"{lim['cpu_copy_low']:.0%}-{lim['cpu_copy_high']:.0%} of their self time and their results' allocations "
+        "(outside the optimizer's steps and the DataLoader's fetches), at most the critical path",
     )
 
 

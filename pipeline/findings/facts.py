@@ -325,10 +325,10 @@ class Facts:
             us=((pl.col("ns") - pl.col("child_ns").fill_null(0)).clip(0).sum() / 1e3).cast(pl.Float64),
         )
 
-    def callers(self, rx: str, family: str) -> pl.DataFrame:
-        """(caller, n, us): the CPU ops whose names match `rx`, by the nearest op enclosing them
-        whose name does not match `family` (null: called from Python), their self time (µs). One
-        read of the CPU ops, nested per thread (for a trace without a device)."""
+    @cached_property
+    def cpu_nest(self) -> pl.DataFrame:
+        """The CPU ops nested per thread (a trace without a device): iv_idx, name, parent_idx,
+        parent (its name), self_ns. One read of the CPU ops, made when a rule asks."""
         ops = read(
             self.f.path / "events.parquet",
             SLICE & pl.col("cat").str.contains(CPU_OP_CAT) & pl.col("ts_ns").is_not_null() & self.f.time_filter(),
@@ -341,16 +341,46 @@ class Facts:
                 (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(0)).alias("end_ns"),
             ],
         )
+        schema = {
+            "iv_idx": pl.Int64,
+            "name": pl.String,
+            "parent_idx": pl.Int64,
+            "parent": pl.String,
+            "self_ns": pl.Int64,
+        }
         if not ops.height:
-            return pl.DataFrame(schema={"caller": pl.String, "n": pl.Int64, "us": pl.Float64})
+            return pl.DataFrame(schema=schema)
         ops = ops.join(nesting(ops).collect(), on="iv_idx", how="left").with_columns(
             ns=pl.col("end_ns") - pl.col("ts_ns")
         )
         children = ops.group_by("parent_idx").agg(child_ns=pl.col("ns").sum())
         ops = ops.join(children, left_on="iv_idx", right_on="parent_idx", how="left")
+        names = ops.select("iv_idx", parent="name")
+        return ops.join(names, left_on="parent_idx", right_on="iv_idx", how="left").select(
+            pl.col("iv_idx").cast(pl.Int64),
+            "name",
+            pl.col("parent_idx").cast(pl.Int64),
+            "parent",
+            self_ns=(pl.col("ns") - pl.col("child_ns").fill_null(0)).clip(0).cast(pl.Int64),
+        )
+
+    def under(self, rx: str, parent: str) -> tuple[int, float]:
+        """(count, self µs) of the CPU ops whose names match `rx` called directly inside an op
+        whose name matches `parent` (a trace without a device)."""
+        n = self.cpu_nest
+        m = n.filter(pl.col("name").str.contains(rx) & pl.col("parent").fill_null("").str.contains(parent))
+        return m.height, us(int(m["self_ns"].sum() or 0))
+
+    def callers(self, rx: str, family: str) -> pl.DataFrame:
+        """(caller, n, us): the CPU ops whose names match `rx`, by the nearest op enclosing them
+        whose name does not match `family` (null: called from Python), their self time (µs)
+        (a trace without a device)."""
+        ops = self.cpu_nest
+        if not ops.height:
+            return pl.DataFrame(schema={"caller": pl.String, "n": pl.Int64, "us": pl.Float64})
         up = ops.select("iv_idx", up_name="name", up_parent="parent_idx")
         mine = ops.filter(pl.col("name").str.contains(rx)).select(
-            self_ns=(pl.col("ns") - pl.col("child_ns").fill_null(0)).clip(0),
+            "self_ns",
             at=pl.col("parent_idx"),
             caller=pl.lit(None, pl.String),
         )
