@@ -11,6 +11,7 @@ SRC     ?= traces
 OUT     ?= dataset
 SQL     ?= select count(*) as events from events
 J       ?= 2
+NATIVE  ?= 1
 SIZES   ?= 1000,2000
 TEMPLATE ?=
 SECTIONED ?=
@@ -22,9 +23,23 @@ help:            ## list the targets
 
 install: $(VENV) ## install tracepipe and its test tools (editable) into the active venv, else ./.venv
 	$(PIP) install -q -e '.[dev]'
+	@$(MAKE) --no-print-directory native
 	@command -v pyenv >/dev/null 2>&1 && pyenv rehash || true   # make the `tracepipe` script visible under pyenv
 ifdef VENV
 	@echo "tracepipe is installed in $(VENV): run '. $(VENV)/bin/activate' to use the tracepipe command"
+endif
+
+native:          ## build the optional compiled chunk builder (native/; needs a C++ compiler); never fails
+ifeq ($(NATIVE),0)
+	@$(PIP) uninstall -q -y tracepipe-native 2>/dev/null || true
+	@echo "native chunk builder skipped (NATIVE=0): tracepipe reads with its Python builders"
+else
+	@if $(PIP) install -q ./native >native/.build.log 2>&1; then \
+		echo "native chunk builder installed (tracepipe_native; TRACEPIPE_NATIVE=0 turns it off)"; \
+	else \
+		$(PIP) uninstall -q -y tracepipe-native >/dev/null 2>&1; \
+		echo "native chunk builder not built (no C++ compiler? see native/.build.log): tracepipe reads with its Python builders"; \
+	fi
 endif
 
 $(VENV):
@@ -100,7 +115,7 @@ acceptance:      ## run the shared acceptance checks (needs ../shared)
 clean:           ## remove generated outputs
 	rm -rf $(DEMO)/flat $(DEMO)/*.json.gz .pytest_cache
 
-.PHONY: help install install-cluster install-oracle demo test lint test-fast fuzz oracle gloo-runs bench bench-runs bench-peers bench-compare bench-archive batch compact query examples acceptance clean
+.PHONY: help install native install-cluster install-oracle demo test lint test-fast fuzz oracle gloo-runs bench bench-runs bench-peers bench-compare bench-archive batch compact query examples acceptance clean
 
 readme:          ## regenerate the README sections derived from schemas, formulas and device specs
 	$(PY) scripts/gen_readme.py

@@ -8,7 +8,8 @@ venvs `scripts/peers_venvs.sh` makes under `$PEERS_DIR` (default /tmp/peers): tr
 from its repository), hta050 (HolisticTraceAnalysis 0.5.0), hta061 (traceinsight 0.6.1). A peer
 that is not there is skipped.
 
-Each tool runs in a fresh process, `--repeat` times unobserved (the fastest wall time), then once
+Each tool runs in a fresh process, `--repeat` times unobserved (the fastest wall time; on one
+trace also the fewest CPU seconds, which another engineer's load on the machine changes less), then once
 more for its peak memory (summed PSS of every process of the command, sampled every 10 ms). Then
 whether the answers agree with tracepipe's: on a run folder the straggler named, the message
 sizes (kind and bytes of each implicit-sync collective) and the median busbw per size (within
@@ -21,6 +22,7 @@ import argparse
 import csv
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -53,24 +55,32 @@ def version(py: str, dist: str) -> str:
     return p.stdout.decode().strip() or "?"
 
 
-def measure(cmd: list[str], env: dict | None = None, repeat: int = 3) -> tuple[float, float, str]:
+def measure(cmd: list[str], env: dict | None = None, repeat: int = 3) -> tuple[float, float, str, float]:
     """Fastest wall seconds of `repeat` runs (unobserved: sampling /proc every 10 ms costs a
-    core's share on a small machine), the peak summed PSS (MB) of one more run, sampled, and stdout."""
+    core's share on a small machine), the peak summed PSS (MB) of one more run, sampled, stdout,
+    and the fewest CPU seconds (user + system, every process of the command) of the `repeat` runs:
+    on a machine others load, the wall time swings with their load, the CPU time much less."""
     full_env = {**os.environ, **(env or {})}
-    best, out = float("inf"), ""
+    best, out, cpu = float("inf"), "", float("inf")
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _children_cpu()
         p = subprocess.run(cmd, capture_output=True, env=full_env)
         if p.returncode not in (0, 1):
-            return float("nan"), float("nan"), json.dumps({"error": p.stderr.decode()[-300:]})
+            return float("nan"), float("nan"), json.dumps({"error": p.stderr.decode()[-300:]}), float("nan")
         best, out = min(best, time.perf_counter() - t0), p.stdout.decode()
+        cpu = min(cpu, _children_cpu() - c0)
     quiet = subprocess.DEVNULL
     p2 = subprocess.Popen(cmd, stdout=quiet, stderr=quiet, start_new_session=True, env=full_env)
     top = 0
     while p2.poll() is None:
         top = max(top, tree_pss_bytes(p2.pid))
         time.sleep(0.01)
-    return best, top / 2**20, out
+    return best, top / 2**20, out, cpu
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)  # of the waited-for children and theirs
+    return r.ru_utime + r.ru_stime
 
 
 # ------------------------------------------------------------------ run folders
@@ -78,10 +88,10 @@ def tracepipe_run(run: Path, work: Path, repeat: int) -> list[dict]:
     out = work / f"{run.name}.ranks.json"
     env = {"TRACEPIPE_CACHE_DIR": str(work / "cache"), "PYTHONPATH": str(ROOT)}
     base = [sys.executable, "-m", "pipeline", "ranks", str(run), "--format", "json", "-o", str(out)]
-    t1, m1, _ = measure([*base, "--no-cache"], env, repeat)
+    t1, m1, *_ = measure([*base, "--no-cache"], env, repeat)
     shutil.rmtree(work / "cache", ignore_errors=True)
     measure(base, env, 1)  # fills the cache
-    t2, m2, _ = measure(base, env, repeat)
+    t2, m2, *_ = measure(base, env, repeat)
     doc = json.loads(out.read_text())["runs"][0]
     answers = {
         "straggler": (doc["stragglers"] or [{}])[0].get("rank"),
@@ -101,7 +111,7 @@ def tracelens_run(py: str, run: Path, work: Path, repeat: int) -> dict:
     files = sorted(f for f in os.listdir(run) if f.endswith((".json", ".json.gz")))
     cmd = [str(script), "--trace_glob", f"{run}/*.json*", "--rank_regex", RANK_REGEX]
     cmd += ["--world_size", str(len(files)), "--output_csvs_dir", str(out)]
-    t, m, _ = measure(cmd, None, repeat)
+    t, m, *_ = measure(cmd, None, repeat)
     answers: dict = {"straggler": None, "sizes": Counter(), "busbw": {}}
     summary = out / "straggler_summary.csv"
     if summary.exists():
@@ -120,7 +130,7 @@ def tracelens_run(py: str, run: Path, work: Path, repeat: int) -> dict:
 
 
 def hta_run(name: str, py: str, run: Path, repeat: int) -> dict:
-    t, m, out = measure([py, str(HERE / "peers" / "hta_answers.py"), "run", str(run)], None, repeat)
+    t, m, out, _ = measure([py, str(HERE / "peers" / "hta_answers.py"), "run", str(run)], None, repeat)
     got = json.loads(out or "{}")
     dist = "HolisticTraceAnalysis" if name.startswith("hta") else "traceinsight"
     return {
@@ -157,18 +167,21 @@ def agree(ours: dict, theirs: dict) -> str:
 
 
 # ------------------------------------------------------------------ single traces
-def tracepipe_trace(trace: Path, work: Path, repeat: int) -> dict:
+def tracepipe_trace(trace: Path, work: Path, repeat: int, every: bool = False) -> dict:
+    """`analyze` of the trace file (flatten, link, cost and report): the sections the peers'
+    answers are compared with (devices, kernels), or `every` section (the default analyze)."""
     out = work / f"{trace.name}.analyze.json"
     cmd = [sys.executable, "-m", "pipeline", "analyze", str(trace), "--format", "json", "-o", str(out)]
-    cmd += ["--section", "devices", "--section", "kernels"]
-    t, m, _ = measure(cmd, {"PYTHONPATH": str(ROOT)}, repeat)
+    cmd += [] if every else ["--section", "devices", "--section", "kernels"]
+    t, m, _, cpu = measure(cmd, {"PYTHONPATH": str(ROOT)}, repeat)
     doc = json.loads(out.read_text())
     devices = doc.get("devices") or []
     kernels = [k for d in devices for k in d.get("kernels", [])]
     busy = sum(d.get("busy_us") or 0 for d in devices)
     return {
-        "tool": "tracepipe analyze",
+        "tool": "tracepipe analyze" + (" (every section)" if every else " (devices, kernels)"),
         "s": t,
+        "cpu_s": cpu,
         "MB": m,
         "kernels": sum(k.get("count", 0) for k in kernels),
         "kernel_time_us": sum(k.get("dur_us", 0) for k in kernels),
@@ -187,12 +200,12 @@ def peer_trace(name: str, py: str, trace: Path, work: Path, repeat: int) -> dict
         cmd = [py, str(HERE / "peers" / "hta_answers.py"), "trace", str(d)]
         dist = "HolisticTraceAnalysis" if name.startswith("hta") else "traceinsight"
         tool = f"{dist} {version(py, dist)}"
-    t, m, out = measure(cmd, None, repeat)
+    t, m, out, cpu = measure(cmd, None, repeat)
     try:
         got = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
         got = {"error": out[-200:]}
-    return {"tool": tool, "s": t, "MB": m, **got}
+    return {"tool": tool, "s": t, "cpu_s": cpu, "MB": m, **got}
 
 
 def trace_agree(ours: dict, theirs: dict) -> str:
@@ -207,7 +220,8 @@ def trace_agree(ours: dict, theirs: dict) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--runs", help="run folders, comma-separated (default: a synthetic 8-rank NCCL run and ../shared/runs/*)"
+        "--runs",
+        help="run folders, comma-separated (default: a synthetic 8-rank NCCL run and ../shared/runs/*; '': none)",
     )
     ap.add_argument("--traces", help="single traces, comma-separated (default: ../shared/traces/hta/a100_nccl.json.gz)")
     ap.add_argument("--repeat", type=int, default=3)
@@ -219,8 +233,8 @@ def main():
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "pipeline")], capture_output=True)
     found = peers()
     print(f"peers: {', '.join(found) or 'none (see scripts/peers_venvs.sh)'}", file=sys.stderr)
-    runs = [Path(r) for r in a.runs.split(",")] if a.runs else default_runs(work)
-    lines = ["| run | tool | s | peak MB | x tracepipe time | answers |", "|---|---|---|---|---|---|"]
+    runs = [Path(r) for r in a.runs.split(",") if r] if a.runs is not None else default_runs(work)
+    lines = ["| run | tool | s | peak MB | x tracepipe time | answers |", "|---|---|---|---|---|---|"] if runs else []
     for run in runs:
         ours = tracepipe_run(run, work, a.repeat)
         rows = list(ours)
@@ -238,11 +252,16 @@ def main():
     traces = [Path(t) for t in a.traces.split(",")] if a.traces else [SHARED / "traces/hta/a100_nccl.json.gz"]
     for trace in (t for t in traces if t.exists()):
         ours_t = tracepipe_trace(trace, work, a.repeat)
-        rows = [ours_t] + [peer_trace(n, py, trace, work, a.repeat) for n, py in found.items()]
+        every = tracepipe_trace(trace, work, a.repeat, every=True)
+        rows = [ours_t, every] + [peer_trace(n, py, trace, work, a.repeat) for n, py in found.items()]
+        lines += ["", "| trace | tool | s | CPU s | peak MB | x tracepipe time | x its CPU | x its memory | answers |"]
+        lines += ["|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            said = "" if r is ours_t else trace_agree(ours_t, r)
+            said = "" if r["tool"].startswith("tracepipe") else trace_agree(ours_t, r)
+            x = [r[k] / ours_t[k] for k in ("s", "cpu_s", "MB")]
             lines.append(
-                f"| {trace.name} | {r['tool']} | {r['s']:.2f} | {r['MB']:.0f} | {r['s'] / ours_t['s']:.1f} | {said} |"
+                f"| {trace.name} | {r['tool']} | {r['s']:.2f} | {r['cpu_s']:.2f} | {r['MB']:.0f} | "
+                f"{x[0]:.1f} | {x[1]:.1f} | {x[2]:.1f} | {said} |"
             )
         said = f"{ours_t['kernels']:,} kernels, {ours_t['kernel_time_us']:,.0f} µs, busy {ours_t['busy_us']:,.0f} µs"
         print(f"tracepipe on {trace.name}: {said}", file=sys.stderr)

@@ -29,3 +29,14 @@ def output_error(target, e: OSError) -> OutputError:
 
     why = os.strerror(e.errno) if e.errno else (" ".join(str(e).split()) or type(e).__name__)
     return OutputError(f"cannot write {target}: {why}")
+
+
+def did_you_mean(word: str, choices) -> str:
+    """' (did you mean 'X'?)' for the choice closest to a mistyped `word`, or '' when none is close."""
+    import difflib
+
+    choices = [str(c) for c in choices]
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if not close:  # a prefix or a part of one (`crit` for critical-path)
+        close = [c for c in choices if len(word) >= 3 and word.lower() in c.lower()][:1]
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -292,7 +292,12 @@ def flatten(
     with store.output_of(final, made=Path(out)), store.atomic_dir(final) as tmp:
         t0 = time.perf_counter()
         say_stage("read")
-        row, problems, tail, chunking = flatten_into(path, tmp, workers, chunk_bytes, progress, max_inflate)
+        try:
+            row, problems, tail, chunking = flatten_into(path, tmp, workers, chunk_bytes, progress, max_inflate)
+        except BadTrace as e:  # every input error names its file
+            if path in str(e):
+                raise
+            raise BadTrace(f"{path}: {e}") from None
         seconds["flatten"] = time.perf_counter() - t0
         if link:
             from pipeline.cost.enrich import enrich

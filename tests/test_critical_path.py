@@ -6,12 +6,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
 from conftest import SHARED_TRACES
 from pipeline import synthetic as synth
-from pipeline.analyses.critical_path import CATEGORIES, CPU_WORK, _Items, critical_path, critical_path_items
+from pipeline.analyses.critical_path import (
+    CATEGORIES,
+    CPU_WORK,
+    LAUNCH,
+    SYNC,
+    WAITING,
+    _Items,
+    critical_path,
+    critical_path_items,
+)
 from pipeline.analyses.flat import Flat
 from pipeline.analyses.window import Window
 from pipeline.flatten import flatten
@@ -300,3 +310,68 @@ def test_real_trace_bounds(trace, shared_traces, real_flat):
 def test_real_trace_windows(shared_traces, real_flat):
     f = real_flat(shared_traces / "tracelens" / "h100_qwen1.5_0.5b.json.gz")
     assert critical_path(f, per_window=700) == critical_path(f)
+
+
+# ------------------------------------------------------------------ the walks, step by step
+def step(it: _Items, i: int, t: int) -> tuple[int, int, int, int]:
+    """The module docstring's rule, one step at a time (what `_Items` computes for all steps at
+    once): (start of i's segment, its category, the binding predecessor or -1, the time r the
+    walk reaches it at)."""
+    g = int(it.sync_to[i])
+    if g >= 0 and t == it.end[i]:
+        return int(it.end[g]), SYNC, g, int(it.end[g])
+    s, p = int(it.start[i]), int(it.pred[i])
+    if p < 0:
+        return s, int(it.code[i]), -1, s
+    return s, int(it.code[i]), p, int(it.start[p] if it.via_launch[i] else min(it.end[p], s))
+
+
+def walk_by_steps(it: _Items, i: int) -> tuple[list, list, list, int]:
+    items, codes, starts = [], [], []  # backwards
+    end = t = int(it.end[i])
+    while True:
+        s, code, p, r = step(it, i, t)
+        items.append(i), codes.append(code), starts.append(s)
+        if p < 0:
+            return items[::-1], codes[::-1], starts[::-1], end
+        if r < s:
+            x = int(it.outer[i])
+            held = min(int(it.end[x]), s) if x >= 0 and it.end[x] > r else r
+            if held < s:
+                items.append(-1), codes.append(LAUNCH if it.via_launch[i] else WAITING), starts.append(held)
+            if held > r:
+                items.append(x), codes.append(int(it.code[x])), starts.append(r)
+        i, t = p, r
+
+
+def check_walks(f: Flat) -> int:
+    """Every resource's walk and its origin, as `_Items` finds them, equal the step-by-step walk's."""
+    it = _Items(f)
+    origins = it.origins(it.lasts)
+    for k, i in enumerate(it.lasts):
+        items, codes, starts, end = walk_by_steps(it, i)
+        got = it.walk(i)
+        assert got[3] == end and origins[k] == starts[0]
+        assert got[0].tolist() == items and got[1].tolist() == codes and got[2].tolist() == starts
+        assert (got[0].dtype, got[1].dtype, got[2].dtype) == (np.int32, np.int8, np.int64)
+    return len(it.lasts)
+
+
+def test_walks_equal_the_step_by_step_walk(tmp_path):
+    """Syncs (one waiting for a kernel, one for nothing), launches, nesting and two threads."""
+    ev = [
+        call("cudaLaunchKernel", 0, 10, corr=1),
+        gpu("long_kernel", 10, 1000, corr=1),
+        op("outer", 0, 2000),
+        call("cudaDeviceSynchronize", 1000, 20),
+        call("cudaStreamSynchronize", 1500, 10),
+        op("other_thread", 5, 3000, tid=2),
+        call("cudaMemcpy", 1600, 30),
+    ]
+    assert check_walks(flat_of(tmp_path, ev)) >= 3
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("trace", REAL, ids=[f"{p.parent.name}/{trace_stem(p)}" for p in REAL])
+def test_real_trace_walks_equal_the_step_by_step_walk(trace, shared_traces, real_flat):
+    assert check_walks(real_flat(trace)) >= 1

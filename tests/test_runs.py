@@ -313,3 +313,22 @@ def test_run_level_query_examples(tmp_path):
     # 10 µs of each comm kernel is exposed; the waiters' wait (900) too; the late rank's kernel (50) is all exposed
     exposed = Q.run(ds, Q.example("exposed_comm_by_rank"))["exposed_comm_us"].to_list()
     assert exposed == [pytest.approx(x) for x in (120 + 900, 120 + 40, 120 + 900, 120 + 900)]
+
+
+def test_steps_are_measured_the_same_a_few_steps_at_a_time(tmp_path, monkeypatch):
+    """The steps table reads its kernels a run of steps at a time (`KERNELS_AT_ONCE` kernels, about),
+    never all of them: the same table as reading them at once, communication and exposure included."""
+    from pipeline.runs import steps as steps_mod
+    from pipeline.runs.collectives import collectives, profiler_steps
+
+    write_run(tmp_path / "run", 2, 24, straggler=1, delay_us=500.0, delayed=5, per_step=4)
+    flat = flatten(sorted((tmp_path / "run").iterdir())[0], tmp_path / "flat").out_dir
+    colls, _ = collectives(flat, 0, {})
+    whole = steps_mod.steps(flat, colls)
+    assert whole.height >= 4 and whole["comm_ns"].sum() > 0 and whole["compute_ns"].sum() > 0
+    assert whole.equals(pl.read_parquet(flat / "steps.parquet").cast(whole.schema))
+    for at_once in (1, 3, 10):
+        monkeypatch.setattr(steps_mod, "KERNELS_AT_ONCE", at_once)
+        ranges = steps_mod._step_ranges(flat / "gpu_ops.parquet", profiler_steps(flat))
+        assert ranges is not None and len(ranges) > 1
+        assert steps_mod.steps(flat, colls).equals(whole), at_once

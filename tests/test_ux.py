@@ -206,11 +206,6 @@ def test_csv_into_a_folder_writes_one_file_per_section(demo_flat, tmp_path, run_
     assert p.returncode == 2 and "-o DIR" in p.stderr
 
 
-def test_xlsx_needs_a_file(demo_flat, run_cli):
-    p = run_cli(["analyze", demo_flat, "-f", "xlsx"])
-    assert p.returncode == 2 and "-o" in p.stderr and not p.stdout
-
-
 # ------------------------------------------------------------------ a trace inside a dataset or folder
 @pytest.fixture(scope="module")
 def two_trace_dataset(demo, tmp_path_factory) -> Path:

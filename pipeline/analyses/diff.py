@@ -91,3 +91,42 @@ def diff(a, b) -> pl.DataFrame:
             descending=[True, False, False],
         )
     )
+
+
+MATCHED_WARN_PCT = 50.0  # under this share of the time matched, A and B ran different work
+
+
+def diff_summary(d: pl.DataFrame) -> dict:
+    """What a diff compared: each side's total time (GPU time; CPU time for CPU-only traces), the
+    share of it in rows both sides have (`matched_pct`: of A's and B's time together; per side too),
+    and how many rows are on both sides or only on one. Under MATCHED_WARN_PCT matched, A and B
+    most likely ran different workloads and their rows say little about each other."""
+    both = pl.col("a_count").is_not_null() & pl.col("b_count").is_not_null()
+    total = lambda side, cond=pl.lit(True): pl.col(f"{side}_dur_us").filter(cond).fill_null(0).sum()
+    t = d.select(
+        a=total("a"), b=total("b"), ma=total("a", both), mb=total("b", both), rows=pl.len(), matched=both.sum()
+    ).row(0, named=True)
+    pct = lambda part, whole: round(100 * part / whole, 1) if whole else None
+    return {
+        "total_a_us": round(t["a"], 3),
+        "total_b_us": round(t["b"], 3),
+        "delta_us": round(t["b"] - t["a"], 3),
+        "matched_pct": pct(t["ma"] + t["mb"], t["a"] + t["b"]),
+        "matched_a_pct": pct(t["ma"], t["a"]),
+        "matched_b_pct": pct(t["mb"], t["b"]),
+        "rows_matched": int(t["matched"] or 0),
+        "rows_only_a": int(d["b_count"].is_null().sum()),
+        "rows_only_b": int(d["a_count"].is_null().sum()),
+    }
+
+
+def different_work(summary: dict) -> str | None:
+    """One line when under MATCHED_WARN_PCT of the time matched (different workloads?), else None."""
+    pct = summary["matched_pct"]
+    if pct is None or pct >= MATCHED_WARN_PCT:
+        return None
+    return (
+        f"only {pct:g}% of the time matched between A and B ({summary['rows_matched']} rows on both sides, "
+        f"{summary['rows_only_a']} only in A, {summary['rows_only_b']} only in B): different workloads? "
+        "their rows compare little"
+    )

@@ -8,7 +8,7 @@ from pipeline.analyses.cpu import GROUPINGS, check_grouping
 from pipeline.analyses.flat import as_flat
 from pipeline.analyses.graphs import replayed_ops
 from pipeline.analyses.rollup import us
-from pipeline.errors import UsageError
+from pipeline.errors import UsageError, did_you_mean
 
 
 def op_table(flat, group_by: str | None = None, sort: str | None = None, stack_n: int = 5) -> pl.DataFrame:
@@ -38,7 +38,8 @@ def op_table(flat, group_by: str | None = None, sort: str | None = None, stack_n
     )
     sort = sort or ("self_device_us" if f.has_gpu else "self_cpu_us")
     if sort not in out.columns:
-        raise UsageError(f"cannot sort by {sort!r}; columns: {', '.join(out.columns)}")
+        said = did_you_mean(sort, out.columns)
+        raise UsageError(f"cannot sort by {sort!r}{said}; columns: {', '.join(out.columns)}")
     return out.sort(sort, *keys, descending=[True] + [False] * len(keys), nulls_last=True)
 
 

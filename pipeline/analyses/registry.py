@@ -73,9 +73,15 @@ class Section:
     reads: Callable[[Flat, Options, Callable[[str], pl.DataFrame]], pl.DataFrame] | None = None
     text: Callable[[pl.DataFrame, str, int | None], str] | None = None  # its table / md text (default: its tables)
     lead: bool = False  # what to fix: shown first, before everything else, even when empty (it says so)
+    # what an empty name says in table, md, csv and xlsx (JSON keeps null): column -> label
+    blanks: Mapping[str, str] = field(default_factory=dict)
 
     def tables(self, df: pl.DataFrame) -> dict[str, pl.DataFrame]:
-        """What table, md, csv and xlsx show of the section: named tables (default: its rows)."""
+        """What table, md, csv and xlsx show of the section: named tables (default: its rows), an
+        empty name saying what it is (`blanks`)."""
+        fill = {c: label for c, label in self.blanks.items() if c in df.columns and df.schema[c] == pl.String}
+        if fill:
+            df = df.with_columns(pl.col(c).fill_null(label).replace("", label) for c, label in fill.items())
         return self.views(df) if self.views else {self.name: df}
 
     @property
@@ -105,6 +111,7 @@ PCT_MEANINGS = {
     "min_effect_pct": "% change below which a difference is not reported",
 }
 KERNEL_TIME = {"pct": "% of the device's kernel time"}
+NO_OP_ALLOCATOR = "(no op: allocator)"  # memory events outside every op: the caching allocator's own
 
 
 def is_pct(column: str) -> bool:
@@ -293,6 +300,7 @@ REGISTRY: tuple[Section, ...] = (
         "Memory: peak allocated and reserved per device, the op running at the peak",
         "the allocator's peaks from [memory] events",
         sweeps=False,
+        blanks={"peak_op": NO_OP_ALLOCATOR},
     ),
     Section(
         "allocations",
@@ -301,6 +309,7 @@ REGISTRY: tuple[Section, ...] = (
         "the ops whose own [memory] events allocate most",
         top_in_json=True,
         sweeps=False,
+        blanks={"op": NO_OP_ALLOCATOR},
     ),
     Section(
         "sequences",
@@ -312,6 +321,7 @@ REGISTRY: tuple[Section, ...] = (
         top_in_json=True,
         sweeps=False,
         columns=("device", "count", "dur_us", "pct", "mean_gap_us", "kernels", "launched_by"),
+        blanks={"launched_by": "(no op)"},
     ),
     Section(
         "critical-path",

@@ -4,6 +4,7 @@ metric over every run of a dataset, change points flagged)."""
 from __future__ import annotations
 
 import tempfile
+import typing
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -12,7 +13,15 @@ from typing import Optional
 import typer
 
 from pipeline.cli.app import EXIT_OK, EXIT_PROBLEMS, RunsFormat, app, columns_option, err, width_option
-from pipeline.cli.output import check_output, column_list, fitted_width, write_file, write_report
+from pipeline.cli.output import (
+    FORMAT_DEFAULT,
+    check_output,
+    column_list,
+    fitted_width,
+    output_format,
+    write_file,
+    write_report,
+)
 
 
 @contextmanager
@@ -83,8 +92,8 @@ def compare(
     fail_above: Optional[float] = typer.Option(
         None, "--fail-above", metavar="PCT", help="exit 1 when anything regressed by more than PCT %"
     ),
-    fmt: RunsFormat = typer.Option(
-        "table", "--format", "-f", help="xlsx: a sheet per level (needs -o); html: one self-contained page"
+    given_format: Optional[RunsFormat] = typer.Option(
+        None, "--format", "-f", help="xlsx: a sheet per level; html: one self-contained page" + FORMAT_DEFAULT
     ),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the comparison to this file"),
     width: Optional[int] = width_option(),
@@ -103,6 +112,7 @@ def compare(
 
     levels = _levels(level)
     _check_stats(min_effect, fdr)
+    fmt = output_format(given_format, out, typing.get_args(RunsFormat))
     check_output(fmt, out)
     with ExitStack() as stack:
         ds_a = stack.enter_context(opened(source, jobs))
@@ -146,7 +156,9 @@ def trend(
     top: int = typer.Option(5, "--top", help="without --name: follow the N names with the most time (0: all)"),
     min_effect: float = typer.Option(5.0, "--min-effect", metavar="PCT", help="a smaller shift is no change point"),
     fdr: float = typer.Option(0.01, "--fdr", help="false discovery rate of change points over the names followed"),
-    fmt: RunsFormat = typer.Option("table", "--format", "-f", help="xlsx needs -o; html: one self-contained page"),
+    given_format: Optional[RunsFormat] = typer.Option(
+        None, "--format", "-f", help="xlsx: a workbook; html: one self-contained page" + FORMAT_DEFAULT
+    ),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the trend to this file"),
     plot: Optional[Path] = typer.Option(
         None, "--plot", help="write the series with their change points (PNG + SVG) into this directory"
@@ -169,6 +181,7 @@ def trend(
 
     _levels([level])
     _check_stats(min_effect, fdr)
+    fmt = output_format(given_format, out, typing.get_args(RunsFormat))
     check_output(fmt, out)
     if top < 0:
         raise UsageError("--top must not be negative")

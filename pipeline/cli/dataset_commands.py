@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import typing
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -16,13 +17,15 @@ from pipeline.cli.app import (
     load_formulas,
     width_option,
 )
-from pipeline.cli.output import fitted_width
+from pipeline.cli.output import FORMAT_DEFAULT, fitted_width, output_format
 
 
 @app.command()
 def batch(
-    src: Path = typer.Argument(
-        ..., help="a directory (recursive), a .tar/.tar.gz/.tgz/.zip archive, or a text file of paths"
+    src: list[Path] = typer.Argument(
+        ...,
+        help="trace files, directories (recursive), .tar/.tar.gz/.tgz/.zip archives or text files of paths, "
+        "as many as you like",
     ),
     out: Path = typer.Option(..., "-o", "--out", help="the dataset directory (created or extended)"),
     jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="worker processes (default: all cores)"),
@@ -44,7 +47,8 @@ def batch(
     formulas: Optional[Path] = formulas_option(),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress, no summary"),
 ):
-    """Flatten many traces into one dataset of few, large Parquet files.
+    """Flatten many traces into one dataset of few, large Parquet files: `batch a.json.gz b.json.gz
+    runs/ -o ds`.
 
     OUT/<table>/part-<commit>.parquet, trace_id a column of every table.
 
@@ -108,7 +112,9 @@ def compact(
 def query(
     dataset: Optional[Path] = typer.Argument(None, help="a batch dataset, or one flattened trace directory"),
     sql: Optional[str] = typer.Argument(None, help="polars SQL over events, gpu_ops, flows, devices, trace, traces"),
-    fmt: QueryFormat = typer.Option("table", "--format", "-f", help="json: a list of rows; parquet and xlsx need -o"),
+    given_format: Optional[QueryFormat] = typer.Option(
+        None, "--format", "-f", help="json: a list of rows; parquet and xlsx need -o" + FORMAT_DEFAULT
+    ),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the result to this file"),
     pick: Optional[str] = typer.Option(
         None, "--trace", "-t", metavar="ID", help="only this trace's rows (its trace_id, stem or part of its path)"
@@ -146,6 +152,7 @@ def query(
     if sql_file is not None:
         sql = _read_sql(sql_file)
         sandbox = True if sandbox is None else sandbox
+    fmt = output_format(given_format, out, typing.get_args(QueryFormat))
     q.check_format(fmt, out)
     query_text = q.example(example) if example else sql
     assert query_text is not None, "one of SQL, --example and --sql-file was given"

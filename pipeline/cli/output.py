@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -25,10 +26,21 @@ def write_report(text, out: Optional[Path]):
 
 
 def write_file(out: Optional[Path], write):
-    """Write a binary report (xlsx) to `out` atomically: `write(tmp_path)` makes it."""
+    """Write a binary report (xlsx) to `out` atomically: `write(tmp_path)` makes it; without `out`,
+    to stdout (a pipe or a file: `check_output` keeps it off a terminal), through a temporary file."""
     from pipeline.files import atomic_file, output_of
 
-    assert out is not None, "checked by check_output"
+    if out is None:
+        import shutil
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="tracepipe-out-") as tmp:
+            made = Path(tmp) / "report"
+            write(made)
+            with open(made, "rb") as f:
+                shutil.copyfileobj(f, sys.stdout.buffer)
+            sys.stdout.flush()
+        return
     with output_of(out), atomic_file(out) as tmp:
         write(tmp)
 
@@ -47,12 +59,55 @@ def write_csv_folder(folder: Optional[Path], sheets, columns: Optional[list[str]
     err(f"wrote {len(sheets)} sections to {folder}/ ({', '.join(f'{n}.csv' for n in sheets)})")
 
 
-def check_output(fmt: str, out: Optional[Path], section: Optional[list[str]] = None) -> bool:
-    """Usage errors of -o for a format, before any work; True for csv into a folder (-o DIR)."""
+# what an -o file's extension says the format is (other extensions say nothing)
+EXTENSIONS = {
+    ".html": "html",
+    ".htm": "html",
+    ".xlsx": "xlsx",
+    ".json": "json",
+    ".csv": "csv",
+    ".md": "md",
+    ".markdown": "md",
+    ".parquet": "parquet",
+}
+FORMAT_DEFAULT = " (default: from -o's extension: .html .xlsx .json .csv .md; else table)"  # --format's help
+NOT_FOR_TERMINALS = ("html", "xlsx", "parquet")  # formats a terminal cannot show
+
+
+def output_format(fmt: Optional[str], out: Optional[Path], formats: Sequence[str]) -> str:
+    """The format of a command's output: --format, else what -o's extension says (`EXTENSIONS`,
+    of the `formats` the command writes), else table. A --format the extension contradicts is a
+    usage error (`-f csv -o report.html`); HTML, xlsx and Parquet never go to a terminal."""
     from pipeline.errors import UsageError
 
-    if fmt == "xlsx" and out is None:
-        raise UsageError("--format xlsx writes a file: give -o REPORT.xlsx")
+    implied = EXTENSIONS.get(out.suffix.lower()) if out is not None else None
+    implied = implied if implied in formats else None
+    if fmt is None:
+        fmt = implied or "table"
+    elif implied is not None and implied != fmt:
+        assert out is not None
+        raise UsageError(
+            f"--format {fmt} but -o {out.name} is {implied}: drop --format (the extension decides) "
+            f"or name the file for {fmt}"
+        )
+    keep_off_terminal(fmt, out)
+    return fmt
+
+
+def keep_off_terminal(fmt: str, out: Optional[Path]) -> None:
+    """A usage error for HTML, xlsx or Parquet bound for a terminal (a pipe or a file is fine)."""
+    from pipeline.errors import UsageError
+
+    if fmt in NOT_FOR_TERMINALS and out is None and sys.stdout.isatty():
+        raise UsageError(f"--format {fmt} does not go to a terminal: give -o FILE.{fmt} (or pipe it)")
+
+
+def check_output(fmt: str, out: Optional[Path], section: Optional[list[str]] = None) -> bool:
+    """Usage errors of -o for a format, before any work (see `output_format`); True for csv into a
+    folder (-o DIR)."""
+    from pipeline.errors import UsageError
+
+    keep_off_terminal(fmt, out)
     csv_dir = fmt == "csv" and out is not None and out.suffix.lower() != ".csv"
     if fmt == "csv" and not csv_dir and section and len(section) > 1:
         raise UsageError("--format csv writes one section to a file: give one --section, or -o DIR for one file each")

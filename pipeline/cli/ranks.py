@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.cli.guard import EXIT_OK, EXIT_PROBLEMS, guarded, say
+from pipeline.cli.output import FORMAT_DEFAULT
 
 SHOWN_PROBLEMS = 10  # problem lines on stderr; the problems section holds them all
 FORMATS = ("table", "csv", "json", "md", "xlsx", "html")
@@ -45,8 +46,8 @@ OPTIONS = (
         "fmt",
         ("--format", "-f"),
         str,
-        "table",
-        "xlsx: one sheet per section (needs -o); html: one self-contained page",
+        None,
+        "xlsx: one sheet per section; html: one self-contained page" + FORMAT_DEFAULT,
         FORMATS,
     ),
     Opt("out", ("-o", "--out"), Path, None, "write the report to this file"),
@@ -99,7 +100,7 @@ DOC = "Whole runs: collectives matched across ranks, clocks aligned, waits, stra
 
 def ranks_main(
     source: Path,
-    fmt: str = "table",
+    fmt: str | None = None,
     out: Path | None = None,
     width: int | None = None,
     top: int = 20,
@@ -112,12 +113,13 @@ def ranks_main(
     no_cache: bool = False,
 ) -> int:
     """Run `tracepipe ranks`; its exit code (1: the runs have problems, each said on stderr)."""
-    from pipeline.cli.output import check_output, column_list, fitted_width, write_file, write_report
+    from pipeline.cli.output import check_output, column_list, fitted_width, output_format, write_file, write_report
     from pipeline.errors import UsageError
     from pipeline.runs import report as rr
 
     if align not in ("median", "none"):
         raise UsageError(f"--align must be median or none (got {align!r})")
+    fmt = output_format(fmt, out, FORMATS)
     check_output(fmt, out)
     res = rr.measured_runs(source, run_by, align == "median", jobs, not no_cache, run)
     if fmt == "xlsx":

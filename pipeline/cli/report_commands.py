@@ -18,7 +18,16 @@ from pipeline.cli.app import (
     load_formulas,
     width_option,
 )
-from pipeline.cli.output import check_output, column_list, fitted_width, write_csv_folder, write_file, write_report
+from pipeline.cli.output import (
+    FORMAT_DEFAULT,
+    check_output,
+    column_list,
+    fitted_width,
+    output_format,
+    write_csv_folder,
+    write_file,
+    write_report,
+)
 
 
 def diff_picks(a: Path, b: Path, picks: list[str]) -> tuple[Optional[str], Optional[str]]:
@@ -94,11 +103,12 @@ def analyze(
     trace: Path = typer.Argument(
         ..., help="a trace file, a flattened trace, a folder of them or a batch dataset (see --trace)"
     ),
-    fmt: ReportFormat = typer.Option(
-        "table",
+    given_format: Optional[ReportFormat] = typer.Option(
+        None,
         "--format",
         "-f",
-        help="xlsx: one sheet per section (needs -o); csv -o DIR: one file per section; html: one self-contained page",
+        help="xlsx: one sheet per section; csv -o DIR: one file per section; html: one self-contained page"
+        + FORMAT_DEFAULT,
     ),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the report to this file (csv: or folder)"),
     pick: Optional[str] = typer.Option(
@@ -157,6 +167,7 @@ def analyze(
     from pipeline import report as rp
     from pipeline.analyses.window import Window, parse_steps
 
+    fmt = output_format(given_format, out, rp.FORMATS)
     rp.check_options(fmt, section, group_by)
     csv_dir = check_output(fmt, out, section)
     if stacks and stacks_metric not in rp.STACK_METRICS:
@@ -205,7 +216,9 @@ def analyze(
 def diff_cmd(
     a: Path = typer.Argument(..., help="first trace: a file, a flattened trace, a folder of them or a dataset"),
     b: Optional[Path] = typer.Argument(None, help="second trace (default: A again, with a second --trace)"),
-    fmt: ReportFormat = typer.Option("table", "--format", "-f", help="xlsx needs -o; html: one self-contained page"),
+    given_format: Optional[ReportFormat] = typer.Option(
+        None, "--format", "-f", help="xlsx: a workbook; html: one self-contained page" + FORMAT_DEFAULT
+    ),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the comparison to this file"),
     pick: Optional[list[str]] = typer.Option(
         None,
@@ -225,7 +238,9 @@ def diff_cmd(
 ):
     """Compare two traces side by side, matched by CPU op (names normalised across vendors), else by kernel name."""
     from pipeline import report as rp
+    from pipeline.analyses.diff import diff_summary, different_work
 
+    fmt = output_format(given_format, out, rp.FORMATS)
     rp.check_options(fmt)
     check_output(fmt, out)
     b = a if b is None else b
@@ -238,6 +253,8 @@ def diff_cmd(
     with rp.opened(a, trace=picks[0], **cost) as fa, rp.opened(b, trace=picks[1], **cost) as fb:
         d = rp.diff(fa, fb)
         la, lb = label_a or fa.stem, label_b or fb.stem
+        if said := different_work(diff_summary(d)):
+            err(f"{la} vs {lb}: {said}")
         if fmt == "xlsx":
             write_file(out, lambda tmp: rp.write_diff_workbook(d, tmp, la, lb, top))
         else:

@@ -18,7 +18,8 @@ def _parameter(o: Opt) -> inspect.Parameter:
         kind: object = o.kind
     else:
         default = typer.Option(o.default, *o.flags, help=o.help, metavar=o.metavar)
-        kind = Literal[o.choices] if o.choices else (o.kind if o.default is not None else Optional[o.kind])
+        kind = Literal[o.choices] if o.choices else o.kind
+        kind = kind if o.default is not None else Optional[kind]
     return inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
 
 

@@ -14,7 +14,7 @@ import polars as pl
 
 from pipeline.compare.report import COLUMNS, LEVELS, Comparison
 from pipeline.compare.runs import Run, iso_time
-from pipeline.render.tables import dumps, records, render
+from pipeline.render.tables import check_columns, dumps, records, render
 
 TITLES = {
     "kernel": "Kernels",
@@ -120,6 +120,7 @@ def format_comparison(
     """`tracepipe compare` output in a text format: json, csv (every row), table or md (the head,
     then each level's `top` rows, changes first; `columns`: only these), or html (a page of every
     row, `pipeline.render.html.comparison_html`)."""
+    check_columns(columns, [c.rows])
     if fmt == "json":
         return dumps(comparison_json(c))
     if fmt == "html":

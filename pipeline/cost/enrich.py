@@ -483,8 +483,10 @@ LINKED = schema.table("gpu_ops").names(("link",))  # the columns linking adds (g
 LINK_PARTS = 2  # threads linking parts of the GPU ops side by side (`link_pass`)
 LINK_SPILL = "gpu_links"  # the temporary file of pass 1 (see `enrich`)
 GRAPH_SPILL = "graph_pairs"  # graph-replayed kernels paired with captured nodes (`graphs.GraphLinks`)
-# GPU ops costed together in pass 2 (a block of the spill): few blocks, few fixed costs per block
-COST_BLOCK_ROWS = 1 << 15
+# GPU ops costed together in pass 2 (a block of the spill), one write batch each: a block is costed
+# ahead while the one before is written, and the costed rows are held until written; blocks of
+# 32K held ~20 MB more on a trace of several blocks than on one of one, at no saving in CPU time
+COST_BLOCK_ROWS = 1 << 13
 # GPU ops written together in pass 2, a row group each: the wide rows (long kernel names) are the
 # memory; row groups of 4x as many rows make the file ~25% smaller and the peak ~25 MB higher
 WRITE_BATCH_ROWS = 1 << 13
@@ -513,12 +515,16 @@ def link_pass(
     `parts` > 1: the GPU ops are cut into that many runs of consecutive row groups
     (`link.gpu_parts`), each linked in a thread of its own (polars works without the GIL; one
     linking thread left a core idle: its small queries wait on each other), and spilled apart,
-    the later ones appended to `spill` in order."""
+    the later ones appended to `spill` in order. A part reads its next batch only once it is
+    done with the one before, so that two batches are in memory at once however many parts
+    there are, as for one part reading its next batch ahead (`link.link_batches`): reading
+    ahead in both parts held four, and the memory grew with the trace from one batch's (a
+    trace of one batch) to four's."""
     runs = link.gpu_parts(flat_dir, parts) if parts > 1 else [None]
     fields = _spill_fields()
     if len(runs) == 1:
         with store.SpillWriter(spill, fields) as out:
-            return _link_part(flat_dir, out, dtype, tally, user, replays, graph_ids, None, None)
+            return _link_part(flat_dir, out, dtype, tally, user, replays, graph_ids, None, None, ahead=True)
     src = link.LinkSources.of(flat_dir)
     tallies = [Tally() if tally is not None else None for _ in runs]
     with ExitStack() as stack:
@@ -528,7 +534,7 @@ def link_pass(
         writers = [stack.enter_context(store.SpillWriter(p, fields)) for p in paths]
         with ThreadPoolExecutor(len(runs)) as pool:
             done = [
-                pool.submit(_link_part, flat_dir, w, dtype, t, user, replays, graph_ids, groups, src)
+                pool.submit(_link_part, flat_dir, w, dtype, t, user, replays, graph_ids, groups, src, ahead=False)
                 for w, t, groups in zip(writers, tallies, runs)
             ]
             results = [d.result() for d in done]
@@ -570,13 +576,15 @@ def _link_part(
     graph_ids: GraphIds | None,
     row_groups: list[int] | None,
     src: link.LinkSources | None,
+    ahead: bool,
 ) -> OpKernels:
-    """`link_pass` of the GPU ops of `row_groups` (None: all) into `out`."""
+    """`link_pass` of the GPU ops of `row_groups` (None: all) into `out`; `ahead`: each batch's
+    reads made while the one before is nested and costed (`link.link_batches`)."""
     op_kernels, memo, roles, modes, tasks = OpKernels(), Memo(), Memo(), Memo(), Memo()
     evaluated = Evaluated()  # shapes' costs, shared by the batches (`op_costs`)
     events = pl.scan_parquet(flat_dir / "events.parquet")
     carry = (*COST_INPUTS, *((graph_id_args.GRAPH, graph_id_args.NODE) if graph_ids else ()))
-    for links in link.link_batches(flat_dir, carry=carry, row_groups=row_groups, src=src):
+    for links in link.link_batches(flat_dir, carry=carry, row_groups=row_groups, src=src, ahead=ahead):
         links = replays.attach(links) if replays is not None else graphs.without_graphs(links)
         if graph_ids is not None:  # replays not paired with a capture: their graph by Kineto's graph id
             links = graph_ids.label(links)

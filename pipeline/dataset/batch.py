@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipeline.dataset.captures import CAPTURE_DIR, CaptureFinder
 from pipeline.dataset.engines import Pool, check_engine
-from pipeline.dataset.inputs import TAR_SUFFIXES, Item, inputs
+from pipeline.dataset.inputs import TAR_SUFFIXES, Item, Sources, inputs, sources
 from pipeline.dataset.layout import (
     PART_COLUMN,
     STAGING,
@@ -89,12 +89,16 @@ def default_jobs() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def count_inputs(src: str | os.PathLike, dataset: Path) -> int | None:
+def count_inputs(src: Sources, dataset: Path) -> int | None:
     """How many inputs `inputs(src)` yields, where that is known without reading them (for a progress
     display): the trace files under a directory, a zip's trace members, a list's paths, 1 for a
     trace; None for a tar (streamed: its members are known only as they come) or what cannot be
-    listed. Decides what SRC is as `inputs` does."""
-    src = str(src)
+    listed. Decides what SRC is as `inputs` does; several sources: the sum (None if one is unknown)."""
+    counts = [_count(s, dataset) for s in sources(src)]
+    return None if None in counts else sum(c or 0 for c in counts)
+
+
+def _count(src: str, dataset: Path) -> int | None:
     try:
         if os.path.isdir(src):
             skip, n = dataset.resolve(), 0
@@ -136,7 +140,7 @@ def _json_bytes(item: Item) -> int:
 
 
 def run_batch(
-    src: str | os.PathLike,
+    src: Sources,
     dataset: str | os.PathLike,
     *,
     jobs: int | None = None,
@@ -149,7 +153,8 @@ def run_batch(
     formulas=None,
     capture_dir: str | None = CAPTURE_DIR,
 ) -> BatchResult:
-    """Flatten every trace of SRC into DATASET (see the module docstring), skipping known content.
+    """Flatten every trace of SRC (one source or several) into DATASET (see the module docstring),
+    skipping known content.
 
     `report(kind, source, message, nbytes)` is called as inputs finish (a task's inputs when it
     commits; nbytes: the input's size);

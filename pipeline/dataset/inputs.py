@@ -10,8 +10,9 @@ import shutil
 import stat
 import tarfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path, PurePosixPath
 
 from pipeline.errors import UsageError
@@ -201,10 +202,25 @@ def _list_items(listing: str) -> Iterator[Item]:
         yield _file_item(p)
 
 
-def inputs(src: str | os.PathLike, tmp: Path, dataset: Path, max_inflate: float | None = None) -> Iterator[Item]:
-    """Every input of SRC: a directory (recursive), an archive, a trace, or a list of paths.
-    `max_inflate`: the ratio archive members may inflate by (`pipeline.limits`)."""
-    src = str(src)
+Sources = str | os.PathLike | Sequence[str | os.PathLike]  # one source, or several (`batch A B DIR`)
+
+
+def sources(src: Sources) -> list[str]:
+    """SRC as a list of sources (one or several), each as a string."""
+    return [str(src)] if isinstance(src, (str, os.PathLike)) else [str(s) for s in src]
+
+
+def inputs(src: Sources, tmp: Path, dataset: Path, max_inflate: float | None = None) -> Iterator[Item]:
+    """Every input of SRC: a directory (recursive), an archive, a trace, or a list of paths; or of
+    each of several such sources in turn (each checked now: a missing one is a usage error before
+    any work). `max_inflate`: the ratio archive members may inflate by (`pipeline.limits`)."""
+    many = sources(src)
+    if len(many) != 1:  # each source's archive members extracted into a folder of its own
+        return chain.from_iterable([_inputs(s, tmp / str(i), dataset, max_inflate) for i, s in enumerate(many)])
+    return _inputs(many[0], tmp, dataset, max_inflate)
+
+
+def _inputs(src: str, tmp: Path, dataset: Path, max_inflate: float | None) -> Iterator[Item]:
     if os.path.isdir(src):
         return _dir_items(src, dataset)
     if not os.path.isfile(src):

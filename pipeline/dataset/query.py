@@ -13,8 +13,8 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline import store
-from pipeline.dataset.layout import KEY
+from pipeline import schema, store
+from pipeline.dataset.layout import KEY, MANIFEST
 from pipeline.dataset.tables import tables
 from pipeline.errors import UsageError
 from pipeline.render.tables import render
@@ -156,7 +156,23 @@ def run(path: str | Path, sql: str, sandbox: bool = False, trace: str | None = N
         return ctx.execute(sql).collect()
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"query failed: {first}") from None
+        raise UsageError(f"query failed: {first}{_suggestion(first, [*schema.TABLES, MANIFEST])}") from None
+
+
+def _suggestion(error: str, tables: list[str]) -> str:
+    """' (did you mean ...?)' for the unknown column or table a polars SQL error names, else ''."""
+    import json
+
+    from pipeline.errors import did_you_mean
+
+    if m := re.search(r'unable to find column "([^"]+)"; valid columns: (\[.*\])', error):
+        try:
+            return did_you_mean(m.group(1), json.loads(m.group(2)))
+        except ValueError:
+            return ""
+    if m := re.search(r"relation '([^']+)' was not found", error):
+        return did_you_mean(m.group(1), tables) or f" (tables: {', '.join(tables)})"
+    return ""
 
 
 def example(name: str) -> str:

@@ -77,7 +77,10 @@ from pipeline.link import nesting
 from pipeline.link.windows import EventReach, RunningSlices, TimeBins, TimeCells
 from pipeline.read.durations import SLICE
 
-BATCH_ROWS = 1 << 15  # GPU ops linked together
+# GPU ops linked together: a batch's reads and nesting take ~1.3 KB per GPU op at their peak, and
+# two batches are in memory at once (`link_batches`, `cost.enrich.link_pass`); 32K took 45 MB more
+# on a trace of many batches than on one of one, 16K half of that, at the same CPU time
+BATCH_ROWS = 1 << 14
 CELL_SLICES = 1 << 17  # CPU slices starting in one time cell (read together), about
 
 LAUNCH, CPU_OP, ANNOTATION, MODULE = 0, 1, 2, 3
@@ -247,20 +250,21 @@ def link_batches(
     carry: tuple[str, ...] = (),
     row_groups: Sequence[int] | None = None,
     src: LinkSources | None = None,
+    ahead: bool = True,
 ) -> Iterator[pl.DataFrame]:
     """(event_idx, correlation, *LINK_COLUMNS, *carry) of the GPU ops of a flattened trace, BATCH_ROWS
     at a time in the order of its gpu_ops.parquet; `carry` are gpu_ops columns passed through (the
     kernel name as a categorical). `row_groups`: only the GPU ops of these row groups of
     gpu_ops.parquet (`gpu_parts`); `src`: the trace's `LinkSources`, when known already.
-    Yields at least one frame (empty when there are no GPU ops). What the next batch reads (its
-    launches and the slices around them: `_Read`) is read while this one is nested
-    (`store.one_ahead`)."""
+    Yields at least one frame (empty when there are no GPU ops). With `ahead`, what the next
+    batch reads (its launches and the slices around them: `_Read`) is read while this one is
+    nested (`store.one_ahead`): two batches in memory at once; without, one."""
     src = src or LinkSources.of(flat_dir)
     carried = [c for c in carry if c not in GPU_LINK_INPUTS]
     batches = _gpu_batches(src, list(dict.fromkeys([*GPU_LINK_INPUTS, *carry])), row_groups)
     running = src.running_slices()
     read = ((_Read.of(src, running, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)) for gpu in batches)
-    for batch, passed in store.one_ahead(read):
+    for batch, passed in store.one_ahead(read) if ahead else read:
         yield _context_of(src, batch).hstack(passed)
 
 

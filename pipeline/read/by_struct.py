@@ -157,7 +157,7 @@ def _event_columns_by_struct(fields: dict, extras: dict, text: bytes, problems: 
     if ext is not None and lower is not None and lower.null_count < len(lower):
         ext = pc.coalesce(ext, lower)
     cols["correlation"], cols["external_id"] = id_arg("correlation"), None if lower is None else ext
-    cols["extra_json"] = _extra_json_of_struct_keys(extras, len(raws))
+    cols["extra_json"] = extra_json_of_struct_keys(extras, len(raws))
     if any(v is None for v in cols.values()):
         return None
     cols["args_json"] = args_json_of(raws)
@@ -169,7 +169,7 @@ def _event_columns_by_struct(fields: dict, extras: dict, text: bytes, problems: 
 # The args of GPU activity that gpu_ops reads (`gpu_arg_columns`), each of its usual type: (field,
 # type, key in the args); then the keys some backends write instead (`kineto.GPU_ARG_ALIASES`), as
 # fields `<field>__<i>` read where the field is absent.
-_GPU_ARG_FIELDS = (
+GPU_ARG_FIELDS = (
     ("device", int | None, "device"),
     ("stream", int | None, "stream"),
     ("grid", list[int] | None, "grid"),
@@ -183,16 +183,16 @@ _GPU_ARG_FIELDS = (
     ("kineto_graph_id", int | None, "graph id"),
     ("kineto_graph_node_id", int | None, "graph node id"),
 )
-_ALIAS_FIELDS = tuple(
+ALIAS_FIELDS = tuple(
     (f"{field}__{i}", field, typ, alias)
-    for field, typ, key in _GPU_ARG_FIELDS
+    for field, typ, key in GPU_ARG_FIELDS
     for i, alias in enumerate(GPU_ARG_ALIASES.get(key, ()))
 )
 _GpuArgs = msgspec.defstruct(
     "_GpuArgs",
     [
         (f, t, msgspec.field(default=None, name=key))
-        for f, t, key in (*_GPU_ARG_FIELDS, *((f, t, key) for f, _, t, key in _ALIAS_FIELDS))
+        for f, t, key in (*GPU_ARG_FIELDS, *((f, t, key) for f, _, t, key in ALIAS_FIELDS))
     ],
     gc=False,
 )
@@ -211,7 +211,7 @@ def _gpu_arg_columns_by_struct(raws: list) -> dict | None:
     except (msgspec.MsgspecError, ValueError):
         return None
     fields = _transpose(args, _GpuArgs)
-    for alias_field, field_name, _, _ in _ALIAS_FIELDS:  # a backend's name for the arg, where it is absent
+    for alias_field, field_name, _, _ in ALIAS_FIELDS:  # a backend's name for the arg, where it is absent
         fields[field_name] = [v if v is not None else a for v, a in zip(fields[field_name], fields.pop(alias_field))]
     field = fields.__getitem__
     cols = {"device": field("device"), "stream": field("stream")}
@@ -239,7 +239,7 @@ def _dims_by_column(values: list) -> list | None:
     return [pc.list_element(lists, i) for i in range(3)]
 
 
-def _extra_json_of_struct_keys(extras: dict, n: int) -> pa.Array | None:
+def extra_json_of_struct_keys(extras: dict, n: int) -> pa.Array | None:
     """extra_json from the extra keys `_Event` accepts (`extras`: key -> raw JSON texts, empty when
     absent; keys absent from every event left out), e.g. `{"bp":"e"}`; None (the dict path decides)
     when an event has two of them (their order in the event is unknown here) or when a value is not

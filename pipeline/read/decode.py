@@ -3,6 +3,8 @@
 `build_from_text` runs in the worker processes. It tries three builders, fastest first, each
 giving the same tables for the chunks it accepts:
 
+0. `by_native.tables_by_native`: the compiled builder (`native/`), when it is installed: one
+   simdjson pass over the text fills what the struct builder fills;
 1. `_tables_by_struct`: msgspec decodes the chunk straight into typed structs (no dict per
    event, `args` kept as its raw JSON text, never parsed and re-serialised); it accepts a chunk
    only when every event has the plain shape (known keys, each of its usual type);
@@ -23,6 +25,7 @@ from itertools import repeat
 import pyarrow as pa
 
 from pipeline.read.by_dicts import EMPTY_ARGS, events_by_column, events_by_event, gpu_arg_columns
+from pipeline.read.by_native import tables_by_native
 from pipeline.read.by_struct import raw_args_of, tables_by_struct
 from pipeline.read.chunks import ChunkParseError, NeedsExactParse, parse_chunk, parse_chunk_exact
 from pipeline.read.durations import pair_chunk
@@ -53,6 +56,9 @@ def _paired(tables: ChunkTables) -> ChunkTables:
 
 
 def _build_from_text(text: bytes) -> ChunkTables:
+    tables = tables_by_native(text)  # None when not installed, turned off, or not for this chunk
+    if tables is not None:
+        return tables
     tables = tables_by_struct(text)
     if tables is not None:
         return tables

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import polars as pl
 
 from pipeline.analyses.cpu import check_grouping
-from pipeline.analyses.diff import SIDE_COLS
+from pipeline.analyses.diff import SIDE_COLS, diff_summary
 from pipeline.analyses.flat import as_flat
 from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE, REGISTRY, SECTIONS, TOP_LEVEL, pct_meanings
-from pipeline.errors import UsageError
-from pipeline.render.tables import dumps, records, render
+from pipeline.errors import UsageError, did_you_mean
+from pipeline.render.findings import duration
+from pipeline.render.tables import check_columns, dumps, records, render
 
 FORMATS = ("table", "csv", "json", "md", "xlsx", "html")  # of analyze and diff
 DEFAULT_TEXT_TOP = 20  # rows per section (per device) in table / md
@@ -35,7 +36,8 @@ def check_options(fmt: str, only: list[str] | None = None, group_by: str | None 
         raise UsageError(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
     unknown = [s for s in only or [] if s not in SECTIONS]
     if unknown:
-        raise UsageError(f"unknown section {unknown[0]!r}; sections: {', '.join(SECTIONS)}")
+        said = did_you_mean(unknown[0], SECTIONS)
+        raise UsageError(f"unknown section {unknown[0]!r}{said}; sections: {', '.join(SECTIONS)}")
     check_grouping(group_by)
 
 
@@ -187,8 +189,10 @@ def format_analysis(
     if fmt == "csv":
         name = (only or [DEFAULT_CSV_SECTION])[0]
         df = next(iter(analysis_sheets({name: sections[name]}, top).values()))
+        check_columns(columns, [df])
         return render(df, "csv", columns=columns)
     chosen = {k: v for k, v in sections.items() if not only or k in only}
+    check_columns(columns, list(analysis_sheets(chosen).values()))
     head = f"# {f.stem}\n\n" if fmt == "md" else f"{f.stem}\n\n"
     layout = Layout(name_limit or None, width, tuple(columns) if columns else None)
     top = DEFAULT_TEXT_TOP if top is None else top or None
@@ -246,9 +250,10 @@ DIFF_TEXT_COLUMNS = [  # by importance: a narrow terminal leaves out the last on
 ]
 
 
-def diff_json(d: pl.DataFrame, label_a: str = "a", label_b: str = "b") -> dict:
-    """{"labels": {...}, "rows": [{"key", "kind", "a": {count, dur_us, ...} | null, "b": ...,
-    "delta_us", "ratio"}]}."""
+def diff_json(d: pl.DataFrame, label_a: str = "a", label_b: str = "b", summary: dict | None = None) -> dict:
+    """{"labels": {...}, "summary": {total_a_us, total_b_us, matched_pct, ...} (`diff_summary`, of
+    every row), "rows": [{"key", "kind", "a": {count, dur_us, ...} | null, "b": ..., "delta_us",
+    "ratio"}]}."""
     rows = []
     for r in records(d):
         row = {"key": r["key"], "kind": r["kind"]}
@@ -257,7 +262,20 @@ def diff_json(d: pl.DataFrame, label_a: str = "a", label_b: str = "b") -> dict:
             row[side] = {c: r[f"{side}_{c}"] for c in SIDE_COLS} if present else None
         row["delta_us"], row["ratio"] = r["delta_us"], r["ratio"]
         rows.append(row)
-    return {"labels": {"a": label_a, "b": label_b}, "rows": rows}
+    return {"labels": {"a": label_a, "b": label_b}, "summary": summary or diff_summary(d), "rows": rows}
+
+
+def summary_lines(s: dict, label_a: str, label_b: str) -> list[str]:
+    """A diff's totals and how much of them matched, as the lines above its table."""
+    change = f", {100 * s['delta_us'] / s['total_a_us']:+.1f}%" if s["total_a_us"] else ""
+    matched = "nothing" if s["matched_pct"] is None else f"{s['matched_pct']:g}% of the time"
+    return [
+        f"total: {label_a} {duration(s['total_a_us'])}, {label_b} {duration(s['total_b_us'])} "
+        f"({label_b} - {label_a} {'+' if s['delta_us'] >= 0 else '-'}{duration(abs(s['delta_us']))}{change})",
+        f"matched: {matched} ({label_a} {s['matched_a_pct']}%, {label_b} {s['matched_b_pct']}%); "
+        f"{s['rows_matched']} rows on both sides, {s['rows_only_a']} only in {label_a}, "
+        f"{s['rows_only_b']} only in {label_b} (a row on one side only is neither faster nor slower)",
+    ]
 
 
 def diff_text(
@@ -277,6 +295,10 @@ def diff_text(
     if max(len(label_a), len(label_b)) > SHORT_LABEL:
         legend = f"a: {label_a}\nb: {label_b}\n" + ("\n" if fmt == "md" else "")
         label_a, label_b = "a", "b"
+    summary = [f"- {line}" if fmt == "md" else line for line in summary_lines(diff_summary(d), label_a, label_b)]
+    if width and fmt != "md":  # each line within the width, its continuation indented
+        summary = [textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False) for line in summary]
+    legend += "\n".join(summary) + "\n\n"
     t = t.rename(
         {
             c: c.replace("a_", f"{label_a}:", 1) if c.startswith("a_") else c.replace("b_", f"{label_b}:", 1)
@@ -301,9 +323,9 @@ def format_diff(
     if fmt == "html":
         from pipeline.render.html import diff_html
 
-        return diff_html(d.head(top) if top else d, label_a, label_b)
+        return diff_html(d.head(top) if top else d, label_a, label_b, summary=diff_summary(d))
     if fmt == "json":
-        return dumps(diff_json(d.head(top) if top else d, label_a, label_b))
+        return dumps(diff_json(d.head(top) if top else d, label_a, label_b, diff_summary(d)))
     if fmt == "csv":
         return render(d.head(top) if top else d, "csv")
     return diff_text(d, fmt, label_a, label_b, name_limit or None, top, width)
@@ -315,7 +337,8 @@ def write_diff_workbook(d: pl.DataFrame, path, label_a: str = "a", label_b: str 
     from pipeline.render.workbook import write_workbook
     from pipeline.version import __version__
 
+    summary = diff_summary(d)
     rows = d.head(top) if top else d
     tops = {c: pl.col(c).list.eval(pl.element().struct.field("name")) for c in ("a_top_kernels", "b_top_kernels")}
     rows = rows.with_columns(v.alias(c) for c, v in tops.items() if c in rows.columns)
-    write_workbook(path, {"diff": rows}, {"a": label_a, "b": label_b, "tracepipe": __version__})
+    write_workbook(path, {"diff": rows}, {"a": label_a, "b": label_b, **summary, "tracepipe": __version__})

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
@@ -137,14 +138,16 @@ def compact(name: str, room: int) -> str:
     """A C++ kernel name made shorter step by step, until it fits `room`: a launch wrapper's name
     as the kernel it launches (`names.LAUNCH_WRAPPERS`), without the return type `void` and the
     parameter list, then without namespace qualifiers, then without spaces around template
-    punctuation, then without `(…)`, then with its template arguments as `<…>`. Other names come
-    back as they are."""
+    punctuation, then without `(…)`, then with its template arguments as the one that tells its
+    instances apart (`<…MulFunctor…>`, see `template_hint`), then as `<…>`. Other names come back
+    as they are."""
     steps = (
         unwrapped,
         lambda n: _without_params(n.removeprefix("void ")),
-        lambda n: _SCOPE.sub("", n),
+        lambda n: _SCOPE.sub("", n.replace("(anonymous namespace)::", "")),
         lambda n: _SPACES.sub(r"\1", n),
         lambda n: n.removesuffix("(…)"),
+        lambda n: _without_template_args(n, hints=True),
         _without_template_args,
     )
     if not _CPP.search(name):
@@ -168,24 +171,92 @@ def _without_params(name: str) -> str:
     return name
 
 
-def _without_template_args(name: str) -> str:
-    """a<b<c>, d>::e<f> -> a<…>::e<…> (the outermost template argument lists elided)."""
-    out, depth = [], 0
+def _without_template_args(name: str, hints: bool = False) -> str:
+    """a<b<c>, d>::e<f> -> a<…>::e<…> (the outermost template argument lists elided); `hints`:
+    each as what tells its instances apart, where it says (`template_hint`: `a<…MulFunctor…>`)."""
+    out: list[str] = []
+    args: list[str] = []
+    depth = 0
     for ch in name:
         if ch == "<":
             depth += 1
             if depth == 1:
-                out.append("<…")
+                args = []
+                continue
         elif ch == ">" and depth:
             depth -= 1
             if depth == 0:
-                out.append(">")
-        elif depth == 0:
+                hint = template_hint("".join(args)) if hints else None
+                out.append(f"<…{hint}…>" if hint else "<…>")
+                continue
+        if depth:
+            args.append(ch)
+        else:
             out.append(ch)
     return "".join(out)
 
 
+_FUNCTOR = re.compile(r"[A-Za-z_]\w*Functor\w*")  # MulFunctor, CUDAFunctor_add, BinaryFunctor
+_OPS = re.compile(r"[A-Za-z_]\w*Ops\b")  # a reduction's MeanOps, WelfordOps
+_CALLED = re.compile(r"([A-Za-z_]\w*)(?:<[^<>()]*>)?\(")  # a lambda's function: direct_copy_kernel_cuda(
+_NOT_CALLED = {"lambda", "operator", "void"}
+_CALLED_SUFFIXES = ("_kernel_cuda", "_kernel_impl", "_kernel", "_cuda", "_impl")
+
+
+def template_hint(args: str) -> str | None:
+    """What tells apart the instances of a kernel template, from the text of its arguments: the
+    innermost functor (`BinaryFunctor<float, …, MulFunctor<float>>` -> MulFunctor), else the function
+    whose lambda it runs (`direct_copy_kernel_cuda(…)::{lambda…}` -> direct_copy; also inside a
+    functor), else a reduction's ops class (MeanOps); None when the arguments are only types and
+    numbers."""
+    for m in _FUNCTOR.finditer(args):
+        inner = _inner(args, m.end())
+        if not _FUNCTOR.search(inner):
+            return _called(inner) or m.group(0)
+    if called := _called(args):
+        return called
+    for m in _OPS.finditer(args):
+        if not _OPS.search(_inner(args, m.end())):
+            return m.group(0)
+    return None
+
+
+def _called(text: str) -> str | None:
+    """The first function named in `text` (not a lambda or an operator), without `_kernel_cuda`."""
+    for m in _CALLED.finditer(text):
+        name = m.group(1)
+        if name not in _NOT_CALLED:
+            for suffix in _CALLED_SUFFIXES:
+                if name.endswith(suffix) and len(name) > len(suffix):
+                    return name[: -len(suffix)]
+            return name
+    return None
+
+
+def _inner(text: str, at: int) -> str:
+    """The template argument list opening at text[at], without its brackets ('' if none opens there)."""
+    if not text.startswith("<", at):
+        return ""
+    depth = 0
+    for i in range(at, len(text)):
+        depth += {"<": 1, ">": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[at + 1 : i]
+    return text[at + 1 :]
+
+
 # ------------------------------------------------------------------ writers
+def check_columns(columns: list[str] | None, tables: Iterable[pl.DataFrame | Rows]) -> None:
+    """A usage error for a --columns name no table shown has (with the closest one that does)."""
+    from pipeline.errors import UsageError, did_you_mean
+
+    known = dict.fromkeys(c for df in tables for c in df.columns)
+    unknown = [c for c in columns or () if c not in known]
+    if unknown:
+        said = did_you_mean(unknown[0], known)
+        raise UsageError(f"--columns {unknown[0]!r}: no table shown has that column{said}")
+
+
 def terminal_width() -> int | None:
     """The width a text table should fit: $COLUMNS, else the terminal's; None (no limit) when
     stdout is neither."""

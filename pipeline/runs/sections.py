@@ -7,7 +7,7 @@ from typing import Any
 
 from pipeline.render.findings import FLAT_COLUMNS, findings_lines, flat_rows
 from pipeline.render.rows import Rows
-from pipeline.render.tables import render
+from pipeline.render.tables import check_columns, render
 
 SECTIONS = (  # (name, title, the result's table, columns shown: by importance, a narrow terminal drops the last)
     ("runs", "Runs: ranks present and missing", "runs", ["run", "world_size", "traces", "ranks", "missing_ranks"]),
@@ -102,6 +102,7 @@ def render_sections(
 ) -> str:
     """The sections as text tables, md or csv; table and md show `top` rows of each (None or 0:
     all) and say how many more there are; `columns`: only these, where a section has them."""
+    check_columns(columns, [in_us(getattr(res, table)) for _, _, table, _ in SECTIONS])
     one_run = fmt != "csv" and res.runs.height == 1  # its name once, above the tables, not in every row
     out = [f"run: {res.runs.data['run'][0]}\n"] if one_run else []
     out.append(_findings(res, fmt, width, one_run))

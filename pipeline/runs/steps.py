@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
+from pipeline import store
 from pipeline.runs.collectives import profiler_steps, with_steps
 
 IS_COMM = pl.col("category") == "communication"
@@ -36,10 +38,20 @@ def union_ns(
     )
 
 
-def _kernels(flat_dir: Path) -> pl.DataFrame:
+KERNELS_AT_ONCE = 1 << 16  # kernels whose steps are measured together (about: steps are kept whole)
+_IS_KERNEL = (pl.col("kind") == "kernel") & pl.col("ts_ns").is_not_null()
+
+
+def _kernels(flat_dir: Path, since: int | None = None, until: int | None = None) -> pl.DataFrame:
+    """The kernels (device, ts_ns, end_ns, comm) starting in [since, until) (None: open)."""
+    where = _IS_KERNEL
+    if since is not None:
+        where &= pl.col("ts_ns") >= since
+    if until is not None:
+        where &= pl.col("ts_ns") < until
     return (
         pl.scan_parquet(flat_dir / "gpu_ops.parquet")
-        .filter((pl.col("kind") == "kernel") & pl.col("ts_ns").is_not_null())
+        .filter(where)
         .select(
             "device",
             "ts_ns",
@@ -48,6 +60,47 @@ def _kernels(flat_dir: Path) -> pl.DataFrame:
         )
         .collect(engine="streaming")
     )
+
+
+def _step_ranges(gpu_ops: Path, intervals: pl.DataFrame) -> list[tuple[int, int | None]] | None:
+    """Time ranges [since, until) (until None: open) of runs of consecutive steps (`intervals`,
+    in start order) whose kernels start in them, about KERNELS_AT_ONCE kernels a run; None when
+    the trace has no kernel. A kernel belongs to the last step started at or before its start
+    (`with_steps`), which for a kernel starting in a run's range is one of the run's steps: runs
+    end only where the next step starts later. Kernels are counted per step first (their starts
+    only, batch by batch), so the kernels of a whole trace are never held at once."""
+    starts = intervals["step_ts_ns"]
+    per_step = np.zeros(starts.len() + 1, dtype=np.int64)  # [0]: kernels before the first step
+    for batch in store.read_batches(gpu_ops, store.BUFFER_ROWS, ["kind", "ts_ns"], use_threads=False):
+        ts = store.frame_from_arrow(batch).filter(_IS_KERNEL)["ts_ns"]
+        per_step += np.bincount(starts.search_sorted(ts, side="right").to_numpy(), minlength=per_step.size)
+    if not per_step.sum():
+        return None
+    first = starts[0]
+    if intervals["step"].is_duplicated().any():  # a name's steps are measured together: all at once
+        return [(first, None)]
+    ranges, held = [], 0
+    for k in range(starts.len() - 1):
+        held += int(per_step[k + 1])
+        if held >= KERNELS_AT_ONCE and starts[k + 1] > starts[k]:
+            ranges.append((first, starts[k + 1]))
+            first, held = starts[k + 1], 0
+    return [*ranges, (first, None)]
+
+
+def _covered(k: pl.DataFrame) -> pl.DataFrame:
+    """(step, device, kernel_ns, compute_ns, comm_ns, exposed_comm_ns) of kernels with their step."""
+    by = ["step", "device"]
+    cover = {
+        "kernel_ns": union_ns(k, by),
+        "compute_ns": union_ns(k.filter(~pl.col("comm")), by),
+        "comm_ns": union_ns(k.filter(pl.col("comm")), by),
+    }
+    covered = k.lazy().select(by).unique()
+    for name, lf in cover.items():
+        covered = covered.join(lf.rename({"covered_ns": name}), on=by, how="left")
+    covered = covered.with_columns(pl.col("kernel_ns", "compute_ns", "comm_ns").fill_null(0))
+    return covered.with_columns(exposed_comm_ns=pl.col("kernel_ns") - pl.col("compute_ns")).collect()
 
 
 SCHEMA = {
@@ -68,20 +121,15 @@ def steps(flat_dir: Path, collectives: pl.DataFrame) -> pl.DataFrame:
     intervals = profiler_steps(flat_dir)
     if not intervals.height:
         return pl.DataFrame(schema=SCHEMA)
-    kernels = _kernels(flat_dir) if (flat_dir / "gpu_ops.parquet").is_file() else pl.DataFrame()
-    if kernels.height:
-        k = with_steps(kernels, intervals).filter(pl.col("step").is_not_null())
-        by = ["step", "device"]
-        cover = {
-            "kernel_ns": union_ns(k, by),
-            "compute_ns": union_ns(k.filter(~pl.col("comm")), by),
-            "comm_ns": union_ns(k.filter(pl.col("comm")), by),
-        }
-        covered = k.lazy().select(by).unique()
-        for name, lf in cover.items():
-            covered = covered.join(lf.rename({"covered_ns": name}), on=by, how="left")
-        covered = covered.with_columns(pl.col("kernel_ns", "compute_ns", "comm_ns").fill_null(0))
-        rows = covered.with_columns(exposed_comm_ns=pl.col("kernel_ns") - pl.col("compute_ns")).collect()
+    gpu_ops = flat_dir / "gpu_ops.parquet"
+    ranges = _step_ranges(gpu_ops, intervals) if gpu_ops.is_file() else None
+    if ranges is not None:  # a run of steps at a time: their kernels, never all of the trace's
+        rows = pl.concat(
+            [
+                _covered(with_steps(_kernels(flat_dir, since, until), intervals).filter(pl.col("step").is_not_null()))
+                for since, until in ranges
+            ]
+        )
     else:
         work = with_steps(collectives.select("ts_ns", "end_ns"), intervals).filter(pl.col("step").is_not_null())
         comm = union_ns(work.with_columns(device=pl.lit(None, pl.Int64)), ["step"]).collect()

@@ -7,17 +7,20 @@ from __future__ import annotations
 import polars as pl
 
 import pipeline.render.html.charts as ch
+from pipeline.analyses.diff import diff_summary, different_work
 from pipeline.render.html.cells import duration, percent
 from pipeline.render.html.frames import frames_page
 from pipeline.render.html.model import Chart, Part, Tile
 from pipeline.render.html.page import render_page
 
 BIGGEST = 20  # changes in the chart
+ONE_SIDE = "#9aa5b1"  # a row only in A or only in B: neither faster nor slower
 FIRST = ("key", "kind", "a_dur_us", "b_dur_us", "delta_us", "ratio", "a_count", "b_count")
 
 
-def diff_html(d: pl.DataFrame, label_a: str, label_b: str, facts=()) -> str:
-    """The page of `diff`: `d` as `pipeline.analyses.diff.diff` makes it."""
+def diff_html(d: pl.DataFrame, label_a: str, label_b: str, facts=(), summary: dict | None = None) -> str:
+    """The page of `diff`: `d` as `pipeline.analyses.diff.diff` makes it; `summary` as
+    `diff_summary` makes it of every row (default: of `d`)."""
     lead = [c for c in FIRST if c in d.columns]
     rows = d.select(lead + [c for c in d.columns if c not in lead])
     page, empty = frames_page(
@@ -25,7 +28,7 @@ def diff_html(d: pl.DataFrame, label_a: str, label_b: str, facts=()) -> str:
         "diff",
         [("rows", "Side by side: every CPU op, kernel and copy of A and B", rows)],
         [("a", label_a), ("b", label_b), *facts],
-        overview(d, label_a, label_b),
+        overview(d, label_a, label_b, summary or diff_summary(d)),
         helps={
             "rows": "matched by normalised CPU op (across vendors), else by kernel or copy name; a_* is A, b_* is B"
         },
@@ -33,14 +36,14 @@ def diff_html(d: pl.DataFrame, label_a: str, label_b: str, facts=()) -> str:
     return render_page(page, empty)
 
 
-def overview(d: pl.DataFrame, label_a: str, label_b: str) -> list[Part]:
+def overview(d: pl.DataFrame, label_a: str, label_b: str, summary: dict) -> list[Part]:
     if not d.height:
         return []
-    a, b = float(d["a_dur_us"].fill_null(0).sum()), float(d["b_dur_us"].fill_null(0).sum())
+    a, b = summary["total_a_us"], summary["total_b_us"]
     change = 100 * (b - a) / a if a else None
     parts: list[Part] = [
-        Tile(f"A: {label_a}", duration(a), f"{d['a_count'].drop_nulls().len():,} rows"),
-        Tile(f"B: {label_b}", duration(b), f"{d['b_count'].drop_nulls().len():,} rows"),
+        Tile(f"A: {label_a}", duration(a), f"{summary['rows_matched'] + summary['rows_only_a']:,} rows"),
+        Tile(f"B: {label_b}", duration(b), f"{summary['rows_matched'] + summary['rows_only_b']:,} rows"),
         Tile(
             "B - A",
             ("+" if b >= a else "-") + duration(abs(b - a)),
@@ -48,9 +51,16 @@ def overview(d: pl.DataFrame, label_a: str, label_b: str) -> list[Part]:
             "bad" if change and change > 5 else "good" if change and change < -5 else "",
         ),
     ]
-    only_a = d.filter(pl.col("b_count").is_null()).height
-    only_b = d.filter(pl.col("a_count").is_null()).height
-    parts.append(Tile("unmatched", f"{only_a:,} | {only_b:,}", "rows only in A | only in B"))
+    matched = summary["matched_pct"]
+    parts.append(
+        Tile(
+            "matched",
+            percent(matched) if matched is not None else "nothing",
+            f"of the time; {summary['rows_only_a']:,} rows only in A | {summary['rows_only_b']:,} only in B"
+            + ("; different workloads?" if different_work(summary) else ""),
+            "warn" if different_work(summary) else "",
+        )
+    )
     big = d.with_columns(delta=pl.col("delta_us").fill_null(0)).sort(pl.col("delta").abs(), descending=True)
     rows = []
     for r in big.head(BIGGEST).to_dicts():
@@ -68,11 +78,11 @@ def overview(d: pl.DataFrame, label_a: str, label_b: str) -> list[Part]:
                 [r["delta"]],
                 f"{sign}{duration(abs(r['delta']))}{only}",
                 tip,
-                color="#c44e52" if r["delta"] > 0 else "#55a868",
+                color=ONE_SIDE if only else "#c44e52" if r["delta"] > 0 else "#55a868",
             )
         )
     spec = ch.bars(
-        f"The {len(rows)} biggest changes, B - A (red: slower in B, green: faster)",
+        f"The {len(rows)} biggest changes, B - A (red: slower in B, green: faster, grey: on one side only)",
         rows,
         "us",
         signed=True,

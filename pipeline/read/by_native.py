@@ -1,0 +1,149 @@
+"""by_native: the compiled chunk builder, when it is installed (`native/`, built by `make install`
+where a C++ compiler is found). One pass of simdjson On-Demand over a chunk's text fills the
+column buffers `by_struct` builds from msgspec structs; the tables are then made by the same code
+as the struct builder's (`tables`), so they are identical. The native pass declines (None) any
+chunk that is not of the plain shape, or anything it is not sure of; `decode` then tries the
+Python builders. TRACEPIPE_NATIVE=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.read.arrays import plain_strings
+from pipeline.read.by_struct import ALIAS_FIELDS, GPU_ARG_FIELDS, extra_json_of_struct_keys
+from pipeline.read.tables import EVENT_COLUMNS, ChunkTables, events_table, flows_of, gpu_and_flow_rows, gpu_ops_of
+from pipeline.read.values import Problems
+
+try:
+    import tracepipe_native as _native
+except ImportError:  # not built (no compiler), or built for another CPU: the Python builders
+    _native = None
+
+_INT, _DIMS, _FLOAT = 0, 1, 2
+
+
+def _kind(typ) -> int:
+    return {int | None: _INT, list[int] | None: _DIMS, int | float | None: _FLOAT}[typ]
+
+
+if _native is not None:
+    _native.configure(
+        [_kind(t) for _, t, _ in GPU_ARG_FIELDS],
+        [(key, i, 0) for i, (_, _, key) in enumerate(GPU_ARG_FIELDS)]
+        + [
+            (alias, [f for f, _, _ in GPU_ARG_FIELDS].index(field), 1 + n)
+            for n, (_, field, _, alias) in enumerate(ALIAS_FIELDS)
+        ],
+    )
+
+
+def available() -> bool:
+    """Whether chunks go through the native builder (installed, and not turned off)."""
+    return _native is not None and os.environ.get("TRACEPIPE_NATIVE", "1") != "0"
+
+
+def _kept(view: memoryview | None) -> pa.Buffer | None:
+    """A copy, in Arrow's memory pool, of a buffer of the module's (which the next chunk reuses).
+    Tables holding C-heap blocks while they wait to be written fragmented the heap (the peak RSS
+    of a workers=1 flatten grew with the trace's size); the copy is a memcpy of ~1 MB a chunk."""
+    if view is None:
+        return None
+    buf = pa.allocate_buffer(len(view))
+    memoryview(buf).cast("B")[:] = view
+    return buf
+
+
+def _view(view: memoryview | None) -> pa.Buffer | None:
+    """The module's buffer as it is, for arrays used before the next chunk is built."""
+    return None if view is None else pa.py_buffer(view)
+
+
+def _strings(n: int, parts, buffer=_kept) -> pa.Array:
+    offsets, data, validity, nulls = parts
+    return pa.StringArray.from_buffers(n, buffer(offsets), buffer(data), buffer(validity), nulls)
+
+
+def _numbers(n: int, parts, typ=pa.int64(), buffer=_kept) -> pa.Array:
+    values, validity, nulls = parts
+    return pa.Array.from_buffers(typ, n, [buffer(validity), buffer(values)], nulls)
+
+
+def tables_by_native(text: bytes) -> ChunkTables | None:
+    """The chunk's tables as `by_struct.tables_by_struct` makes them, or None (not installed, turned
+    off, or a chunk the native pass does not take)."""
+    if not available():
+        return None
+    assert _native is not None
+    out = _native.build(text)
+    if out is None:
+        return None
+    n = out["n"]
+    cols = {k: _strings(n, out[k]) for k in ("ph", "cat", "name", "pid_str", "tid_str", "id_str", "args_json")}
+    for k in ("pid", "tid", "id", "ts_ns", "dur_ns", "correlation", "external_id"):
+        cols[k] = _numbers(n, out[k])
+    extras = {k: _strings(n, out[k], buffer=_view) for k in ("bp", "s") if k in out}
+    extra_json = extra_json_of_struct_keys(extras, n)
+    if extra_json is None:
+        return None
+    cols["extra_json"] = extra_json
+    ev_table = events_table({k: cols[k] for k in EVENT_COLUMNS})
+    gpu_rows, flow_rows = gpu_and_flow_rows(ev_table)
+    if gpu_rows and np.frombuffer(out["gpu_bad"], np.uint8)[gpu_rows].any():
+        return None  # a GPU event's args of another shape: the struct builder decides
+    rows = pa.array(gpu_rows, pa.int64())
+    problems = Problems()
+    gpu_table, device_ids, task_pids = gpu_ops_of(
+        gpu_rows,
+        ev_table.column("cat").take(rows).to_pylist(),
+        [
+            s if s is not None else i
+            for i, s in zip(cols["pid"].take(rows).to_pylist(), cols["pid_str"].take(rows).to_pylist())
+        ],
+        _gpu_arg_columns(n, out["gpu"], rows),
+        ev_table,
+        problems,
+    )
+    flows = pa.array(flow_rows, pa.int64())
+    bp = plain_strings(extras["bp"].take(flows)) if "bp" in extras else pa.nulls(len(flows), pa.string())
+    return ChunkTables(ev_table, gpu_table, flows_of(flows, bp, ev_table), problems, device_ids, task_pids)
+
+
+def _gpu_arg_columns(n: int, fields: list, rows: pa.Array) -> dict:
+    """`by_struct`'s GPU arg columns, of the GPU rows, from the native per-event buffers."""
+    out: dict = {}
+    for (name, typ, _), parts in zip(GPU_ARG_FIELDS, fields):
+        kind = _kind(typ)
+        if kind == _DIMS:
+            for d, p in zip("xyz", parts):
+                out[f"{name}_{d}"] = _numbers(n, p, buffer=_view).take(rows)
+        elif kind == _FLOAT:
+            out[name] = _numbers(n, parts, pa.float64(), buffer=_view).take(rows)
+        elif name in ("device", "stream"):
+            out[name] = _numbers(n, parts, buffer=_view).take(rows).to_pylist()
+        else:
+            out[name] = _numbers(n, parts, buffer=_view).take(rows)
+    return {k: out[k] for k in _ARG_COLUMN_ORDER}
+
+
+_ARG_COLUMN_ORDER = (
+    "device",
+    "stream",
+    "grid_x",
+    "grid_y",
+    "grid_z",
+    "block_x",
+    "block_y",
+    "block_z",
+    "registers_per_thread",
+    "shared_memory",
+    "copy_bytes",
+    "kineto_graph_id",
+    "kineto_graph_node_id",
+    "warps_per_sm",
+    "occupancy_pct",
+    "copy_bw_gbps",
+)

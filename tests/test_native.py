@@ -1,0 +1,354 @@
+"""The compiled chunk builder (native/, `pipeline.read.by_native`): the same tables as the Python
+builders on every shared real trace and on mutated traces, declined (None) where it is not sure,
+and tracepipe unchanged without it. Skipped where the module is not built (no C++ compiler)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.errors import BadTrace
+from pipeline.flatten import flatten
+from pipeline.read import by_native, decode
+from pipeline.read.chunks import ChunkParseError, Salvaged, text_of
+from pipeline.read.source import TraceSource
+from pipeline.schema import TABLES
+
+pytest.importorskip(
+    "tracepipe_native", reason="the native chunk builder is not built (make install with a C++ compiler)"
+)
+
+
+def _same_chunk_tables(a, b) -> str | None:
+    """What differs between two ChunkTables (None: nothing)."""
+    for k in ("events", "gpu_ops", "flows"):
+        ta, tb = getattr(a, k), getattr(b, k)
+        if ta.schema != tb.schema or not ta.equals(tb):
+            return k
+    for k in ("problems", "device_ids", "task_pids"):
+        if getattr(a, k) != getattr(b, k):
+            return k
+    ea, eb = a.open_ends, b.open_ends
+    if (ea is None) != (eb is None) or (ea is not None and vars(ea) != vars(eb)):
+        return "open_ends"
+    return None
+
+
+def _built(text: bytes, native: bool, monkeypatch):
+    monkeypatch.setenv("TRACEPIPE_NATIVE", "1" if native else "0")
+    try:
+        return decode.build_from_text(text)
+    except ChunkParseError as e:  # the chunk is merged with the next one: the same either way
+        return f"ChunkParseError: {e}"
+
+
+def _compare_chunks(path: Path, chunk_bytes: int, monkeypatch) -> tuple[int, int, list]:
+    """(chunks, chunks the native builder took, differences) of a trace read in chunks."""
+    n = took = 0
+    diffs = []
+    with TraceSource(str(path), chunk_bytes=chunk_bytes) as src:
+        for piece in src.pieces():
+            if isinstance(piece, Salvaged):
+                continue
+            text = text_of(piece)
+            n += 1
+            ref = _built(text, False, monkeypatch)
+            monkeypatch.setenv("TRACEPIPE_NATIVE", "1")
+            took += by_native.tables_by_native(text) is not None
+            got = _built(text, True, monkeypatch)
+            if isinstance(ref, str) or isinstance(got, str):
+                d = None if ref == got else f"{ref!r} / {got!r}"
+            else:
+                d = _same_chunk_tables(ref, got)
+            if d:
+                diffs.append((n - 1, d))
+    return n, took, diffs
+
+
+VOLATILE = ("flattened_at",)  # the trace table's clock time of the flatten
+
+
+def _tables(out_dir: Path) -> dict:
+    """Every table flatten wrote, the volatile columns left out."""
+    out = {}
+    for n in TABLES:
+        if (out_dir / f"{n}.parquet").exists():
+            t = pq.read_table(out_dir / f"{n}.parquet")
+            out[n] = t.drop_columns([c for c in VOLATILE if c in t.column_names])
+    return out
+
+
+# ------------------------------------------------------------------ the shared real traces
+@pytest.mark.real
+@pytest.mark.slow
+def test_every_shared_trace_flattens_to_identical_tables(shared_traces, tmp_path, monkeypatch):
+    """Every table of every shared real trace, flattened with and without the native builder
+    (small chunks, so that most traces span many), is identical; and the native builder took
+    the chunks of every trace of the plain shape (Ascend's string timestamps are the Python
+    builders')."""
+    took = {}
+    calls: list = []
+
+    def counted(text):
+        calls.append(by_native.tables_by_native(text))
+        return calls[-1]
+
+    monkeypatch.setattr(decode, "tables_by_native", counted)
+    for path in sorted(shared_traces.glob("*/*.json.gz")):
+        name = f"{path.parent.name}/{path.name.removesuffix('.json.gz')}"
+        out = {}
+        for native in (False, True):
+            monkeypatch.setenv("TRACEPIPE_NATIVE", "1" if native else "0")
+            calls.clear()
+            r = flatten(path, tmp_path / ("on" if native else "off"), workers=1, chunk_bytes=256 << 10)
+            out[native] = (_tables(r.out_dir), r.problems)
+            if native:
+                took[name] = (sum(c is not None for c in calls), len(calls))
+        (off, p_off), (on, p_on) = out[False], out[True]
+        assert p_on == p_off, name
+        assert off.keys() == on.keys(), name
+        for table in off:
+            assert on[table].schema == off[table].schema, (name, table)
+            assert on[table].equals(off[table]), (name, table)
+    assert all(n == total for name, (n, total) in took.items() if not name.startswith("ascend/")), took
+    assert all(n == 0 for name, (n, _) in took.items() if name.startswith("ascend/")), took
+
+
+# ------------------------------------------------------------------ mutated traces
+def test_mutated_traces_build_identical_chunks(tmp_path, monkeypatch):
+    """Chunks of mutated traces (tests/fuzz.py's mutations of its seeds: wrong types, huge and deep
+    values, invalid UTF-8, NaN, cuts) build the same tables, or fail the same way, with and without
+    the native builder; and it declines some and takes some."""
+    import fuzz
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "traces"
+    seeds = fuzz.seeds(shared if shared.is_dir() else None)
+    r = random.Random(36)
+    total = took = 0
+    for case in range(120):
+        name, text = seeds[case % len(seeds)]
+        for _ in range(r.randint(1, 2)):
+            text = r.choice(fuzz.MUTATIONS)(r, text)
+        path = tmp_path / f"case{case}.json"
+        path.write_bytes(text)
+        try:
+            n, t, diffs = _compare_chunks(path, 4096, monkeypatch)
+        except (BadTrace, ValueError, OSError):  # no traceEvents to read: nothing reaches a builder
+            continue
+        assert not diffs, (case, name, diffs[:3])
+        total, took = total + n, took + t
+    assert 0 < took < total, (took, total)
+
+
+# ------------------------------------------------------------------ what the native pass declines
+EVENT = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1.5, "dur": 2, "args": {"correlation": 3}}
+
+
+def _text(*events) -> bytes:
+    return b",".join(json.dumps(e).encode() for e in events)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        _text({**EVENT, "other": 1}),  # a key beyond the plain event's
+        _text({**EVENT, "ts": "1736405443863674.400"}),  # a string ts (torch_npu): the Python builders
+        _text(EVENT).replace(b'"ts": 1.5', b'"ts": 1.5e3'),  # an exponent
+        _text({**EVENT, "pid": 2**64}),  # beyond int64
+        _text({**EVENT, "pid": 1.5}),
+        _text({**EVENT, "name": "\ud800"}),  # a \u escape
+        _text({**EVENT, "args": [1]}),  # args that are not an object
+        _text({**EVENT, "args": {"correlation": "3"}}),
+        _text(
+            {
+                **EVENT,
+                "args": {
+                    "a": [
+                        [
+                            [
+                                [
+                                    [
+                                        [
+                                            [
+                                                [
+                                                    [
+                                                        [
+                                                            [
+                                                                [
+                                                                    [
+                                                                        [
+                                                                            [
+                                                                                [
+                                                                                    [
+                                                                                        [
+                                                                                            [
+                                                                                                [
+                                                                                                    [
+                                                                                                        [
+                                                                                                            [
+                                                                                                                [
+                                                                                                                    [
+                                                                                                                        [
+                                                                                                                            [
+                                                                                                                                [
+                                                                                                                                    [
+                                                                                                                                        [
+                                                                                                                                            [
+                                                                                                                                                [
+                                                                                                                                                    [
+                                                                                                                                                        [
+                                                                                                                                                            [
+                                                                                                                                                                [
+                                                                                                                                                                    [
+                                                                                                                                                                        [
+                                                                                                                                                                            [
+                                                                                                                                                                                [
+                                                                                                                                                                                    [
+                                                                                                                                                                                        [
+                                                                                                                                                                                            [
+                                                                                                                                                                                                [
+                                                                                                                                                                                                    [
+                                                                                                                                                                                                        [
+                                                                                                                                                                                                            [
+                                                                                                                                                                                                                [
+                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                                                []
+                                                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                ]
+                                                                                                                                                                                                            ]
+                                                                                                                                                                                                        ]
+                                                                                                                                                                                                    ]
+                                                                                                                                                                                                ]
+                                                                                                                                                                                            ]
+                                                                                                                                                                                        ]
+                                                                                                                                                                                    ]
+                                                                                                                                                                                ]
+                                                                                                                                                                            ]
+                                                                                                                                                                        ]
+                                                                                                                                                                    ]
+                                                                                                                                                                ]
+                                                                                                                                                            ]
+                                                                                                                                                        ]
+                                                                                                                                                    ]
+                                                                                                                                                ]
+                                                                                                                                            ]
+                                                                                                                                        ]
+                                                                                                                                    ]
+                                                                                                                                ]
+                                                                                                                            ]
+                                                                                                                        ]
+                                                                                                                    ]
+                                                                                                                ]
+                                                                                                            ]
+                                                                                                        ]
+                                                                                                    ]
+                                                                                                ]
+                                                                                            ]
+                                                                                        ]
+                                                                                    ]
+                                                                                ]
+                                                                            ]
+                                                                        ]
+                                                                    ]
+                                                                ]
+                                                            ]
+                                                        ]
+                                                    ]
+                                                ]
+                                            ]
+                                        ]
+                                    ]
+                                ]
+                            ]
+                        ]
+                    ]
+                },
+            }
+        ),
+        _text(EVENT).replace(b'"correlation": 3', b'"correlation": 3, "x": tru'),  # invalid JSON inside args
+        _text(EVENT).replace(b'"correlation": 3}', b'"correlation": 3, "x": [{"y": 1}'),  # a cut inside args
+        b'{"y": 2}]}}, ' + _text(EVENT),  # the other side of that cut
+        _text(EVENT) + b", 1",  # an element that is not an event
+        b"",
+    ],
+)
+def test_declines_what_it_does_not_cover(text):
+    assert by_native.tables_by_native(text) is None
+
+
+def test_timestamps_exact_to_the_ns_from_the_text(monkeypatch):
+    """Epoch µs with more decimals than a float64 holds: the ns of the text (half to even below a
+    ns), as the Python builders read them, never through the float."""
+    texts = [b"1739425750467006.123", b"1739425750467006.1235", b"1739425750467006.1245", b"-3.0005", b"17"]
+    text = b",".join(b'{"ph": "X", "ts": %s, "dur": 1}' % t for t in texts)
+    t = by_native.tables_by_native(text)
+    assert t is not None
+    assert t.events.column("ts_ns").to_pylist() == [
+        1739425750467006123,
+        1739425750467006124,
+        1739425750467006124,
+        -3000,
+        17000,
+    ]
+    monkeypatch.setenv("TRACEPIPE_NATIVE", "0")
+    assert decode.build_from_text(text).events.column("ts_ns").to_pylist() == t.events.column("ts_ns").to_pylist()
+
+
+def test_without_the_module_the_python_builders_read(monkeypatch, tmp_path):
+    """No module (not built) or TRACEPIPE_NATIVE=0: nothing goes through the native pass."""
+    text = _text(EVENT, EVENT)
+    assert by_native.tables_by_native(text) is not None
+    monkeypatch.setenv("TRACEPIPE_NATIVE", "0")
+    assert by_native.tables_by_native(text) is None
+    monkeypatch.delenv("TRACEPIPE_NATIVE")
+    monkeypatch.setattr(by_native, "_native", None)
+    assert not by_native.available() and by_native.tables_by_native(text) is None
+    assert decode.build_from_text(text).events.num_rows == 2
+
+
+def test_a_gzipped_shared_shape_reads_the_same_through_workers(shared_traces, tmp_path, monkeypatch):
+    """The worker processes (forked) use the native builder too: a trace flattened with 2 workers
+    gives the tables it gives without it."""
+    path = shared_traces / "hta" / "a100_nccl.json.gz"
+    plain = tmp_path / "a100_nccl.json"
+    plain.write_bytes(gzip.open(path, "rb").read())
+    out = {}
+    for native in ("0", "1"):
+        monkeypatch.setenv("TRACEPIPE_NATIVE", native)
+        r = flatten(plain, tmp_path / native, workers=2, chunk_bytes=512 << 10)
+        out[native] = _tables(r.out_dir)
+    for table in out["0"]:
+        assert out["1"][table].equals(out["0"][table]), table
