@@ -59,10 +59,22 @@ class FlattenResult:
     problems: dict
     warnings: list
     seconds: dict = field(default_factory=dict)  # wall seconds by stage: "flatten", "link_cost"
+    chunking: Chunking | None = None  # how the trace was read, when every chunk parsed alone
 
     @property
     def ok(self) -> bool:
         return not self.truncated
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """How a trace was read: its pieces (`TraceSource(path, chunk_bytes).pieces(spans)`) and the
+    events each held, in order; a later pass over the same pieces needs to parse only those it
+    wants events of (`rewrite.slice`)."""
+
+    spans: bool
+    chunk_bytes: int
+    rows: tuple[int, ...]
 
 
 def _offset(tbl: pa.Table, offset: int) -> pa.Table:
@@ -82,7 +94,8 @@ def flatten_into(
 ):
     """Read one trace and write events/gpu_ops/flows/devices/trace Parquet files into `tmp`.
 
-    Returns (trace_row dict, Problems, Tail). Link and cost run afterwards over these files.
+    Returns (trace_row dict, Problems, Tail, Chunking or None). Link and cost run afterwards over
+    these files.
     With workers, chunks go to them as file positions where the file is uncompressed (they read
     the bytes themselves) and come back as Arrow files in shared memory (see `_spill`).
     """
@@ -119,7 +132,7 @@ def flatten_into(
             max_inflight=in_flight,
             on_corrupt=corrupt.append,
         )
-        offset = 0
+        offset, rows = 0, []
         durations = Durations()  # B/E pairs across chunks
         launches = LaunchCount()  # against the device ops: device activity lost?
         for ct in map(unspill, results):
@@ -129,6 +142,7 @@ def flatten_into(
             writers["gpu_ops"].write(_offset(ct.gpu_ops, offset))
             writers["flows"].write(_offset(ct.flows, offset))
             offset += ct.events.num_rows
+            rows.append(ct.events.num_rows)
             problems.merge(ct.problems)
             device_ids |= ct.device_ids
             task_pids |= ct.task_pids
@@ -160,7 +174,9 @@ def flatten_into(
         "n_devices": devices.num_rows,
     }
     row = trace_row(path, src.metadata, counts, problems, tail, cats, launches.problems(counts["n_gpu_ops"]))
-    return row, problems, tail
+    whole = not (tail.truncated or corrupt or src.values_cut)  # else chunks were merged or salvaged
+    chunking = Chunking(pool is not None, src.chunk_bytes, tuple(rows)) if whole else None
+    return row, problems, tail, chunking
 
 
 def _task_devices(tmp: Path, task_pids: set, device_ids: set) -> set:
@@ -277,7 +293,7 @@ def flatten(
         t0 = time.perf_counter()
         say_stage("read")
         try:
-            row, problems, tail = flatten_into(path, tmp, workers, chunk_bytes, progress, max_inflate)
+            row, problems, tail, chunking = flatten_into(path, tmp, workers, chunk_bytes, progress, max_inflate)
         except BadTrace as e:  # every input error names its file
             if path in str(e):
                 raise
@@ -314,4 +330,5 @@ def flatten(
         orjson.loads(row["problems_json"]),
         warnings,
         seconds,
+        chunking,
     )

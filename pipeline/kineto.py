@@ -67,6 +67,7 @@ class Layout:
     traces: tuple[str, ...]  # real traces (under ../shared/traces) that taught it
     source: str = ""  # else: the sources it was learned from
     built_by: str = ""  # and the test that builds a trace from them
+    device: str = ""  # the devices' name where the trace names none (a vendor's layout: "Ascend NPU")
 
 
 _LAYOUT_FILE = read_toml(find_dir("data") / "kineto_layouts.toml")
@@ -80,9 +81,17 @@ LAYOUTS = tuple(
         tuple(x["traces"]),
         x.get("source", ""),
         x.get("built_by", ""),
+        x.get("device", ""),
     )
     for x in _LAYOUT_FILE["layouts"]
 )
+
+
+def layout_device(layout: str | None) -> str | None:
+    """The name of the devices a trace of `layout` runs on when it names none (None: not known)."""
+    return next((x.device for x in LAYOUTS if x.id == layout and x.device), None)
+
+
 # device activity beyond CUDA's and ROCm's categories: cat -> its kind; where its device id is the
 # pid (args.device absent), the cat -> the pids below which it is (None: any)
 GPU_KINDS.update({x["cat"]: x["kind"] for x in _LAYOUT_FILE["device_activity"]})

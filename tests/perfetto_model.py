@@ -125,6 +125,10 @@ def import_trace(doc: dict) -> Model:
                 if stack[j][1] == MAX:
                     s, _, name = stack[j]
                     stack[j] = (s, t - s, name)
+                    # it cannot nest: it ends after the slice it started in, or a slice it holds outlasts it
+                    outer = j and stack[j - 1][1] != MAX and stack[j - 1][0] + stack[j - 1][1] < t
+                    if outer or any(x[1] == MAX or x[0] + x[1] > t for x in stack[j + 1 :]):
+                        m.overlaps.append((track, name, s))
                     break
         elif ph == "C":
             for k in e.get("args") or {}:

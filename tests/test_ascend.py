@@ -354,3 +354,32 @@ def test_augment_writes_each_costed_task_back(level0, tmp_path):
     assert costed and costed <= got
     assert all("cat" not in out[i] for i in got)
     assert [e.get("ts") for e in out[: len(ev)]] == [e.get("ts") for e in ev]  # the timeline tracks come after
+
+
+@pytest.mark.real
+def test_hccl_streams_idle_cause_and_device_name(shared_traces, tmp_path):
+    """HCCL's tasks overlap on their stream: its idle time is the gaps of their union (never
+    negative, span - busy as the streams section has it); they have no launch because HCCL issues
+    them itself, not because they were queued before profiling (cause `library_task`, no remedy);
+    the device, named nowhere in the trace, is an Ascend NPU, not unknown."""
+    from pipeline import report as rp
+
+    path = shared_traces / f"{ASCEND}.json.gz"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    flat = flatten(path, tmp_path, workers=1).out_dir
+    s = rp.analyze(flat, only=["idle", "streams", "coverage", "devices"])
+    streams = {r["stream"]: r for r in s["streams"].iter_rows(named=True)}
+    idle = {r["stream"]: r for r in s["idle"].iter_rows(named=True)}
+    assert set(idle) == {2, 3, 4}
+    for k, r in idle.items():
+        assert min(r["idle_us"], r["host_wait_us"], r["kernel_wait_us"], r["other_us"]) >= 0, (k, r)
+        assert r["idle_us"] == pytest.approx(streams[k]["span_us"] - streams[k]["busy_us"], abs=1e-3), k
+    assert idle[4]["idle_us"] == pytest.approx(64.94, abs=0.01)  # HCCL's stream: 99.9% busy
+    g = pl.read_parquet(flat / "gpu_ops.parquet")
+    hccl = g.filter((pl.col("stream") == 4) & (pl.col("kind") == "kernel"))
+    assert hccl.height == 296 and set(hccl["unmodelled_reason"]) == {"library_task"}
+    assert "no_launch" not in set(g["unmodelled_reason"].drop_nulls())
+    cov = {r["cause"]: r for r in s["coverage"].iter_rows(named=True)}
+    assert cov["library_task"]["remedy"] is None and cov["library_task"]["pct"] == pytest.approx(93.74, abs=0.01)
+    assert s["devices"]["name"].to_list() == ["Ascend NPU"]

@@ -160,3 +160,75 @@ def test_batch_pairs_begin_end_of_each_trace_apart(tmp_path):
     assert got[("t0", "B")] == 10_000 and got[("t2", "B")] == 12_000 and got[("t1", "B")] is None
     problems = query(tmp_path / "ds", "select stem, problems_json from trace order by 1").to_dicts()
     assert [json.loads(p["problems_json"]).get("unmatched:B_never_ended") for p in problems] == [None, 1, None]
+
+
+# ------------------------------------------------------------------ B/E slices downstream
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def as_begin_end(trace: dict) -> dict:
+    """The trace with every CPU slice written as a B/E pair: the Bs in start order (the longer
+    first), then the Es in reverse (each closes the latest open B on its thread: its own)."""
+    keep, cpu = [], []
+    for i, e in enumerate(trace["traceEvents"]):
+        x = e.get("ph") == "X" and str(e.get("cat", "")).lower() not in GPU_CATS
+        (cpu if x else keep).append((i, e) if x else e)
+    cpu.sort(key=lambda p: (p[1]["ts"], -p[1]["dur"], p[0]))
+    begins = [{**{k: v for k, v in e.items() if k != "dur"}, "ph": "B"} for _, e in cpu]
+    ends = [{"ph": "E", "pid": e["pid"], "tid": e["tid"], "ts": e["ts"] + e["dur"]} for _, e in cpu]
+    return {**trace, "traceEvents": keep + begins + ends[::-1]}
+
+
+def test_begin_end_slices_are_linked_and_analysed_as_complete_events(tmp_path, run_cli):
+    """A trace whose CPU ops, launches and annotations are B/E pairs analyses exactly as the same
+    trace of X events: links, costs, idle, queue, ops, critical path, findings."""
+    from pipeline import synthetic as synth
+
+    t = synth.make_trace(n_steps=4, ops_per_step=6)
+    x, be = synth.write_trace(t, tmp_path / "x.json"), synth.write_trace(as_begin_end(t), tmp_path / "be.json")
+    a, b = (json.loads(run_cli(["analyze", p, "--format", "json"]).stdout) for p in (x, be))
+    for doc in (a, b):
+        doc.pop("trace")
+    assert a["ops"] and a["critical_path"]["breakdown_us"]["cpu"] > 0 and a == b
+
+
+def test_begin_end_slices_move_whole_to_sibling_tracks(tmp_path):
+    """A B/E slice that partially overlaps an X slice on its thread moves with its E (augment,
+    slice): every track nests and every pair stays whole."""
+    from perfetto_model import import_trace
+
+    from pipeline.rewrite.augment import augment
+    from pipeline.rewrite.slice import slice_trace
+
+    ev = [
+        {"ph": "X", "cat": "cpu_op", "name": "outer", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+        {"ph": "B", "cat": "cpu_op", "name": "late", "pid": 1, "tid": 1, "ts": 5},
+        {"ph": "X", "cat": "cpu_op", "name": "inner", "pid": 1, "tid": 1, "ts": 6, "dur": 2},
+        {"ph": "E", "pid": 1, "tid": 1, "ts": 15},
+        {"ph": "B", "cat": "cpu_op", "name": "next", "pid": 1, "tid": 1, "ts": 20},
+        {"ph": "E", "pid": 1, "tid": 1, "ts": 30},
+    ]
+    src = tmp_path / "be.json"
+    src.write_text(json.dumps({"traceEvents": ev}))
+    assert import_trace({"traceEvents": ev}).overlaps
+    for out in (tmp_path / "aug.json", tmp_path / "cut.json"):
+        if out.name == "aug.json":
+            augment(src, out)
+        else:
+            slice_trace(src, out, start_us=0, end_us=40)
+        doc = json.loads(out.read_text())
+        got = [e for e in doc["traceEvents"] if e.get("pid") == 1 and e.get("ph") in ("X", "B", "E")]
+        tid = {(e["ph"], e.get("name"), e["ts"]): e["tid"] for e in got}
+        assert tid[("B", "late", 5)] == tid[("E", None, 15)] != 1 and tid[("X", "inner", 6)] == 1, out.name
+        assert tid[("B", "next", 20)] == tid[("E", None, 30)] == 1 and tid[("X", "outer", 0)] == 1
+        assert not import_trace(doc).overlaps
+
+
+def test_a_begin_rebuilt_from_its_row_has_no_duration():
+    """combine DATASET writes a B as the trace had it: its E gives its duration, no `dur`."""
+    from pipeline.rewrite.from_tables import event_of
+
+    row = {"ph": "B", "cat": None, "name": "op", "pid": 1, "pid_str": None, "tid": 2, "tid_str": None}
+    row |= {"ts_ns": 5000, "dur_ns": 3000, "id": None, "id_str": None}
+    assert event_of(row, None, None) == {"ph": "B", "name": "op", "pid": 1, "tid": 2, "ts": 5}
+    assert event_of({**row, "ph": "X"}, None, None)["dur"] == 3

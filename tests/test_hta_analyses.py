@@ -72,12 +72,18 @@ def comm_overlap(act) -> dict:
 
 
 def idle_recount(act, wait_us=30):
+    """HTA's idle breakdown over the union of a stream's activities: a gap runs from the latest end
+    before (the reach) to the next start; an activity starting before the reach follows no gap."""
     res = {}
     overlap = comm_overlap(act)
     for key, xs in act.items():
         hw = kw = ot = cw = Decimal(0)
-        for (_, e0, _, _, _), (s1, _, l1, _, _) in zip(xs, xs[1:]):
-            gap = s1 - e0
+        reach = xs[0][1] if xs else None
+        for s1, e1, l1, _, _ in xs[1:]:
+            gap, e0 = s1 - reach, reach
+            reach = max(reach, e1)
+            if gap < 0:
+                continue
             cw += overlap[key[0]](e0, s1) if gap > 0 else 0
             if l1 is not None and l1 > e0:
                 hw += gap
@@ -226,6 +232,29 @@ def test_idle_equals_holistic_trace_analysis(shared_traces, tmp_path):
     assert got[7]["host_wait_us"] == pytest.approx(540091.32, abs=0.05)
     assert got[7]["kernel_wait_us"] == pytest.approx(2150.34, abs=0.05)
     assert got[40]["host_wait_us"] == pytest.approx(583924.26, abs=0.05)
+
+
+@pytest.mark.parametrize("per_window", [1000, 2])
+def test_idle_of_overlapping_activities_is_their_unions(tmp_path, monkeypatch, per_window):
+    """Activities that overlap on one stream (HCCL's tasks on Ascend) follow no gap: idle is the
+    gaps of their union, never negative, also when windows of 2 rows split them."""
+    from pipeline.analyses import gpu_order
+
+    monkeypatch.setattr(gpu_order, "PER_WINDOW", per_window)
+    spans = [(0, 100), (10, 20), (30, 40), (150, 160), (155, 200), (170, 180), (230, 240)]  # union gaps 50, 30
+    ev = [
+        {"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": a, "dur": b - a}
+        | {"args": {"device": 0, "stream": 7}}
+        for i, (a, b) in enumerate(spans)
+    ]
+    path = tmp_path / "overlap.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    flat = flatten(path, tmp_path / "flat").out_dir
+    r = rp.idle(flat).row(0, named=True)
+    assert r["idle_us"] == pytest.approx(80) and r["other_us"] == pytest.approx(80) and r["kernel_wait_us"] == 0
+    assert r["gaps"] == 2  # the activities inside another's span follow no gap
+    stream = rp.analyze(flat, only=["streams"])["streams"].row(0, named=True)
+    assert r["idle_us"] == pytest.approx(stream["span_us"] - stream["busy_us"])
 
 
 def test_queue_counts_a_graph_launch_once_per_kernel(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -145,6 +146,16 @@ def test_augment_carries_queue_memory_and_critical_path(shared_traces, tmp_path)
     m = import_trace(d)
     assert not m.overlaps
     assert any(name.startswith("launch queue stream") for _, name in m.counter_tracks)
+    # the findings: an instant each, with the findings section's own record (id, title, saving range)
+    doc = json.loads(
+        run_cli(["analyze", shared_traces / "tracelens/h100_qwen1.5_0.5b.json.gz", "--format", "json"]).stdout
+    )
+    instants = [e["args"] for e in ev if e.get("cat") == "finding"]
+    assert doc["findings"] and r.added["findings"] == len(instants) == len(doc["findings"])
+    for got, want in zip(instants, doc["findings"]):
+        assert (got["id"], got["title"], got["remedy"]) == (want["id"], want["title"], want["remedy"])
+        assert [got["gain_low_us"], got["gain_high_us"]] == want["gain_us"]
+        assert [got["gain_low_pct"], got["gain_high_pct"]] == want["gain_pct"]
 
 
 # ------------------------------------------------------------------ slice
@@ -200,6 +211,40 @@ def test_slice_of_a_real_trace(shared_traces, tmp_path, a, b):
     assert len(oev) < len(d["traceEvents"]) and out.stat().st_size < src.stat().st_size
     m = import_trace(o)
     assert not m.overlaps and m.unbound == 0 and m.flows == len(ends)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_slice_parses_only_the_pieces_it_keeps_events_of(shared_traces, tmp_path, monkeypatch, workers):
+    """The writing pass reads the pieces as flatten did and parses those holding kept events
+    only (a narrow window of a100_nccl read in 64 kB pieces: a few of them); the output is the one of a
+    pass that parses every piece, also where the pieces disagree with flatten's counts."""
+    import zlib
+
+    from pipeline.flatten import flatten as real_flatten
+    from pipeline.rewrite import jsonout
+    from pipeline.rewrite import slice as sl
+
+    src = tmp_path / "a100_nccl.json"  # uncompressed: with workers, pieces are file spans
+    src.write_bytes(zlib.decompress((shared_traces / "hta/a100_nccl.json.gz").read_bytes(), 31))
+    _, _, _, a, b = _slice_truth(src, 0.5, 0.501)
+    parsed = []
+
+    def counted(text):
+        parsed.append(len(text))
+        return jsonout.parse_events(text)
+
+    monkeypatch.setattr(sl, "parse_events", counted)
+    kw = {"workers": workers, "chunk_bytes": 1 << 16}
+    sl.slice_trace(src, tmp_path / "fast.json", Window(start_us=a, end_us=b), **kw)
+    flat = real_flatten(src, tmp_path / "flat", link=False, **kw)
+    assert flat.chunking is not None and 2 <= len(parsed) <= len(flat.chunking.rows) // 4
+    monkeypatch.setattr(sl, "flatten", lambda *a, **k: replace(real_flatten(*a, **k), chunking=None))
+    sl.slice_trace(src, tmp_path / "all.json", Window(start_us=a, end_us=b), **kw)
+    assert (tmp_path / "fast.json").read_bytes() == (tmp_path / "all.json").read_bytes()
+    wrong = replace(flat.chunking, rows=(1, *flat.chunking.rows))  # pieces and counts disagree
+    monkeypatch.setattr(sl, "flatten", lambda *a, **k: replace(real_flatten(*a, **k), chunking=wrong))
+    sl.slice_trace(src, tmp_path / "again.json", Window(start_us=a, end_us=b), **kw)
+    assert (tmp_path / "again.json").read_bytes() == (tmp_path / "all.json").read_bytes()
 
 
 def test_slice_pairs_counters_flows_and_steps(tmp_path):
@@ -328,6 +373,14 @@ def test_combine_a_runs_dataset_as_its_folder(skewed_run, tmp_path):
         return json.dumps({**e, **{k: float(e[k]) for k in ("ts", "dur") if k in e}}, sort_keys=True)
 
     assert sorted(map(key, a["traceEvents"])) == sorted(map(key, b["traceEvents"]))
+
+    def meta(d: dict) -> dict:  # the top-level keys, but where each input was read from
+        return {k: v for k, v in d.items() if k != "traceEvents"} | {
+            "combinedFrom": [{k: v for k, v in s.items() if k != "path"} for s in d["combinedFrom"]]
+        }
+
+    assert len(a["deviceProperties"]) == 4 and all("distributedInfo" in s for s in a["combinedFrom"])
+    assert meta(a) == meta(b)  # each rank's deviceProperties and distributedInfo too
 
 
 def test_combine_a_real_run_draws(shared_traces, tmp_path):

@@ -33,6 +33,7 @@ from pipeline.analyses.sweep import (
 from pipeline.cost.categories import CategoryMemo, with_category
 from pipeline.errors import UsageError
 from pipeline.kineto import COMPILED_REGION, FRAME_CAT, OP_CAT, STEP_CAT, STEP_NAME
+from pipeline.read.durations import SLICE
 
 if TYPE_CHECKING:
     from pipeline.analyses.flat import Flat
@@ -74,7 +75,7 @@ GROUP_ARGS = {  # what a grouping reads from an op's args (the rest of its key c
 def is_slice(cat_regex: str) -> pl.Expr:
     """Complete events of these categories on a thread, with a start."""
     return (
-        (pl.col("ph") == "X")
+        SLICE
         & pl.col("cat").str.contains(cat_regex)
         & pl.col("pid").is_not_null()
         & pl.col("tid").is_not_null()

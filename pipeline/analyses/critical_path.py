@@ -60,11 +60,12 @@ import polars as pl
 from pipeline.analyses.flat import Flat
 from pipeline.analyses.sweep import read, read_among, time_windows, within
 from pipeline.kineto import CPU_OP_CAT, CPU_OP_CATS, GPU_KINDS, LAUNCH_CATS, cat_regex
+from pipeline.read.durations import SLICE
 
 CATEGORIES = ("cpu", "launch", "kernel", "memcpy", "sync", "waiting")
 CPU, LAUNCH, KERNEL, MEMCPY, SYNC, WAITING = range(len(CATEGORIES))
 CPU_WORK = (
-    (pl.col("ph") == "X")
+    SLICE
     & pl.col("cat").str.contains(cat_regex(*CPU_OP_CATS, *LAUNCH_CATS))
     & pl.col("pid").is_not_null()
     & pl.col("tid").is_not_null()

@@ -28,6 +28,7 @@ from pipeline.analyses.window import Intervals, Window, inside
 from pipeline.cost.categories import CategoryMemo
 from pipeline.cost.devices import one_model
 from pipeline.errors import BadTrace, DatasetError, UsageError
+from pipeline.kineto import layout_device
 from pipeline.link import links as link
 
 
@@ -184,16 +185,23 @@ class Flat:
     @cached_property
     def device_names(self) -> pl.DataFrame:
         """(device, name): the trace's name for the device, else (no name, or an empty one: a
-        device recognised by its properties) the spec matched, else unknown."""
+        device recognised by its properties) the spec matched, else the devices its layout runs on
+        (torch_npu's: "Ascend NPU", `kineto.layout_device`), else unknown."""
         devs = self.scan("devices").collect()
         model = one_model(devs)  # unlisted ids of a one-model machine are of that model
         only = model["name"] if model and (model["name"] or "").strip() else None
+        trace = self.scan("trace")
+        has_layout = "layout" in trace.collect_schema().names()
+        layout = layout_device(trace.select("layout").collect().item()) if has_layout else None
         devs = devs.select("device", dev_name=pl.when(pl.col("name").str.strip_chars() != "").then(pl.col("name")))
         ids = self.activity.runs["device"].select("device")
         ids = ids.join(self.activity.specs, on="device", how="left")
         return (
             ids.join(devs, on="device", how="left")
-            .select("device", name=pl.coalesce("dev_name", pl.lit(only, pl.String), "spec_name", pl.lit("unknown")))
+            .select(
+                "device",
+                name=pl.coalesce("dev_name", pl.lit(only, pl.String), "spec_name", pl.lit(layout or "unknown")),
+            )
             .sort("device")
         )
 

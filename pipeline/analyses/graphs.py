@@ -27,6 +27,7 @@ from pipeline.analyses.rollup import us
 from pipeline.analyses.sweep import read
 from pipeline.kineto import GRAPH_LAUNCH, GRAPH_REPLAY_FRAMES, MODULE_CATS, cat_regex
 from pipeline.link.graph_ids import UNCAPTURED_PREFIXES
+from pipeline.read.durations import SLICE
 
 _COLUMNS = [
     "graph_id",
@@ -176,7 +177,7 @@ def _launched_from(f: Flat, launches: pl.Series) -> pl.DataFrame:
     at = read(events, pl.col("event_idx").is_in(launches.drop_nulls().implode()), ["event_idx", "pid", "tid", "ts_ns"])
     plumbing = [re.compile(p) for p in GRAPH_REPLAY_FRAMES]
     found: list[tuple[int, str | None]] = []
-    is_frame = (pl.col("ph") == "X") & pl.col("cat").str.contains(cat_regex(*MODULE_CATS))
+    is_frame = SLICE & pl.col("cat").str.contains(cat_regex(*MODULE_CATS))
     for start in range(0, at.height, FRAME_BATCH):
         points = at.slice(start, FRAME_BATCH)
         around = pl.any_horizontal(

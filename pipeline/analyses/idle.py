@@ -1,12 +1,14 @@
 """idle: why a GPU stream sat idle, gap by gap (Holistic Trace Analysis' definition).
 
 Per device and stream, over its GPU activities (kernels, memcpy, memset; not the tasks by which a
-stream waits for an event, kind `sync`) in start order: each gap
-between an activity's end and the next one's start (negative when they overlap: summed as it is)
-is **host wait** when the next activity's launch call started after the previous activity ended
-(the CPU was late), else **kernel wait** when the gap is shorter than `kernel_wait_us` (default 30
-µs: back-to-back kernels), else **other**. Nothing is counted before the first activity or after
-the last. An activity whose launch is not in the trace is never host wait.
+stream waits for an event, kind `sync`) in start order: each gap between the stream's reach (the
+latest end of the activities before) and the next activity's start is **host wait** when the next
+activity's launch call started after that reach (the CPU was late), else **kernel wait** when the
+gap is shorter than `kernel_wait_us` (default 30 µs: back-to-back kernels), else **other**. An
+activity that starts before the reach (tasks that overlap on one stream, as HCCL's do on Ascend)
+follows no gap: the stream's activities count as their union, so idle is never negative (Holistic
+Trace Analysis sums such overlaps as negative gaps). Nothing is counted before the first activity
+or after the last. An activity whose launch is not in the trace is never host wait.
 
 Across the three causes, **comm_wait** is the part of the (positive) gaps during which a
 communication kernel (category `communication`: NCCL, RCCL, DeepEP, ...) ran on the device: the
@@ -66,6 +68,7 @@ def _comm_before(points: pl.Series, devices: pl.Series, union: pl.DataFrame) -> 
 
 
 def _gaps(rows: pl.DataFrame, kernel_wait_ns: float, union: pl.DataFrame | None) -> pl.DataFrame:
+    """The gaps of rows whose end_ns is their stream's reach (`StreamCarry(reach=True)`)."""
     prev_end = pl.col("end_ns").shift(1).over(STREAM)
     gap = pl.col("ts_ns") - prev_end
     host = pl.col("launch_ts_ns").is_not_null() & (pl.col("launch_ts_ns") > prev_end)
@@ -76,7 +79,7 @@ def _gaps(rows: pl.DataFrame, kernel_wait_ns: float, union: pl.DataFrame | None)
         a, b = g["prev_end"].fill_null(g["ts_ns"]), g["ts_ns"]
         comm = _comm_before(b, g["device"], union) - _comm_before(a, g["device"], union)
         g = g.with_columns(comm=pl.when(pl.col("gap") > 0).then(comm).otherwise(0))
-    counted = pl.col("gap").is_not_null()
+    counted = pl.col("gap") >= 0  # null: a stream's first activity; negative: it overlaps the reach
     return g.group_by(STREAM).agg(
         idle_ns=pl.col("gap").filter(counted).sum(),
         host_wait_ns=pl.col("gap").filter(counted & pl.col("host")).sum(),
@@ -92,7 +95,7 @@ def idle(flat, kernel_wait_us: float = KERNEL_WAIT_US) -> pl.DataFrame:
     time between the stream's activities and its breakdown (see the module docstring); host + kernel
     + other = idle; comm_wait: the part of it while the device ran communication."""
     f: Flat = as_flat(flat)
-    carry, total = StreamCarry(1), None
+    carry, total = StreamCarry(1, reach=True), None
     union = comm_union(f) if f.has_gpu else None
     for rows in activity_windows(f, ["launch_ts_ns"], WORK):  # a stream's event waits are idle time
         gaps = _gaps(carry.prepend(rows), kernel_wait_us * 1e3, union)

@@ -24,6 +24,7 @@ from pipeline.analyses.window import trace_origin_ns
 from pipeline.kineto import CPU_OP_CAT
 from pipeline.link import nesting
 from pipeline.link.windows import EventReach
+from pipeline.read.durations import SLICE
 from pipeline.store import scalar_int
 
 MEMORY = pl.col("name") == "[memory]"
@@ -34,7 +35,9 @@ def _arg(key: str) -> pl.Expr:
     return pl.col("args_json").str.json_path_match(f"$['{key}']").cast(pl.Int64, strict=False)
 
 
-def _memory_events(events: Path, where: pl.Expr) -> pl.DataFrame:
+def memory_events(events: Path, where: pl.Expr) -> pl.DataFrame:
+    """The `[memory]` events `where` selects (event_idx, pid, tid, ts_ns): the device each was on
+    (-1: the CPU), the bytes it allocated (< 0: freed) and the allocator's totals after it."""
     rows = read(events, MEMORY & where, ["event_idx", "pid", "tid", "ts_ns", "args_json"])
     device = pl.when(_arg("Device Type") == 0).then(pl.lit(CPU_DEVICE, pl.Int64)).otherwise(_arg("Device Id"))
     return rows.select(
@@ -53,7 +56,7 @@ def _ops_around(events: Path, reach: EventReach, a: int, b: int) -> pl.DataFrame
     """CPU ops running at some time in [a, b]: those that start by b and end at or after a."""
     end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)
     earliest = reach.earliest_start(a)
-    where = (pl.col("ph") == "X") & pl.col("cat").str.contains(CPU_OP_CAT) & pl.col("ts_ns").is_not_null()
+    where = SLICE & pl.col("cat").str.contains(CPU_OP_CAT) & pl.col("ts_ns").is_not_null()
     where &= (pl.col("ts_ns") <= b) & (end >= a)
     if earliest is not None:
         where &= pl.col("ts_ns") >= earliest
@@ -139,7 +142,7 @@ def _tally(f: Flat) -> tuple[MemoryTally, EventReach]:
     reach = EventReach.of(events)
     tally = MemoryTally()
     for window in time_windows(events, MEMORY & where, PER_WINDOW):
-        m = _memory_events(events, within(window) & where)
+        m = memory_events(events, within(window) & where)
         if not m.height:
             continue
         ops = _ops_around(events, reach, scalar_int(m["ts_ns"].min()), scalar_int(m["ts_ns"].max()))
@@ -266,7 +269,7 @@ def memory_series(flat, max_points: int = 4000) -> pl.DataFrame:
         return pl.DataFrame(schema=schema)
     tally = Extremes(["device"], ["ts_ns", "event_idx"], ["allocated", "reserved"], (lo, hi), max_points)
     for window in time_windows(events, MEMORY & where, PER_WINDOW):
-        m = _memory_events(events, within(window) & where)
+        m = memory_events(events, within(window) & where)
         tally.add(m.filter(pl.col("allocated").is_not_null() | pl.col("reserved").is_not_null()))
     out = tally.result()
     if not out.height:

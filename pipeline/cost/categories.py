@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pipeline.cost.comm_kernels import COMM_KERNEL
+from pipeline.cost.comm_kernels import COMM_KERNEL, OWN_TASK
 from pipeline.cost.memo import Memo, classified
 
 
@@ -120,3 +120,12 @@ def with_category(
     return classified(
         frame, [name, op, kind], lambda text: {"category": category_expr(text(name), text(op), text(kind))}, memo
     )
+
+
+def with_library_task(frame: pl.DataFrame, memo: Memo | None = None) -> pl.DataFrame:
+    """`frame` with `library_task`: whether its kernel is a task a communication library issues
+    itself, without a launch of its own (`comm_kernels.OWN_TASK`), each distinct name classified once."""
+    if not OWN_TASK:
+        return frame.with_columns(library_task=pl.lit(False))
+    task = lambda text: {"library_task": (pl.col("kind") == "kernel") & text("name").str.contains(OWN_TASK)}
+    return classified(frame, ["name", "kind"], task, memo)

@@ -34,12 +34,15 @@ _START = r"(?:^|[^A-Za-z_])"
 @dataclass(frozen=True)
 class CommLibrary:
     """One communication library: its kernels (`kernel`, a regex on the kernel name), whether
-    `ranks` matches them across ranks as collectives, and the source of the names."""
+    `ranks` matches them across ranks as collectives, the source of the names, and whether the
+    library issues them itself inside a collective (`own_tasks`: no launch call precedes them, so
+    a missing launch does not mean they were queued before profiling)."""
 
     name: str
     kernel: str
     matched: bool
     source: str
+    own_tasks: bool = False  # the library puts these tasks on the device itself: no launch of their own
 
 
 LIBRARIES: tuple[CommLibrary, ...] = (
@@ -127,6 +130,7 @@ LIBRARIES: tuple[CommLibrary, ...] = (
         "`Reduce_Inline`, `RDMASend` on the `Plane N` lanes at Level1, msprof hccl_assembler.cpp). The "
         "collectives themselves (`hcom_allReduce_*` on the HCCL process's `Group N Communication` lane) "
         "are matched across ranks from there (`runs.collectives`), not from these tasks",
+        own_tasks=True,
     ),
     CommLibrary(
         "other collective names",
@@ -148,6 +152,8 @@ COMM_KERNEL = _union([lib.kernel for lib in LIBRARIES])
 """A kernel of any communication library (category `communication`)."""
 COLLECTIVE_KERNEL = _union([lib.kernel for lib in LIBRARIES if lib.matched])
 """A kernel of a process group's collective, matched across ranks by `ranks`."""
+OWN_TASK = _union([lib.kernel for lib in LIBRARIES if lib.own_tasks])
+"""A task a communication library issues itself (no launch of its own: `coverage`'s library_task)."""
 
 
 def libraries_markdown() -> str:

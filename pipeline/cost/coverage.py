@@ -3,7 +3,8 @@
 Both are data: a new source or cause is one entry. A kernel's `unmodelled_reason` is the first
 cause in `CAUSES` whose condition holds for it (`unmodelled_reason`), over the columns costing
 has at hand (`CAUSE_INPUTS`): its launch, its op, why the op got no cost (`op_reason`, set per op
-in `pipeline.cost.enrich.op_costs`) and whether the trace recorded shapes and launches at all
+in `pipeline.cost.enrich.op_costs`), whether a communication library issues it itself
+(`library_task`: `comm_kernels.OWN_TASK`) and whether the trace recorded shapes and launches at all
 (`trace_shapes`, `trace_launches`). Each cause
 says what it means, what would give those kernels a cost (`remedy`; None where nothing can from
 what the trace holds) and the real trace that taught it. `analyze --section coverage`, the
@@ -55,6 +56,14 @@ class Cause:
 _NO_OP = pl.col("cpu_op_event_idx").is_null()
 
 CAUSES = (
+    Cause(
+        "library_task",
+        "a task a communication library (HCCL) puts on the device itself inside a collective, with no "
+        "launch of its own: the collective's size is in the collectives table",
+        None,
+        "ascend/npu_level0_rank0: HCCL's Notify Wait, SDMA and Write Value tasks, 94% of NPU time",
+        pl.col("launch_event_idx").is_null() & pl.col("library_task").fill_null(False),
+    ),
     Cause(
         "no_cpu_activity",
         "no kernel of the trace links to a CPU launch: profiled without ProfilerActivity.CPU (or unlinked)",
@@ -142,7 +151,15 @@ CAUSES = (
 )
 BY_NAME = {c.name: c for c in CAUSES}
 # what `unmodelled_reason` reads (besides `kind`): the link columns and, per op, its cost's reason
-CAUSE_INPUTS = ("launch_event_idx", "launch_name", "cpu_op_event_idx", "op_reason", "trace_shapes", "trace_launches")
+CAUSE_INPUTS = (
+    "launch_event_idx",
+    "launch_name",
+    "cpu_op_event_idx",
+    "op_reason",
+    "trace_shapes",
+    "trace_launches",
+    "library_task",
+)
 OP_REASONS = tuple(c.name for c in CAUSES if c.when is None)  # the reasons `op_costs` gives an op
 
 

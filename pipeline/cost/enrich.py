@@ -31,7 +31,7 @@ import pyarrow as pa
 from pipeline import schema, store
 from pipeline.cost import coverage, formulas, peaks, roofline
 from pipeline.cost import devices as device_specs_mod
-from pipeline.cost.categories import with_category
+from pipeline.cost.categories import with_category, with_library_task
 from pipeline.cost.formulas.expression import FormulaError
 from pipeline.cost.formulas.user import UserFormulas
 from pipeline.cost.kernel_roles import FLOP_ROLES, with_kernel_role
@@ -477,7 +477,7 @@ class Tally:
 
 COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  # the gpu_ops columns costing reads
 # of them (and their category, role and the math mode their name gives), what kernel_costs reads
-KERNEL_INPUTS = ["kind", "device", "dur_ns", "copy_bytes", "category", "kernel_role", NAMED]
+KERNEL_INPUTS = ["kind", "device", "dur_ns", "copy_bytes", "category", "kernel_role", NAMED, "library_task"]
 COST_COLUMNS = schema.table("gpu_ops").names(("cost",))  # the columns it adds
 LINKED = schema.table("gpu_ops").names(("link",))  # the columns linking adds (graphs' included)
 LINK_PARTS = 2  # threads linking parts of the GPU ops side by side (`link_pass`)
@@ -551,6 +551,9 @@ def link_pass(
     return op_kernels
 
 
+_SPILL_TYPES = {"library_task": pa.bool_()}  # the KERNEL_INPUTS gpu_ops does not declare, when not strings
+
+
 def _spill_fields() -> list[pa.Field]:
     """The columns of pass 1's spill (`link_pass`)."""
     declared = {f.name: f for f in schema.table("gpu_ops").arrow_schema(schema.ALL_STAGES)}
@@ -559,7 +562,7 @@ def _spill_fields() -> list[pa.Field]:
         *schema.table("gpu_ops").arrow_schema(("link",)),
         pa.field(OP_INSTANCE, pa.int64()),
         *(pa.field(c, OP_COST_TYPES.get(c, pa.string())) for c in OP_COST_COLUMNS),
-        *(declared[c] if c in declared else pa.field(c, pa.string()) for c in KERNEL_INPUTS),
+        *(declared[c] if c in declared else pa.field(c, _SPILL_TYPES.get(c, pa.string())) for c in KERNEL_INPUTS),
     ]
 
 
@@ -577,7 +580,7 @@ def _link_part(
 ) -> OpKernels:
     """`link_pass` of the GPU ops of `row_groups` (None: all) into `out`; `ahead`: each batch's
     reads made while the one before is nested and costed (`link.link_batches`)."""
-    op_kernels, memo, roles, modes = OpKernels(), Memo(), Memo(), Memo()
+    op_kernels, memo, roles, modes, tasks = OpKernels(), Memo(), Memo(), Memo(), Memo()
     evaluated = Evaluated()  # shapes' costs, shared by the batches (`op_costs`)
     events = pl.scan_parquet(flat_dir / "events.parquet")
     carry = (*COST_INPUTS, *((graph_id_args.GRAPH, graph_id_args.NODE) if graph_ids else ()))
@@ -592,7 +595,7 @@ def _link_part(
         costed = _with_op_costs(events, links, dtype, evaluated, user)
         op_kernels.shapes_recorded |= bool(costed["op_shapes"].any())
         op_kernels.launches_recorded |= bool(links["launch_event_idx"].is_not_null().any())
-        out.write(with_category(costed, memo=memo))
+        out.write(with_library_task(with_category(costed, memo=memo), tasks))
     if tally is not None:
         tally.formula_errors.update(evaluated.errors)
     return op_kernels

@@ -25,6 +25,7 @@ from pipeline.findings import spans
 from pipeline.findings.finding import Evidence, Range, capped, narrowed, pct, us
 from pipeline.findings.limits import limits, marks
 from pipeline.kineto import CPU_OP_CAT
+from pipeline.read.durations import SLICE
 
 
 class Facts:
@@ -226,7 +227,7 @@ class Facts:
         either = "|".join(f"(?:{p})" for p in patterns.values())
         ev = read(
             self.f.path / "events.parquet",
-            (pl.col("ph") == "X")
+            SLICE
             & pl.col("ts_ns").is_not_null()
             & pl.col("name").str.contains(either)
             & ~pl.col("cat").fill_null("").str.to_lowercase().str.starts_with("gpu_")  # their GPU-timeline twins
@@ -297,7 +298,7 @@ class Facts:
         threads = m.select("pid", "tid").unique()
         ops = read(
             self.f.path / "events.parquet",
-            (pl.col("ph") == "X")
+            SLICE
             & pl.col("cat").str.contains(CPU_OP_CAT)
             & pl.col("ts_ns").is_between(int(u[0][0]), int(u[1][-1]))
             & self.f.time_filter(),
@@ -330,10 +331,7 @@ class Facts:
         parent (its name), self_ns. One read of the CPU ops, made when a rule asks."""
         ops = read(
             self.f.path / "events.parquet",
-            (pl.col("ph") == "X")
-            & pl.col("cat").str.contains(CPU_OP_CAT)
-            & pl.col("ts_ns").is_not_null()
-            & self.f.time_filter(),
+            SLICE & pl.col("cat").str.contains(CPU_OP_CAT) & pl.col("ts_ns").is_not_null() & self.f.time_filter(),
             [
                 pl.col("event_idx").alias("iv_idx"),
                 pl.col("name").cast(pl.String),

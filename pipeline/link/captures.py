@@ -91,7 +91,7 @@ def captured_graphs(flat_dir: Path, trace_id: str, label: str) -> CapturedGraphs
         problems["graphs:capture_trace_without_capture"] += 1
         return empty
     columns = ["event_idx", pl.col("name").cast(pl.String), "pid", "tid", "ts_ns", "dur_ns"]
-    markers = link._read(events, src.is_slice(link.LAUNCH) & pl.col("name").is_in(begin + end), columns)
+    markers = link.read_where(events, src.is_slice(link.LAUNCH) & pl.col("name").is_in(begin + end), columns)
     windows = _windows(markers, set(begin), problems)
     if windows.is_empty():
         return empty
@@ -107,9 +107,9 @@ def captured_graphs(flat_dir: Path, trace_id: str, label: str) -> CapturedGraphs
         on="launch_event_idx",
         how="left",
     )
-    ops = link._read(
+    ops = link.read_where(
         events,
-        link._among("event_idx", nodes["cpu_op_event_idx"]),
+        link.among("event_idx", nodes["cpu_op_event_idx"]),
         [pl.col("event_idx").alias("cpu_op_event_idx"), pl.col("args_json").alias("cpu_op_args_json")],
     )
     nodes = nodes.join(ops, on="cpu_op_event_idx", how="left").sort("graph", "node")
@@ -148,7 +148,7 @@ def _calls_inside(events: Path, src: link.LinkSources, windows: pl.DataFrame, ki
         return pl.DataFrame()
     first, last = windows["w_start"].min(), windows["w_end"].max()
     threads = windows.select(_THREAD).unique()
-    calls = link._read(
+    calls = link.read_where(
         events,
         src.is_slice(link.LAUNCH)
         & pl.col("name").is_in(list(kinds))
@@ -183,9 +183,9 @@ _INTS = r"-?\d+"
 
 def _with_args(events: Path, calls: pl.DataFrame) -> pl.DataFrame:
     """The calls with the kernel name, grid and block their args record (HIP's launches do)."""
-    args = link._read(
+    args = link.read_where(
         events,
-        link._among("event_idx", calls["launch_event_idx"]),
+        link.among("event_idx", calls["launch_event_idx"]),
         [pl.col("event_idx").alias("launch_event_idx"), "args_json"],
     )
     a = pl.col("args_json")

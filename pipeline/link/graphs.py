@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 from pipeline.kineto import BLIT_KERNELS, GRAPH_LAUNCH, LAUNCH_CAT
 from pipeline.link import links as link
 from pipeline.link.captures import NODE_SCHEMA, CapturedGraphs
+from pipeline.read.durations import SLICE
 from pipeline.store import scalar_int
 
 GRAPH_COLUMNS = ["graph_id", "graph_node", "capture_trace_id", "cpu_op_args_json", "capture_launch_dur_ns"]
@@ -292,7 +293,7 @@ class GraphLinks:
     def attach(self, links: pl.DataFrame) -> pl.DataFrame:
         """A link batch (`links.link_batches`) with the graph columns, `op_instance` and the reason
         unpaired replayed kernels have no op; paired kernels given their captured op."""
-        pairs = link._read(self.pairs, link._among("event_idx", links["event_idx"]), list(_SPILL))
+        pairs = link.read_where(self.pairs, link.among("event_idx", links["event_idx"]), list(_SPILL))
         pairs = pairs.join(self.nodes, on="node_ref", how="left")
         out = links.join(pairs, on="event_idx", how="left", maintain_order="left")
         paired = pl.col("node_ref").is_not_null()
@@ -321,7 +322,7 @@ NODE_TYPES = {"graph_node": pl.Int64, "capture_launch_dur_ns": pl.Int64}
 
 def _graph_launches(events: Path) -> pl.DataFrame:
     """(correlation, launch_event_idx, pid, tid, ts_ns) of the graph launch calls, in time order."""
-    is_call = (pl.col("ph") == "X") & pl.col("cat").str.contains(LAUNCH_CAT)
+    is_call = SLICE & pl.col("cat").str.contains(LAUNCH_CAT)
     names = (
         pl.scan_parquet(events)
         .filter(is_call)
@@ -334,7 +335,7 @@ def _graph_launches(events: Path) -> pl.DataFrame:
     if not graph_launch:
         return pl.DataFrame(schema={"correlation": pl.Int64, "launch_event_idx": pl.Int64})
     return (
-        link._read(
+        link.read_where(
             events,
             is_call & pl.col("name").is_in(graph_launch) & pl.col("correlation").is_not_null(),
             ["correlation", pl.col("event_idx").alias("launch_event_idx"), "pid", "tid", "ts_ns"],
@@ -359,7 +360,7 @@ def _pair_all(
     while start < launches.height:
         batch = launches.slice(start, n)
         start += batch.height
-        kernels = link._read(gpu_ops, link._among("correlation", batch["correlation"]), _GPU)
+        kernels = link.read_where(gpu_ops, link.among("correlation", batch["correlation"]), _GPU)
         kernels = kernels.with_columns(pl.col("name").cast(pl.String), _node_kind(pl.col("kind").cast(pl.String)))
         n = max(1, min(4 * n, REPLAY_KERNELS * batch.height // max(1, kernels.height)))
         if kernels.is_empty():

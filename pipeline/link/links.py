@@ -75,6 +75,7 @@ from pipeline.kineto import (
 )
 from pipeline.link import nesting
 from pipeline.link.windows import EventReach, RunningSlices, TimeBins, TimeCells
+from pipeline.read.durations import SLICE
 
 # GPU ops linked together: a batch's reads and nesting take ~1.3 KB per GPU op at their peak, and
 # two batches are in memory at once (`link_batches`, `cost.enrich.link_pass`); 32K took 45 MB more
@@ -141,7 +142,7 @@ class LinkSources:
         bins = TimeBins.over(reach.span)
         starts = (
             pl.scan_parquet(events)
-            .filter((pl.col("ph") == "X") & pl.col("ts_ns").is_not_null())
+            .filter(SLICE & pl.col("ts_ns").is_not_null())
             .group_by("cat", bin=bins.of(pl.col("ts_ns")))
             .agg(n=pl.len())
             .collect(engine="streaming")
@@ -188,7 +189,7 @@ class LinkSources:
         cats = [c for k in kinds for c in self.cats[k]]
         where = (
             _one_of("cat", cats)
-            & (pl.col("ph") == "X")
+            & SLICE
             & pl.col("pid").is_not_null()
             & pl.col("tid").is_not_null()
             & pl.col("ts_ns").is_not_null()
@@ -223,7 +224,7 @@ def _one_of(column: str, values) -> pl.Expr:
     return pl.col(column).is_in(pl.Series(list(values), dtype=pl.String).implode())
 
 
-def _among(column: str, values: pl.Series) -> pl.Expr:
+def among(column: str, values: pl.Series) -> pl.Expr:
     """column is one of `values`; the range first, so the reader can skip row groups outside it."""
     values = values.drop_nulls()
     if values.is_empty():
@@ -238,7 +239,7 @@ def _in_range(column: str, values: pl.Series) -> pl.Expr:
     return pl.col(column).is_between(values.min(), values.max()) if values.len() else pl.lit(False)
 
 
-def _read(path: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
+def read_where(path: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
     """The rows of a Parquet file that `where` selects, streaming: rows are filtered row group by
     row group, and the other columns decoded for the rows kept."""
     return pl.scan_parquet(path).filter(where).select(columns).collect(engine="streaming")
@@ -394,7 +395,7 @@ def _flows(src: LinkSources, gpu: pl.DataFrame, corrs: pl.Series) -> pl.DataFram
     at = gpu.select(_THREAD_TIME).drop_nulls().unique()
     link_flow = _is_launch_flow() & pl.col("id").is_not_null()
     is_end, is_start = pl.col("ph") == "f", pl.col("ph") == "s"
-    found = _read(
+    found = read_where(
         src.flows,
         link_flow & ((is_end & _in_range("ts_ns", at["ts_ns"])) | (is_start & _in_range("id", corrs))),
         _FLOW_COLS,
@@ -404,7 +405,7 @@ def _flows(src: LinkSources, gpu: pl.DataFrame, corrs: pl.Series) -> pl.DataFram
     pairs = ends.select("cat", "id").unique()
     other_ids = pairs["id"].filter(~pairs["id"].is_in(corrs.implode()))
     if not other_ids.is_empty():
-        starts = pl.concat([starts, _read(src.flows, link_flow & is_start & _among("id", other_ids), _FLOW_COLS)])
+        starts = pl.concat([starts, read_where(src.flows, link_flow & is_start & among("id", other_ids), _FLOW_COLS)])
     return pl.concat([ends, starts.join(pairs, on=["cat", "id"], how="semi")])
 
 
@@ -416,9 +417,9 @@ def _launch_candidates(src: LinkSources, corrs: pl.Series, flow_starts: pl.DataF
     One read finds both: the calls of a batch's correlation ids and those at its flow starts lie in
     the same stretch of the file, whose row groups are then decoded once."""
     at = flow_starts.select(_THREAD_TIME).unique()
-    calls = _read(
+    calls = read_where(
         src.events,
-        src.is_slice(LAUNCH) & (_among("correlation", corrs) | _among("ts_ns", at["ts_ns"])),
+        src.is_slice(LAUNCH) & (among("correlation", corrs) | among("ts_ns", at["ts_ns"])),
         _LAUNCH_COLUMNS,
     )
     by_correlation = calls.filter(pl.col("correlation").is_in(corrs.implode()))
@@ -437,7 +438,7 @@ def _gpu_correlations_among(src: LinkSources, corrs: pl.Series, known: pl.Series
     other = other.filter(~other.is_in(known.implode()))
     if other.is_empty():
         return known
-    found = _read(src.gpu_ops, _among("correlation", other), ["correlation"])["correlation"]
+    found = read_where(src.gpu_ops, among("correlation", other), ["correlation"])["correlation"]
     return pl.concat([known, found.unique()])
 
 
@@ -491,12 +492,12 @@ def _flow_pairs(src: LinkSources, gpu: pl.DataFrame, flows: tuple) -> pl.DataFra
     at = gpu.select(_THREAD_TIME).drop_nulls().unique()
     cols = [*_FLOW_KEY, "pid", "tid", "ts_ns"]
     of_kind = _is_launch_flow(flows) & (pl.col("id").is_not_null() | pl.col("id_str").is_not_null())
-    ends = _read(src.flows, of_kind & (pl.col("ph") == "f") & _in_range("ts_ns", at["ts_ns"]), cols)
+    ends = read_where(src.flows, of_kind & (pl.col("ph") == "f") & _in_range("ts_ns", at["ts_ns"]), cols)
     ends = ends.join(at, on=_THREAD_TIME, how="semi")
     if ends.is_empty():
         return pl.DataFrame(schema={"event_idx": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "t": pl.Int64})
-    by_id = _among("id", ends["id"]) | _among("id_str", ends["id_str"])
-    starts = _read(src.flows, of_kind & (pl.col("ph") == "s") & by_id, cols)
+    by_id = among("id", ends["id"]) | among("id_str", ends["id_str"])
+    starts = read_where(src.flows, of_kind & (pl.col("ph") == "s") & by_id, cols)
     starts = starts.unique(_FLOW_KEY, keep="first", maintain_order=True)
     pairs = ends.join(starts, on=_FLOW_KEY, how="inner", nulls_equal=True, suffix="_s")
     return (
@@ -521,12 +522,12 @@ def _inside_launches(src: LinkSources, gpu: pl.DataFrame) -> tuple[pl.DataFrame,
     starts = _flow_pairs(src, gpu, INSIDE_FLOWS)
     none = pl.DataFrame(schema={"event_idx": pl.Int64, "launch_event_idx": pl.Int64, "launch_link": pl.String})
     if starts.is_empty():
-        return none, _read(src.events, pl.lit(False), _LAUNCH_COLUMNS)
+        return none, read_where(src.events, pl.lit(False), _LAUNCH_COLUMNS)
     first, last = starts["t"].min(), starts["t"].max()
     end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)
-    calls = _read(
+    calls = read_where(
         src.events,
-        src.is_slice(LAUNCH) & _among("tid", starts["tid"]) & (pl.col("ts_ns") <= last) & (end >= first),
+        src.is_slice(LAUNCH) & among("tid", starts["tid"]) & (pl.col("ts_ns") <= last) & (end >= first),
         _LAUNCH_COLUMNS,
     )
     if calls.is_empty():
@@ -641,7 +642,7 @@ def _context_slices(src: LinkSources, where: pl.Expr, threads: pl.DataFrame) -> 
     that `where` selects (`RunningSlices`' reads)."""
     end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)
     on_threads = pl.col("pid").is_in(threads["pid"].implode()) & pl.col("tid").is_in(threads["tid"].implode())
-    slices = _read(
+    slices = read_where(
         src.events,
         src.is_slice(*CONTEXT_KINDS) & where & on_threads,
         [
@@ -687,9 +688,9 @@ def _external_id_fallback(src: LinkSources, out: pl.DataFrame) -> pl.DataFrame:
     if not src.trust_external_id:
         return out
     wanted = out.filter(pl.col("cpu_op_event_idx").is_null())["launch_external_id"]
-    ops = _read(
+    ops = read_where(
         src.events,
-        src.is_slice(CPU_OP) & _among("external_id", wanted),
+        src.is_slice(CPU_OP) & among("external_id", wanted),
         ["event_idx", "external_id", pl.col("name").cast(pl.String)],
     )
     by_ext = (

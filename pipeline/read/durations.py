@@ -18,11 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 BEGIN, END = "B", "E"
+SLICE = (pl.col("ph") == "X") | ((pl.col("ph") == BEGIN) & pl.col("dur_ns").is_not_null())
+"""Rows of an events table that are slices: complete events (`X`), and `B`s their `E` gave a
+duration; every reader of slices (link, analyses, findings, rewrite) takes both alike."""
 _PHASES = pa.array([BEGIN, END], pa.string())
 _THREAD = ("pid", "pid_str", "tid", "tid_str")
 # why a B or an E was left without its duration (problems_json: `unmatched:<reason>`)

@@ -6,7 +6,8 @@ name, ids, times in ns, `args` as JSON text and every other key in `extra_json`.
 rebuilt from them: `ts`/`dur` in µs from the ns (exactly: `jsonout.us_number`), `pid`/`tid` as
 written (the string form where the trace wrote a string, `tid_str`), `id` likewise, `args` and the
 other keys as they were; an element that was no object (kept whole in `extra_json`) comes back
-as it was. The top-level metadata is the trace table's `metadata_json` (already redacted).
+as it was. The top-level metadata is the trace table's `metadata_json` (already redacted; its
+distributedInfo too) with the trace's `deviceProperties` from the devices table.
 Rows are read in `event_idx` order, a batch at a time: memory is one batch, not the trace.
 """
 
@@ -20,6 +21,7 @@ import orjson
 import polars as pl
 
 from pipeline.dataset.tables import tables
+from pipeline.read.durations import BEGIN
 from pipeline.rewrite.jsonout import us_number
 
 BATCH = 1 << 16
@@ -58,7 +60,7 @@ def event_of(row: dict, args_json: str | None, extra_json: str | None):
             e[key] = number
     if row["ts_ns"] is not None:
         e["ts"] = us_number(row["ts_ns"])
-    if row["dur_ns"] is not None:
+    if row["dur_ns"] is not None and row["ph"] != BEGIN:  # a B's duration is its E's, not written
         e["dur"] = us_number(row["dur_ns"])
     if row["id_str"] is not None:
         e["id"] = row["id_str"]
@@ -72,11 +74,19 @@ def event_of(row: dict, args_json: str | None, extra_json: str | None):
     return e
 
 
+def device_properties(devices: pl.LazyFrame) -> dict:
+    """{"deviceProperties": [...]}: the trace's own entries, as it wrote them (the devices table's
+    `props_json` of its deviceProperties rows, in their order); {} when it wrote none."""
+    rows = devices.filter(pl.col("source") == "deviceProperties").select("props_json").collect()["props_json"]
+    entries = [e for e in map(_loads, rows) if e is not None]
+    return {"deviceProperties": entries} if entries else {}
+
+
 class TableSource:
     """One trace of a dataset as `combine` reads a trace file: `events()` batches, `metadata`, `tail`."""
 
     def __init__(self, dataset: str | Path, trace_id: str):
-        t = tables(dataset, {"events", "trace"})
+        t = tables(dataset, {"events", "trace", "devices"})
         key = pl.col("trace_id") == trace_id
         self.events_table = t["events"].filter(key)
         row = t["trace"].filter(key).select("metadata_json", "truncated").collect()
@@ -86,6 +96,8 @@ class TableSource:
             raise DatasetError(f"{dataset}: holds no trace {trace_id}")
         meta = _loads(row["metadata_json"][0])
         self.metadata = meta if isinstance(meta, dict) else {}
+        if "devices" in t:
+            self.metadata.update(device_properties(t["devices"].filter(key)))
         self.tail = Tail(bool(row["truncated"][0]), "truncated when it was flattened" if row["truncated"][0] else None)
 
     def events(self) -> Iterator[list]:

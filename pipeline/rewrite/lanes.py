@@ -27,7 +27,8 @@ overlap. The test runs on each of these readings as well as on the exact times; 
 offending in any of them moves.
 
 Flow endpoints (`s`, `t`, `f`) bind to the slice open on their thread at their time: an endpoint at
-the start of a moved slice, on its thread, moves with it.
+the start of a moved slice, on its thread, moves with it. A `B` timed by its `E` is a slice like an
+`X`: when it moves, the `E` that ends it (`paired`) moves too.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.link import nesting
+from pipeline.read.durations import BEGIN, END, SLICE
 from pipeline.read.values import FLOAT_EXACT_US
 
 TRACK = ["pid", "pid_str", "tid", "tid_str"]
@@ -66,11 +68,34 @@ class Lanes:
 
 
 def slices_of(events: pl.LazyFrame) -> pl.LazyFrame:
-    """The X slices Perfetto draws on thread tracks, from an events table: (event_idx, *TRACK,
-    ts_ns, end_ns)."""
+    """The slices Perfetto draws on thread tracks (X, and B timed by their E), from an events
+    table: (event_idx, *TRACK, ts_ns, end_ns, ph)."""
     return events.filter(
-        (pl.col("ph") == "X") & pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null() & (pl.col("dur_ns") >= 0)
-    ).select("event_idx", *TRACK, "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
+        SLICE & pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null() & (pl.col("dur_ns") >= 0)
+    ).select("event_idx", *TRACK, "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns"), ph="ph")
+
+
+def paired(ev: pl.LazyFrame, begin: str, end: str, key: list[str]) -> pl.DataFrame:
+    """(b_idx, e_idx, ts_ns, end_ns) of begin/end events matched as a stack per `key`, in time
+    order (ends first at one instant, as Perfetto takes them); a begin never ended lasts forever
+    (e_idx null), an end without a begin is left out."""
+    rows = (
+        ev.filter(pl.col("ph").is_in([begin, end]) & pl.col("ts_ns").is_not_null())
+        .select("event_idx", *key, "ts_ns", d=pl.when(pl.col("ph") == begin).then(1).otherwise(-1))
+        .collect(engine="streaming")
+    )
+    if not rows.height:
+        return pl.DataFrame(schema={"b_idx": pl.Int64, "e_idx": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64})
+    g = pl.struct(key).rank("dense")
+    rows = rows.with_columns(g=g).sort("g", "ts_ns", "d", "event_idx")
+    rows = rows.with_columns(depth=pl.col("d").cum_sum().over("g"))
+    rows = rows.with_columns(level=pl.when(pl.col("d") == 1).then("depth").otherwise(pl.col("depth") + 1))
+    rows = rows.with_columns(k=pl.int_range(pl.len()).over("g", "level", "d"))
+    b = rows.filter(pl.col("d") == 1).select("g", "level", "k", b_idx="event_idx", ts_ns="ts_ns")
+    e = rows.filter(pl.col("d") == -1).select("g", "level", "k", e_idx="event_idx", e_ts="ts_ns")
+    p = b.join(e, on=["g", "level", "k"], how="left")
+    p = p.with_columns(pl.when(pl.col("e_ts") >= pl.col("ts_ns")).then(pl.col("e_idx", "e_ts")))
+    return p.select("b_idx", "e_idx", "ts_ns", end_ns=pl.col("e_ts").fill_null(1 << 62))
 
 
 View = tuple[pl.Series, pl.Series, "tuple[np.ndarray, np.ndarray] | None"]
@@ -159,10 +184,11 @@ def plan(events: pl.LazyFrame, flows: pl.LazyFrame | None = None, only: pl.Serie
     """Where the slices of an events table move (`Lanes`); `flows` (the flows table) gives the
     endpoints that move with them; `only`: the event_idx of the events written (a slice of the
     trace), the others left out."""
-    x = slices_of(events)
+    found = slices_of(events)
     if only is not None:
-        x = x.filter(pl.col("event_idx").is_in(only.implode()))
-    moved = lanes_of(x.collect(engine="streaming"))
+        found = found.filter(pl.col("event_idx").is_in(only.implode()))
+    x = found.collect(engine="streaming")
+    moved = lanes_of(x.drop("ph"))
     if not moved.height:
         return Lanes()
     tracks = moved.select(*TRACK).unique()
@@ -186,6 +212,11 @@ def plan(events: pl.LazyFrame, flows: pl.LazyFrame | None = None, only: pl.Serie
             new_tid[(*key, k)] = label
     for r in moved.iter_rows(named=True):
         out.tid[r["event_idx"]] = new_tid[(*(r[c] for c in TRACK), r["lane"])]
+    begins = x.filter(pl.col("ph") == BEGIN).join(moved.select("event_idx"), on="event_idx")["event_idx"]
+    if begins.len():  # a B moves with the E that ends it
+        pairs = paired(events, BEGIN, END, TRACK).filter(pl.col("b_idx").is_in(begins.implode()))
+        for b, e in pairs.drop_nulls("e_idx").select("b_idx", "e_idx").iter_rows():
+            out.tid[e] = out.tid[b]
     if flows is not None:
         starts = moved.select(*TRACK, "ts_ns", "lane").unique(subset=[*TRACK, "ts_ns"])
         ends = (

@@ -20,7 +20,9 @@ Slices that partially overlap on a track move to sibling tracks (`lanes`).
 Memory: the trace is flattened (`flatten`, no linking: bounded by its batches) into a temporary
 directory; the window, the correlations of its events and the flows that bind to kept slices
 are polars queries over those tables whose results are the size of the window; then one
-streaming pass writes the kept events, in file order. Nothing holds the trace.
+streaming pass writes the kept events, in file order. Nothing holds the trace. That pass reads
+the trace's pieces as flatten did (`flatten.Chunking`: each piece's event count) and parses only
+those that hold a kept event (where the pieces disagree with the counts, it parses them all).
 """
 
 from __future__ import annotations
@@ -34,10 +36,21 @@ import polars as pl
 
 from pipeline.analyses.window import Intervals, Window
 from pipeline.errors import UsageError
-from pipeline.flatten import flatten
+from pipeline.flatten import Chunking, flatten
 from pipeline.link import nesting
+from pipeline.read.chunks import ChunkParseError, Salvaged, text_of
+from pipeline.read.durations import SLICE
+from pipeline.read.source import TraceSource
 from pipeline.rewrite import lanes
-from pipeline.rewrite.jsonout import TraceWriter, metadata_after, open_trace, read_events, us_number
+from pipeline.rewrite.jsonout import (
+    CHUNK_BYTES,
+    TraceWriter,
+    metadata_after,
+    open_trace,
+    parse_events,
+    read_events,
+    us_number,
+)
 
 TRACK = lanes.TRACK
 FLOW_PHASES = ("s", "t", "f")
@@ -80,35 +93,13 @@ def _overlaps(intervals: Intervals, start: pl.Expr, end: pl.Expr) -> pl.Expr:
     return start.is_not_null() & (at < len(intervals)) & meets
 
 
-def _paired(ev: pl.LazyFrame, begin: str, end: str, key: list[str]) -> pl.DataFrame:
-    """(b_idx, e_idx, ts_ns, end_ns) of begin/end events matched as a stack per `key`, in time
-    order (ends first at one instant, as Perfetto takes them); a begin never ended lasts forever
-    (e_idx null), an end without a begin is left out."""
-    rows = (
-        ev.filter(pl.col("ph").is_in([begin, end]) & pl.col("ts_ns").is_not_null())
-        .select("event_idx", *key, "ts_ns", d=pl.when(pl.col("ph") == begin).then(1).otherwise(-1))
-        .collect(engine="streaming")
-    )
-    if not rows.height:
-        return pl.DataFrame(schema={"b_idx": pl.Int64, "e_idx": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64})
-    g = pl.struct(key).rank("dense")
-    rows = rows.with_columns(g=g).sort("g", "ts_ns", "d", "event_idx")
-    rows = rows.with_columns(depth=pl.col("d").cum_sum().over("g"))
-    rows = rows.with_columns(level=pl.when(pl.col("d") == 1).then("depth").otherwise(pl.col("depth") + 1))
-    rows = rows.with_columns(k=pl.int_range(pl.len()).over("g", "level", "d"))
-    b = rows.filter(pl.col("d") == 1).select("g", "level", "k", b_idx="event_idx", ts_ns="ts_ns")
-    e = rows.filter(pl.col("d") == -1).select("g", "level", "k", e_idx="event_idx", e_ts="ts_ns")
-    p = b.join(e, on=["g", "level", "k"], how="left")
-    p = p.with_columns(pl.when(pl.col("e_ts") >= pl.col("ts_ns")).then(pl.col("e_idx", "e_ts")))
-    return p.select("b_idx", "e_idx", "ts_ns", end_ns=pl.col("e_ts").fill_null(1 << 62))
-
-
 def _whole_flows(flows: pl.LazyFrame, kept: pl.DataFrame) -> pl.DataFrame:
     """event_idx of the endpoints of every flow whose endpoints all lie inside kept slices
     (kept: TRACK, ts_ns, end_ns) on their threads."""
     spans = kept.group_by(TRACK).agg(lo=pl.col("ts_ns").min(), hi=pl.col("end_ns").max())
+    lo, hi = spans["lo"].min(), spans["hi"].max()
     near = (
-        flows.filter(pl.col("ts_ns").is_not_null())
+        flows.filter(pl.col("ts_ns").is_between(lo, hi))  # streamed: the join then meets few rows
         .join(spans.lazy(), on=TRACK, nulls_equal=True)
         .filter(pl.col("ts_ns").is_between("lo", "hi"))
         .select("event_idx", *TRACK, *FLOW_KEY, t="ts_ns")
@@ -146,12 +137,17 @@ def select(flat_dir: Path, intervals: Intervals) -> Selection:
     ev = pl.scan_parquet(Path(flat_dir) / "events.parquet")
     flows = pl.scan_parquet(Path(flat_dir) / "flows.parquet")
     end = pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(0)
-    plain = ~pl.col("ph").is_in([*FLOW_PHASES, "M", "C", *(p for b, e, _ in PAIRED for p in (b, e))])
+    # slices (X, and B timed by their E) and instants; B/E and b/e pairs by their span below
+    plain = ~pl.col("ph").is_in([*FLOW_PHASES, "M", "C", *(p for b, e, _ in PAIRED for p in (b, e))]) | SLICE
     cols = ["event_idx", *TRACK, "ph", "ts_ns", "end_ns", "correlation"]
+    # the window's hull first, a plain comparison the reader streams (the exact test is no
+    # streaming expression: over the whole table it held every row's columns at once)
+    hull = (pl.col("ts_ns") <= intervals[-1][1]) & (end >= intervals[0][0])
     window = (
-        ev.filter(plain & _overlaps(intervals, pl.col("ts_ns"), end))
+        ev.filter(plain & hull)
         .select(*cols[:-2], end_ns=end, correlation="correlation")
         .collect(engine="streaming")
+        .filter(_overlaps(intervals, pl.col("ts_ns"), pl.col("end_ns")))
     )
     corr = window.filter(pl.col("correlation") > 0)["correlation"].unique()
     linked = (
@@ -160,11 +156,20 @@ def select(flat_dir: Path, intervals: Intervals) -> Selection:
         .collect(engine="streaming")
     )
     linked = linked.join(window.select("event_idx"), on="event_idx", how="anti")
-    pairs = [_paired(ev, b, e, key) for b, e, key in PAIRED]
+    pairs = [lanes.paired(ev, b, e, key) for b, e, key in PAIRED]
     paired = pl.concat(pairs).filter(_overlaps(intervals, pl.col("ts_ns"), pl.col("end_ns")))
-    paired_idx = pl.concat([paired["b_idx"], paired["e_idx"].drop_nulls()])
+    timed = pl.concat([window["event_idx"], linked["event_idx"]])  # the Bs among them: their Es too
+    ends = pairs[0].filter(pl.col("b_idx").is_in(timed.implode()))["e_idx"].drop_nulls()
+    paired_idx = pl.concat([paired["b_idx"], paired["e_idx"].drop_nulls(), ends]).unique()
     counters = ev.filter((pl.col("ph") == "C") & pl.col("ts_ns").is_not_null())
-    in_window = counters.filter(_overlaps(intervals, pl.col("ts_ns"), pl.col("ts_ns"))).select("event_idx")
+    in_window = (
+        counters.filter(pl.col("ts_ns").is_between(intervals[0][0], intervals[-1][1]))
+        .select("event_idx", "ts_ns")
+        .collect(engine="streaming")
+        .filter(_overlaps(intervals, pl.col("ts_ns"), pl.col("ts_ns")))
+        .select("event_idx")
+        .lazy()
+    )
     first = intervals[0][0]
     carried = (
         counters.filter(pl.col("ts_ns") < first)
@@ -175,7 +180,7 @@ def select(flat_dir: Path, intervals: Intervals) -> Selection:
         .collect(engine="streaming")
     )
     meta = ev.filter(pl.col("ph") == "M").select("event_idx").collect(engine="streaming")
-    slices = pl.concat([window, linked]).filter(pl.col("ph") == "X")
+    slices = pl.concat([window, linked]).filter(pl.col("ph").is_in(["X", "B"]))  # B: timed (plain)
     flow_idx = _whole_flows(flows, slices.select(*TRACK, "ts_ns", "end_ns"))
     every = pl.concat(
         [
@@ -192,17 +197,50 @@ def select(flat_dir: Path, intervals: Intervals) -> Selection:
     return Selection(
         keep,
         dict.fromkeys(carried["event_idx"].to_list(), first),
-        window.height + paired_idx.len() + in_window.collect(engine="streaming").height,
+        pl.concat([window["event_idx"], paired_idx]).n_unique() + in_window.collect(engine="streaming").height,
         linked.height,
         flow_idx.height,
     )
 
 
 # ------------------------------------------------------------------ writing
+class _Rechunked(Exception):
+    """The pieces of the trace are not those its flatten read: parse every one."""
+
+
+def _wanted(src, chunking: Chunking, keep: np.ndarray):
+    """The trace's events as `read_events` gives them, but for the pieces (as flatten read them:
+    `chunking`) that hold no kept event: those are not parsed, their event count stands for them.
+    Raises _Rechunked where the pieces and their counts disagree."""
+    base, counts = 0, iter(chunking.rows)
+    for piece in src.pieces(spans=chunking.spans):
+        n = next(counts, None)
+        if n is None or isinstance(piece, Salvaged):
+            raise _Rechunked
+        lo, hi = np.searchsorted(keep, [base, base + n])
+        if lo == hi:
+            yield n
+        else:
+            try:
+                events = parse_events(text_of(piece))
+            except ChunkParseError:
+                raise _Rechunked from None
+            if len(events) != n:
+                raise _Rechunked
+            yield events
+        base += n
+    if next(counts, None) is not None or src.tail.truncated:
+        raise _Rechunked
+
+
 def _kept(batches, sel: Selection, moves: lanes.Lanes):
-    """Each batch's kept events, in file order, moved and re-dated as the selection says."""
+    """Each batch's kept events, in file order, moved and re-dated as the selection says (a batch
+    given as its event count: none kept)."""
     keep, base = sel.keep, 0
     for events in batches:
+        if isinstance(events, int):
+            base += events
+            continue
         n = len(events)
         lo, hi = np.searchsorted(keep, [base, base + n])
         out = []
@@ -217,6 +255,19 @@ def _kept(batches, sel: Selection, moves: lanes.Lanes):
             out.append(e)
         base += n
         yield out
+
+
+def _source(path: str, chunking: Chunking) -> TraceSource:
+    return open_trace(path) if chunking.chunk_bytes == CHUNK_BYTES else TraceSource(path, chunking.chunk_bytes)
+
+
+def _write(src, batches, out_path, sel: Selection, moves: lanes.Lanes, sliced: dict, keep_secrets: bool) -> int:
+    """Write the kept events of `batches` (of `src`) to out_path: how many events it holds."""
+    with TraceWriter(out_path, dict(src.header.metadata), keep_secrets=keep_secrets) as out:
+        for events in _kept(batches, sel, moves):
+            out.write(events)
+        out.tail = {**metadata_after(src), "slicedFrom": sliced}
+    return out.n_events
 
 
 def slice_trace(
@@ -244,9 +295,10 @@ def slice_trace(
     path = str(trace_path)
     with open_trace(path) as src, tempfile.TemporaryDirectory(prefix="tracepipe-slice-") as tmp:
         warnings: list = []
+        chunking = None
         if flat_dir is None:
             r = flatten(path, tmp, link=False, **flatten_kwargs)
-            flat_dir, warnings = r.out_dir, r.warnings
+            flat_dir, warnings, chunking = r.out_dir, r.warnings, r.chunking
         flat_dir = Path(flat_dir)
         intervals = window.intervals(flat_dir / "events.parquet") or []
         if not intervals:
@@ -257,25 +309,29 @@ def slice_trace(
             pl.scan_parquet(flat_dir / "flows.parquet"),
             only=pl.Series(sel.keep),
         )
-        head = dict(src.header.metadata)
-        with TraceWriter(out_path, head, keep_secrets=keep_secrets) as out:
-            for events in _kept(read_events(src), sel, moves):
-                out.write(events)
-            out.tail = {
-                **metadata_after(src),
-                "slicedFrom": {
-                    "source": Path(path).name,
-                    "window_us": [[us_number(a), us_number(b)] for a, b in intervals],
-                    "events_in_window": sel.n_in_window,
-                    "events_kept_for_links": sel.n_linked,
-                    "flow_events": sel.n_flow_events,
-                    "slices_moved_to_sibling_tracks": moves.moved,
-                },
-            }
+        sliced = {
+            "source": Path(path).name,
+            "window_us": [[us_number(a), us_number(b)] for a, b in intervals],
+            "events_in_window": sel.n_in_window,
+            "events_kept_for_links": sel.n_linked,
+            "flow_events": sel.n_flow_events,
+            "slices_moved_to_sibling_tracks": moves.moved,
+        }
+        if chunking is not None:  # parse only the pieces that hold kept events
+            try:
+                with _source(path, chunking) as again:
+                    n_events = _write(
+                        again, _wanted(again, chunking, sel.keep), out_path, sel, moves, sliced, keep_secrets
+                    )
+                    src.tail = again.tail
+            except _Rechunked:
+                chunking = None
+        if chunking is None:
+            n_events = _write(src, read_events(src), out_path, sel, moves, sliced, keep_secrets)
     return SliceResult(
         Path(out_path),
         intervals,
-        out.n_events,
+        n_events,
         sel.n_in_window,
         sel.n_linked,
         sel.n_flow_events,

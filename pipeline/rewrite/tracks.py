@@ -13,7 +13,8 @@
   Segments are contiguous: a float64 reader adding ts and dur could see one end a fraction of a
   ns after the next starts, so a duration is cut by the ns or two that keeps it inside.
 - **Findings** (instant events on a track of their own) when `analyze` has a findings section:
-  taken from the analyses' registry, so nothing here changes when rules are added.
+  taken from the analyses' registry, so nothing here changes when rules are added; each carries
+  the finding's record as the section's flat formats give it (id, title, saving range, remedy).
 
 Each is computed window by window of time by the analyses (bounded memory) and written as a list
 of events; the counters hold one event per change, the critical path one per segment.
@@ -28,9 +29,10 @@ import polars as pl
 
 from pipeline.analyses.critical_path import critical_path_items
 from pipeline.analyses.flat import Flat, as_flat
-from pipeline.analyses.memory import MEMORY, _memory_events
+from pipeline.analyses.memory import MEMORY, memory_events
 from pipeline.analyses.queue import depth_windows
 from pipeline.analyses.sweep import PER_WINDOW, time_windows, within
+from pipeline.render.findings import flat_rows
 from pipeline.rewrite.jsonout import us_number
 
 QUEUE = "launch queue"
@@ -75,7 +77,7 @@ def memory_counters(f: Flat) -> Iterator[dict]:
         return
     events = f.path / "events.parquet"
     for window in time_windows(events, MEMORY, PER_WINDOW):
-        m = _memory_events(events, within(window))
+        m = memory_events(events, within(window))
         for r in m.iter_rows(named=True):
             label = _device_label(r["device"]) if r["device"] is not None else "device ?"
             for name, value in ((ALLOCATED, r["allocated"]), (RESERVED, r["reserved"])):
@@ -155,7 +157,10 @@ def critical_path_track(f: Flat, pid: int) -> list[dict]:
 
 def finding_events(f: Flat, pid: int) -> list[dict]:
     """Each finding of `analyze`'s findings section (when the registry has one) as an instant event
-    on a track of its own: at the finding's time when it has one, else at the trace's start."""
+    on a track of its own, at the trace's start (a finding is about the whole window), named by its
+    title, its args the finding's record as the section's flat formats (csv, xlsx) give it: rank,
+    id, the saving's range (gain_low_us .. gain_high_us, their % of the window, the device time
+    it frees), title, remedy, section, evidence and basis (`render.findings.flat_rows`)."""
     from pipeline.analyses import registry
 
     section = registry.BY_NAME.get(FINDINGS)
@@ -168,22 +173,17 @@ def finding_events(f: Flat, pid: int) -> list[dict]:
     out: list[dict] = [
         {"ph": "M", "name": "thread_name", "pid": pid, "tid": 1, "args": {"name": "findings (tracepipe)"}},
     ]
-    for r in rows.iter_rows(named=True):
-        at = r.get("at_ns") or r.get("ts_ns")
-        if at is None and r.get("at_us") is not None:
-            at = origin + round(r["at_us"] * 1000)
-        title = r.get("title") or r.get("id") or "finding"
-        args = {k: v for k, v in r.items() if isinstance(v, (str, int, float, bool)) and v is not None}
+    for r in flat_rows(rows.to_dicts()):
         out.append(
             {
                 "ph": "i",
                 "s": "t",
                 "cat": "finding",
-                "name": str(title),
+                "name": str(r["title"] or r["id"] or "finding"),
                 "pid": pid,
                 "tid": 1,
-                "ts": us_number(int(at if at is not None else origin)),
-                "args": args,
+                "ts": us_number(int(origin)),
+                "args": {k: v for k, v in r.items() if v is not None and v != ""},
             }
         )
     return out
