@@ -131,6 +131,10 @@ def findings() -> str:
                 table, notes = None, []
                 continue
             table, notes = name, []
+            if "." in name:  # a rule's text per vendor: default, then each vendor's override
+                parent, key = name.split(".", 1)
+                out += ["", f"- `{key}`, by the trace's vendor (`default` where none is given):"]
+                continue
             doc = _rule_doc(name)
             out += ["", f"### {name}", ""] + ([doc, ""] if doc else [])
             continue
@@ -140,18 +144,27 @@ def findings() -> str:
             notes.append(line.lstrip("# ").rstrip())
             continue
         key = re.match(r"^(\w+)\s*=", line)
-        if key and key.group(1) in data[table]:
+        here = _table(data, table)
+        if key and key.group(1) in here:
             k = key.group(1)
             why = line.split("  # ", 1)[1].strip() if "  # " in line else ""
             said = " ".join(n for n in notes if n)
             if said:
                 out += ["", _inline(said), ""]
             notes = []
-            v = data[table][k]
+            v = here[k]
             prose = isinstance(v, str) and " " in v and len(v) > 60  # a remedy, not a pattern
             shown = _inline(v) if prose else f"`` {v} ``"
-            out.append(f"- `{k}` = {shown}" + (f": {_inline(why)}" if why else ""))
+            indent = "    " if "." in table else ""
+            out.append(f"{indent}- `{k}` = {shown}" + (f": {_inline(why)}" if why else ""))
     return "\n".join(out).strip()
+
+
+def _table(data: dict, name: str) -> dict:
+    """A table of the TOML by its dotted name (`host_bound.remedy`)."""
+    for part in name.split("."):
+        data = data[part]
+    return data
 
 
 def _value(v) -> str:

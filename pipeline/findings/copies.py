@@ -72,10 +72,7 @@ def copies(t: Facts) -> Finding | None:
         return None
     remedy = []
     if use_paged:
-        remedy.append(
-            "copy from pinned memory without blocking: DataLoader(..., pin_memory=True) (or tensor.pin_memory()) "
-            "and x.to('cuda', non_blocking=True)"
-        )
+        remedy.append(t.worded(ID, "remedy_pageable"))
     if use_copy:
         remedy.append(
             "avoid copies that only change a dtype or a layout: keep activations in one dtype (no .float() / "

@@ -70,14 +70,7 @@ def dataloader(t: Facts) -> Finding | None:
         f"The input pipeline stalls the step: {where} {ms(moving)} ({pct(moving, t.span_us):.0f}% of the window) "
         f"in {int(m.height):,} DataLoader fetches" + (" without workers (num_workers=0)" if single else "")
     )
-    remedy = (
-        "Load batches in worker processes: DataLoader(..., num_workers=N (start with the CPU cores per GPU), "
-        "pin_memory=True, persistent_workers=True, prefetch_factor=2-4)"
-        if single
-        else "The workers cannot keep up: raise DataLoader num_workers, keep them across epochs "
-        "(persistent_workers=True), pin_memory=True, a larger prefetch_factor; move decoding and "
-        "augmentation to the GPU (e.g. DALI, torchvision.transforms.v2 on tensors) if the CPU is saturated"
-    )
+    remedy = t.worded(ID, "remedy_single" if single else "remedy_workers")
     return Finding(
         ID,
         title,

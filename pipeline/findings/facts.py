@@ -24,6 +24,7 @@ from pipeline.analyses.sweep import read
 from pipeline.findings import spans
 from pipeline.findings.finding import Evidence, Range, capped, narrowed, pct, us
 from pipeline.findings.limits import limits, marks
+from pipeline.findings.vendor import trace_vendor, worded
 from pipeline.kineto import CPU_OP_CAT
 from pipeline.read.durations import SLICE
 
@@ -45,6 +46,15 @@ class Facts:
     @cached_property
     def has_device(self) -> bool:
         return self.f.has_gpu
+
+    @cached_property
+    def vendor(self) -> str:
+        """The device vendor the trace ran on (`vendor.VENDORS`): picks each remedy's wording."""
+        return trace_vendor(self.f)
+
+    def worded(self, rule: str, key: str, **fill: str) -> str:
+        """A rule's text for this trace's vendor (`vendor.worded`)."""
+        return worded(rule, key, self.vendor, **fill)
 
     @cached_property
     def devices(self) -> pl.DataFrame:

@@ -26,15 +26,6 @@ from pipeline.findings.finding import Evidence, Finding, pct, scaled, us
 from pipeline.findings.limits import limits
 
 ID = "fusion"
-REMEDY = (
-    "Fuse the chains: torch.compile(model) (inductor fuses elementwise chains into one Triton kernel "
-    "each), or fused kernels for the patterns named (e.g. a fused RMSNorm, fused rotary embedding, "
-    "fused SwiGLU / GELU-MLP from Liger-Kernel, Apex or Transformer Engine)"
-)
-CPU_REMEDY = (
-    "Compile the model: torch.compile(model) (inductor's C++ backend turns chains of aten ops into one "
-    "vectorised loop each, and the backward into one autograd node), or write them as fewer, larger tensor ops"
-)
 
 
 def fusion(t: Facts) -> Finding | None:
@@ -76,7 +67,7 @@ def fusion(t: Facts) -> Finding | None:
         "fuse them",
         wall,
         gpu_r,
-        REMEDY,
+        t.worded(ID, "remedy"),
         "sequences" if chain else "kernels",
         tuple(evidence),
         f"{lim['low']:.0%}-{lim['high']:.0%} of their device time; wall time x {t.on_path_share:.2f}, "
@@ -140,7 +131,7 @@ def _on_cpu(t: Facts, lim: dict) -> Finding | None:
         + ": compile them",
         wall,
         None,
-        CPU_REMEDY,
+        t.worded(ID, "remedy"),
         "kernels",
         tuple(evidence),
         f"{lim['cpu_low']:.0%}-{lim['cpu_high']:.0%} of their self time (outside the optimizer's steps) and of "

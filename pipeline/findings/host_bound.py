@@ -67,7 +67,7 @@ def host_bound(t: Facts) -> Finding | None:
         f"({pct(waited, t.span_us):.0f}%) for the CPU to launch its work",
         wall,
         None,
-        lim["remedy"],
+        t.worded(ID, "remedy"),
         "critical-path",
         tuple(evidence),
         f"{lim['low']:.0%}-{lim['high']:.0%} of the host wait no narrower finding explains, at most "

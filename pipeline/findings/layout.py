@@ -16,11 +16,6 @@ from pipeline.findings.facts import Facts
 from pipeline.findings.finding import Finding, ms, pct, scaled
 
 ID = "layout"
-REMEDY = (
-    "Use channels_last: model = model.to(memory_format=torch.channels_last) and each input batch "
-    "x = x.to(memory_format=torch.channels_last) (with AMP or TF32, cuDNN then runs NHWC kernels "
-    "without converting around each convolution)"
-)
 
 
 def layout(t: Facts) -> Finding | None:
@@ -44,7 +39,7 @@ def layout(t: Facts) -> Finding | None:
         f"Layout conversions (NCHW <-> NHWC) take {ms(conv_us)}, {share:.0f}% of kernel time, in {n:,} kernels",
         wall,
         gpu_r,
-        REMEDY,
+        t.worded(ID, "remedy"),
         "kernels",
         evidence,
         f"{lim['low']:.0%}-{lim['high']:.0%} of the conversions' device time; wall time x "

@@ -102,14 +102,7 @@ def optimizer(t: Facts) -> Finding | None:
             f"{ms(self_us)} of it Python between per-parameter ops"
         )
         fused = classes <= set(lim["fused_classes"])
-        remedy = (
-            f"Use the fused implementation: {cls}(params, ..., fused=True) (one kernel per parameter group; "
-            "CUDA, and CPU since torch 2.4), or at least foreach=True (one op per group of tensors); check "
-            "nothing forces foreach=False (parameters on different devices or dtypes, torch < 2.0)"
-            if fused
-            else f"Use the multi-tensor implementation: {cls}(params, ..., foreach=True) (one op per group of "
-            "tensors); check nothing forces foreach=False (parameters on different devices or dtypes, torch < 2.0)"
-        )
+        remedy = t.worded(ID, "remedy_loop_fused" if fused else "remedy_loop", cls=cls)
     else:
         ops_in = inside.group_by("name").agg(pl.len()).sort("len", descending=True)
         evidence += [
@@ -119,10 +112,7 @@ def optimizer(t: Facts) -> Finding | None:
             f"{cls} steps run foreach ops: {ms(total)} in {steps.height:,} steps; "
             "a fused step does each parameter group in one kernel"
         )
-        remedy = (
-            f"Use the fused implementation: {cls}(params, ..., fused=True) (CUDA; CPU for Adam/AdamW/SGD/Adagrad "
-            "since torch 2.4), or torch.compile the optimizer step"
-        )
+        remedy = t.worded(ID, "remedy_foreach", cls=cls)
     basis = (
         f"{low_self:.0%}-{high_self:.0%} of the steps' self time (Python), plus "
         f"{lim['op_low_us']:g}-{lim['op_high_us']:g} µs per op inside them and up to {lim['pass_high']:.0%} "

@@ -29,7 +29,8 @@ def precision(t: Facts) -> Finding | None:
     fp32 = float(spec["peak_fp32_tflops"])
     tf32 = spec.get("peak_tf32_tflops") or 0.0
     half = max(spec.get("peak_fp16_tflops") or 0.0, spec.get("peak_bf16_tflops") or 0.0)
-    target, mode = (tf32, "tf32") if tf32 >= lim["min_speedup"] * fp32 else (half, "half")
+    use_tf32 = t.vendor in lim["tf32_vendors"] and tf32 >= lim["min_speedup"] * fp32
+    target, mode = (tf32, "tf32") if use_tf32 else (half, "half")
     ratio = target / fp32
     if ratio < lim["min_speedup"]:
         return None
@@ -51,30 +52,21 @@ def precision(t: Facts) -> Finding | None:
     k = k.sort("dur_us", descending=True)
     evidence = t.kernel_evidence(k, 5, lambda r: f"{r['category']} in FP32")
     arch = spec.get("arch") or ""
+    cores = t.worded(ID, "cores")
     evidence.append(
         Evidence(
             "device",
             f"{spec['spec_name']} ({arch})" if arch else str(spec["spec_name"]),
-            note=f"FP32 {fp32:g} TFLOP/s, {'TF32' if mode == 'tf32' else 'FP16/BF16'} tensor cores {target:g} "
+            note=f"FP32 {fp32:g} TFLOP/s, {'TF32' if mode == 'tf32' else 'FP16/BF16'} {cores} {target:g} "
             f"TFLOP/s ({ratio:.1f}x; device-spec table)",
         )
     )
-    if mode == "tf32":
-        remedy = (
-            "Let FP32 matmuls and convolutions use TF32 tensor cores: torch.set_float32_matmul_precision('high') "
-            "(or torch.backends.cuda.matmul.allow_tf32 = True) and torch.backends.cudnn.allow_tf32 = True; or "
-            "train in bfloat16 with torch.autocast('cuda', dtype=torch.bfloat16)"
-        )
-    else:
-        remedy = (
-            "Use mixed precision so GEMMs and convolutions run on the FP16 tensor cores: with "
-            "torch.autocast('cuda', dtype=torch.float16): ... and a torch.amp.GradScaler('cuda') for training"
-        )
+    remedy = t.worded(ID, "remedy_tf32" if mode == "tf32" else "remedy_half")
     source = "gpu_ops.math_mode" if modes is not None else "their names (sgemm, scudnn, winograd<float>)"
     return Finding(
         ID,
         f"{ms(slow)} ({pct(slow, t.kernel_us):.0f}% of kernel time) of GEMMs/convolutions run in FP32 on "
-        f"{spec['spec_name']}, whose tensor cores are {ratio:.0f}x faster",
+        f"{spec['spec_name']}, whose {cores} are {ratio:.0f}x faster",
         wall,
         gpu_r,
         remedy,

@@ -16,11 +16,6 @@ from pipeline.findings.facts import Facts
 from pipeline.findings.finding import Evidence, Finding, ms, pct, scaled
 
 ID = "small_kernels"
-REMEDY = (
-    "Launch fewer, larger kernels: CUDA graphs (torch.compile(model, mode='reduce-overhead') or "
-    "torch.cuda.CUDAGraph around a static-shape step), torch.compile to fuse elementwise ops, fused "
-    "optimizers (fused=True) and fused layers (e.g. apex / Transformer Engine), a larger batch"
-)
 
 
 def small_kernels(t: Facts) -> Finding | None:
@@ -58,7 +53,7 @@ def small_kernels(t: Facts) -> Finding | None:
         f"{ms(launching)} ({pct(launching, t.span_us):.0f}% of the window)",
         wall,
         None,
-        REMEDY,
+        t.worded(ID, "remedy"),
         "launch",
         tuple(evidence),
         f"{lim['low']:.0%}-{lim['high']:.0%} of the host wait times the launches' share of the host's "

@@ -70,12 +70,7 @@ def sync(t: Facts) -> Finding | None:
     named = ", ".join(causes["name"].head(3).to_list())
     frees = by_name.filter(pl.col("name").str.contains("(?i)free") & (pl.col("draining") > 0))
     if frees.height:
-        named += ("; " if named else "") + (
-            f"{', '.join(frees['name'].to_list())}: the caching allocator gave memory back "
-            "(torch.cuda.empty_cache() in the loop, or an allocation retried after freeing the cache under memory "
-            "pressure): drop empty_cache, "
-            "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or lower the peak memory"
-        )
+        named += ("; " if named else "") + t.worded(ID, "frees", names=", ".join(frees["name"].to_list()))
     return Finding(
         ID,
         f"The device sat idle {ms(lost)} ({pct(lost, t.span_us):.0f}% of the window) after {after.height:,} "

@@ -90,6 +90,7 @@ class RunResult:
     problems: Rows
     waits: WaitStore = field(default_factory=WaitStore)
     findings: dict[str, list[dict]] = field(default_factory=dict)  # per run: what to fix (`Finding.as_dict`)
+    vendors: dict[str, str | None] = field(default_factory=dict)  # per run: its ranks' device vendor (None: not told)
 
 
 @dataclass
@@ -122,6 +123,12 @@ def _gather(members: list[Member], a: int, b: int) -> dict[str, np.ndarray]:
     return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]} if parts else {}
 
 
+def _vendor(infos: list[dict]) -> str | None:
+    """The device vendor of a run's ranks: the one their traces name (None: none, or several)."""
+    found = {i.get("vendor") for i in infos} - {None}
+    return found.pop() if len(found) == 1 else None
+
+
 def _min_ts(ex) -> int | None:
     ts = ex.calls["ts"] if isinstance(ex, Extract) else ex.column("ts")
     return int(ts.min()) if len(ts) else None
@@ -132,7 +139,9 @@ def analyze(extracts: list, run_by: str | None = None, align: bool = True) -> Ru
     infos = [e.info for e in extracts]
     parts: dict[str, list] = {k: [] for k in ("runs", "ranks", "coll", "by_kind", "strag", "steps", "desync", "prob")}
     store = WaitStore()
+    vendors: dict[str, str | None] = {}
     for run in group_runs(infos, run_by):
+        vendors[run.name] = _vendor([extracts[i].info for i in run.ranks.values()])
         _one_run(run, extracts, align, parts, store)
     res = RunResult(
         runs=_rows(parts["runs"], RUNS_COLUMNS),
@@ -147,6 +156,7 @@ def analyze(extracts: list, run_by: str | None = None, align: bool = True) -> Ru
         problems=_rows(parts["prob"], ["run", "file", "problem", "detail"]),
         waits=store,
     )
+    res.vendors = vendors
     res.findings = {r: [x.as_dict() for x in run_findings(RunFacts.of(res, r))] for r in res.runs.data["run"]}
     return res
 

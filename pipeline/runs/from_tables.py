@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.dataset.tables import tables
+from pipeline.findings.vendor import by_layout
 from pipeline.runs.calls import CALL_COLUMNS, KIND_CODE, UNKNOWN, Extract, calls_of_rows, pg_keys, steps_of_rows
 from pipeline.runs.scan import cache
 
@@ -60,6 +61,7 @@ TRACE = [
     "source_bytes",
     "truncated",
     "n_collectives",
+    "layout",
 ]
 
 
@@ -120,6 +122,7 @@ def extracts_of_tables(path: str | Path, scratch: Path, trace_ids: set[str] | No
             "trace_name": r.get("trace_name"),
             "base_time_ns": r.get("base_time_ns"),
             "n_collectives": r.get("n_collectives") or 0,
+            "vendor": by_layout(r.get("layout")),
             "problems": {},
         }
     step_rows = _steps(t["steps"]) if "steps" in t else {}

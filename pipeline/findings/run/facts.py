@@ -13,6 +13,7 @@ from statistics import median
 
 from pipeline.findings.finding import Range, capped, narrowed
 from pipeline.findings.limits import limits
+from pipeline.findings.vendor import rules
 
 
 @dataclass
@@ -26,6 +27,7 @@ class RunFacts:
     )  # rank -> its lag behind the next-latest rank, per collective it was last in
     collectives: int = 0
     span_us: float = 0.0  # first collective's start to last one's, when there are no steps
+    vendor: str = "other"  # the ranks' device vendor (`findings.vendor`): picks the remedies' wording
 
     @staticmethod
     def limits(rule: str) -> dict:
@@ -73,7 +75,8 @@ class RunFacts:
                     if others:
                         lags.setdefault(lr, []).append(min(others) / 1e3)
         span = (last - first) / 1e3 if first is not None and last is not None else 0.0
-        return cls(run, ranks, steps, strag, lags, n, span)
+        vendor = getattr(res, "vendors", {}).get(run) or rules()["fallback"]
+        return cls(run, ranks, steps, strag, lags, n, span, vendor)
 
     @cached_property
     def per_rank(self) -> dict[int, dict]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pipeline.findings.finding import Evidence, Finding, ms, pct
 from pipeline.findings.run.facts import RunFacts
+from pipeline.findings.vendor import worded
 
 ID = "host_bound"
 
@@ -48,7 +49,7 @@ def host_bound(r: RunFacts) -> Finding | None:
         f"(compute {100 * r.median(list(compute.values())):.0f}%) and idle {ms(mid_idle)} waiting for its host",
         wall,
         None,
-        lim["remedy"],
+        worded(ID, "remedy", r.vendor),
         "steps",
         tuple(evidence),
         f"{lim['low']:.0%}-{lim['high']:.0%} of the median rank's device idle time in its steps",

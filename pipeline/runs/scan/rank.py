@@ -19,6 +19,7 @@ from pipeline.comms import HCCL_GROUP_LANE, HCCL_OP_KIND, NCCL_KERNEL, RANK_IN_L
 from pipeline.cost.formulas.collectives import normalize_kind
 from pipeline.cost.formulas.messages import HCCL_SIZE, op_message
 from pipeline.errors import BadTrace
+from pipeline.findings.vendor import by_names
 from pipeline.kineto import task_device, trace_stem
 from pipeline.read.rank import int_or_none, rank_of
 from pipeline.runs.calls import Extract, calls_of_rows, steps_of_rows
@@ -59,6 +60,13 @@ def scan_trace(path: str, max_inflate: float | None = None) -> Extract:
     return extract(kept, meta, info)
 
 
+def _vendor(meta: dict) -> str | None:
+    """The device vendor the trace's deviceProperties name (`findings.vendor.by_names`); None: none."""
+    props = meta.get("deviceProperties")
+    names = [p.get("name") for p in props if isinstance(p, dict)] if isinstance(props, list) else []
+    return by_names(n for n in names if isinstance(n, str))
+
+
 def _one_line(e: Exception) -> str:
     text = " ".join(str(e).split())
     return text.split(": ", 1)[1] if text.startswith("/") and ": " in text else text
@@ -80,9 +88,11 @@ def extract(kept: Kept, meta: dict, info: dict) -> Extract:
     )
     problems: dict[str, int] = {}
     kept.task_devices()
+    info["vendor"] = _vendor(meta)
     rows = _kernel_rows(kept)
     if not rows:
         rows, planes_world = _hccl_rows(kept)
+        info["vendor"] = "ascend" if rows else info["vendor"]
         if world is None and planes_world:
             info["world_size"] = world = planes_world
     if not rows:
