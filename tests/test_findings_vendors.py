@@ -80,10 +80,14 @@ def test_no_cuda_only_mechanism_in_ascend_and_amd_findings(flat, stem):
         assert "torch_npu" in remedies or "torch.npu" in remedies
 
 
-def test_an_ascend_run_gets_the_npu_s_remedies(shared_traces, run_cli):
+@pytest.mark.parametrize("source", ["traces", "dataset"])
+def test_an_ascend_run_gets_the_npu_s_remedies(shared_traces, run_cli, tmp_path, source):
     run = shared_traces.parent / "runs" / "ascend_level0_2rank"
     if not run.is_dir():
         pytest.skip("no ../shared/runs/ascend_level0_2rank")
+    if source == "dataset":  # the ranks of a batch dataset: the vendor from its trace table's layout
+        assert run_cli(["batch", run, "-o", tmp_path / "ds"]).returncode == 0
+        run = tmp_path / "ds"
     found = json.loads(run_cli(["ranks", run, "-f", "json", "--no-cache"]).stdout)["runs"][0]["findings"]
     host = next(f for f in found if f["id"] == "host_bound")
     assert "torch.npu.graph" in host["remedy"]

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.dataset.tables import tables
-from pipeline.findings.vendor import by_layout
+from pipeline.findings.vendor import by_layout, by_names
 from pipeline.runs.calls import CALL_COLUMNS, KIND_CODE, UNKNOWN, Extract, calls_of_rows, pg_keys, steps_of_rows
 from pipeline.runs.scan import cache
 
@@ -88,10 +88,11 @@ def _per_trace(lf: pl.LazyFrame, columns: list[str]) -> Iterator[tuple[str, pl.D
 def extracts_of_tables(path: str | Path, scratch: Path, trace_ids: set[str] | None = None) -> list:
     """Every trace of a dataset (or folder of flattened traces) as an Extract (only those of
     `trace_ids` when given); inputs the manifest quarantined as Extracts of status `quarantined`."""
-    t = tables(path, {"trace", "collectives", "steps", "traces"})
+    t = tables(path, {"trace", "collectives", "steps", "traces", "devices"})
     if trace_ids is not None:  # a predicate the Parquet reader applies row group by row group
         wanted = pl.Series(sorted(trace_ids), dtype=pl.String).implode()
         t = {n: lf.filter(pl.col("trace_id").is_in(wanted)) if n != "traces" else lf for n, lf in t.items()}
+    device_names = _device_names(t.get("devices"))
     have = t["trace"].collect_schema().names()
     rows = t["trace"].select([c for c in TRACE if c in have]).collect()
     reasons: dict[str, str] = {}
@@ -122,7 +123,7 @@ def extracts_of_tables(path: str | Path, scratch: Path, trace_ids: set[str] | No
             "trace_name": r.get("trace_name"),
             "base_time_ns": r.get("base_time_ns"),
             "n_collectives": r.get("n_collectives") or 0,
-            "vendor": by_layout(r.get("layout")),
+            "vendor": by_layout(r.get("layout")) or by_names(device_names.get(r["trace_id"], [])),
             "problems": {},
         }
     step_rows = _steps(t["steps"]) if "steps" in t else {}
@@ -136,6 +137,19 @@ def extracts_of_tables(path: str | Path, scratch: Path, trace_ids: set[str] | No
                 info, pl.DataFrame(schema={c: pl.String for c in CALLS}), step_rows.pop(tid, []), scratch
             )
     return [out[tid] for tid in infos] + out_quarantined
+
+
+def _device_names(lf: pl.LazyFrame | None) -> dict[str, list[str]]:
+    """trace_id -> its devices' names and the specs matched to them (what tells their vendor)."""
+    if lf is None:
+        return {}
+    cols = [c for c in ("trace_id", "name", "spec_name") if c in lf.collect_schema().names()]
+    if "trace_id" not in cols or len(cols) < 2:
+        return {}
+    out: dict[str, list[str]] = {}
+    for r in lf.select(cols).unique().collect().iter_rows(named=True):
+        out.setdefault(r["trace_id"], []).extend(r[c] for c in cols[1:] if r[c])
+    return out
 
 
 def _stem(path: str | None) -> str:
