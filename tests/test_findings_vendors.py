@@ -88,7 +88,11 @@ def test_an_ascend_run_gets_the_npu_s_remedies(shared_traces, run_cli, tmp_path,
     if source == "dataset":  # the ranks of a batch dataset: the vendor from its trace table's layout
         assert run_cli(["batch", run, "-o", tmp_path / "ds"]).returncode == 0
         run = tmp_path / "ds"
-    found = json.loads(run_cli(["ranks", run, "-f", "json", "--no-cache"]).stdout)["runs"][0]["findings"]
+    whole = json.loads(run_cli(["ranks", run, "-f", "json", "--no-cache"]).stdout)["runs"][0]
+    found = whole["findings"]
+    # one run picked with --run keeps its vendor's wording (and its findings) too
+    one = json.loads(run_cli(["ranks", run, "--run", whole["run"], "-f", "json"]).stdout)["runs"]
+    assert [r["findings"] for r in one] == [found]
     host = next(f for f in found if f["id"] == "host_bound")
     assert "torch.npu.graph" in host["remedy"]
     for f in found:

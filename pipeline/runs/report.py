@@ -259,8 +259,10 @@ def only_run(rep, run: str):
     if run not in names:
         raise UsageError(f"no run {run!r}; runs: {', '.join(map(str, names)) or 'none'}")
     keep = lambda rows: rows.filter([r == run for r in rows.data["run"]])
-    tables = {f: keep(getattr(res, f)) for f in RunResult.__dataclass_fields__ if f not in ("waits", "findings")}
-    out = RunResult(**tables, waits=res.waits, findings={run: res.findings.get(run, [])})
+    per_run = ("waits", "findings", "vendors")  # not tables of rows with a `run` column
+    tables = {f: keep(getattr(res, f)) for f in RunResult.__dataclass_fields__ if f not in per_run}
+    vendors = {run: res.vendors[run]} if run in res.vendors else {}
+    out = RunResult(**tables, waits=res.waits, findings={run: res.findings.get(run, [])}, vendors=vendors)
     return RunReport.of(out) if isinstance(rep, RunReport) else out
 
 
