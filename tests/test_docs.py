@@ -32,7 +32,7 @@ WITH_EXAMPLES = [p for p in PAGES if ex.examples(p.read_text())]
 def test_the_readme_fits_a_first_read_and_starts_with_the_two_setup_commands():
     text = (ROOT / "README.md").read_text()
     assert text.count("\n") <= 300
-    block = text.split("## Set up", 1)[1].split("```", 2)[1]
+    block = text.split("## Quick start", 1)[1].split("```", 2)[1]
     cmds = [c.strip() for c in block.splitlines()[1:] if c.strip() and not c.startswith("#")]
     assert cmds[:2] == ["make demo", "make test"]  # .ci/run runs `make test`: the README's own command
 
