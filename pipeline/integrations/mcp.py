@@ -184,8 +184,6 @@ class Answers:
         if trace is not None:
             return self.analyze(trace, "findings")
         (r,) = json.loads(self.ranks(run))["runs"]
-        if "findings" not in r:
-            raise UsageError("tracepipe ranks gives no findings of a run in this version: ask for a trace's")
         return {"run": r["run"], "findings": r["findings"]}
 
     # ---------------------------------------------------------------- compare, ranks
