@@ -24,13 +24,14 @@ import pyarrow.parquet as pq
 from pipeline import schema, store
 from pipeline.errors import BadTrace, TracepipeError, UsageError
 from pipeline.kineto import trace_stem
+from pipeline.read.by_native import available as native_available
 from pipeline.read.chunks import ordered_results
 from pipeline.read.decode import build_chunk, build_from_text
 from pipeline.read.durations import Durations
 from pipeline.read.launches import LaunchCount
 from pipeline.read.limits import not_regular
 from pipeline.read.metadata import devices_table, sampled_content_id, trace_row
-from pipeline.read.source import ARRAY_NOT_CLOSED, TraceSource
+from pipeline.read.source import ARRAY_NOT_CLOSED, DEFAULT_CHUNK_BYTES, NATIVE_CHUNK_BYTES, TraceSource
 from pipeline.read.tables import ChunkTables
 from pipeline.read.tame import BAD_UNICODE, TOO_LARGE, scrub
 from pipeline.read.values import Problems
@@ -84,6 +85,12 @@ def _offset(tbl: pa.Table, offset: int) -> pa.Table:
     return tbl.set_column(i, "event_idx", pc.add(tbl.column(i), pa.scalar(offset, pa.int64())))
 
 
+def _write_chunk(writers: dict, ct: ChunkTables, offset: int):
+    """A chunk's tables appended to their files, its event_idx made the trace's."""
+    for name in ("events", "gpu_ops", "flows"):
+        writers[name].write(_offset(getattr(ct, name), offset))
+
+
 def flatten_into(
     path: str,
     tmp: Path,
@@ -100,7 +107,9 @@ def flatten_into(
     the bytes themselves) and come back as Arrow files in shared memory (see `_spill`).
     """
     workers = default_workers(path) if workers is None else max(1, workers)
-    src = TraceSource(path, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {}), max_inflate=max_inflate)
+    parallel_native = workers > 1 and native_available()  # larger chunks pay there (`NATIVE_CHUNK_BYTES`)
+    chunk_bytes = chunk_bytes or (NATIVE_CHUNK_BYTES if parallel_native else DEFAULT_CHUNK_BYTES)
+    src = TraceSource(path, chunk_bytes, max_inflate=max_inflate)
     problems = Problems()
     corrupt: list[str] = []
     device_ids: set = set()
@@ -135,20 +144,22 @@ def flatten_into(
         offset, rows = 0, []
         durations = Durations()  # B/E pairs across chunks
         launches = LaunchCount()  # against the device ops: device activity lost?
+        # the writes in a thread while the workers build the next chunks; not without workers: a
+        # thread writing the tables the main one builds grew the heap with the trace (glibc arenas)
+        behind = cleanup.enter_context(store.WriteBehind(2 if pool else 0))  # ends before writers are abandoned
         for ct in map(unspill, results):
             durations.feed(ct.open_ends, offset)
-            launches.add(ct.events)
-            writers["events"].write(_offset(ct.events, offset))
-            writers["gpu_ops"].write(_offset(ct.gpu_ops, offset))
-            writers["flows"].write(_offset(ct.flows, offset))
+            launches.add(ct.launches)
+            behind.submit(_write_chunk, writers, ct, offset)
             offset += ct.events.num_rows
             rows.append(ct.events.num_rows)
             problems.merge(ct.problems)
             device_ids |= ct.device_ids
             task_pids |= ct.task_pids
-            cats.update(pc.unique(ct.events.column("cat")).to_pylist())
+            cats |= ct.cats
             if progress:
                 progress(src.file_bytes_read)
+        behind.drain()
         for w in writers.values():
             w.close()
         problems.unmatched.update(durations.finish())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import os
 import tempfile
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -172,6 +173,42 @@ def one_ahead(items: Iterator[T]) -> Iterator[T]:
         while (item := coming.result()) is not _END:
             coming = ahead.submit(next, items, _END)
             yield item
+
+
+class WriteBehind:
+    """Calls (writes, mostly) made in order in one thread of their own while the caller goes on:
+    Arrow's Parquet encoding works without the GIL, so a process that both gathers tables and
+    writes them keeps two cores busy. At most `ahead` calls wait, holding their tables; an error
+    of a call is raised by a later `submit` or by `drain`; `ahead` = 0: each call made at once.
+    Used as a context, every call is done (or its error raised) when it ends; left on an error,
+    the calls waiting are dropped."""
+
+    def __init__(self, ahead: int = 2):
+        self.ahead = ahead
+        self._pool = ThreadPoolExecutor(1)
+        self._pending: deque = deque()
+
+    def submit(self, fn: Callable, *args) -> None:
+        if not self.ahead:
+            fn(*args)
+            return
+        self._pending.append(self._pool.submit(fn, *args))
+        while len(self._pending) > self.ahead:
+            self._pending.popleft().result()
+
+    def drain(self) -> None:
+        while self._pending:
+            self._pending.popleft().result()
+
+    def __enter__(self) -> WriteBehind:
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is None:
+            self.drain()
+        for f in self._pending:
+            f.cancel()
+        self._pool.shutdown(wait=True)
 
 
 def write_table(tbl: pa.Table, path: Path, name: str, stages=schema.ALL_STAGES):

@@ -23,12 +23,14 @@ from __future__ import annotations
 from itertools import repeat
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.read.by_dicts import EMPTY_ARGS, events_by_column, events_by_event, gpu_arg_columns
 from pipeline.read.by_native import tables_by_native
 from pipeline.read.by_struct import raw_args_of, tables_by_struct
 from pipeline.read.chunks import ChunkParseError, NeedsExactParse, parse_chunk, parse_chunk_exact
 from pipeline.read.durations import pair_chunk
+from pipeline.read.launches import launch_counts
 from pipeline.read.tables import ChunkTables, flows_of, gpu_and_flow_rows, gpu_ops_of
 from pipeline.read.tame import BAD_UNICODE, TOO_DEEP, TooDeep, scrub, tame_deep
 from pipeline.read.values import Problems
@@ -50,8 +52,11 @@ def build_from_text(text: bytes) -> ChunkTables:
 
 def _paired(tables: ChunkTables) -> ChunkTables:
     """The chunk's B/E events paired into durations on their B rows, what is left open kept for the
-    next chunks (`read.durations`). Every builder's tables go through here alike."""
+    next chunks (`read.durations`); its launch calls counted and its categories listed, here in the
+    worker rather than in the process writing the tables. Every builder's tables go through here."""
     tables.events, tables.open_ends = pair_chunk(tables.events)
+    tables.cats = set(pc.unique(tables.events.column("cat")).to_pylist())
+    tables.launches = launch_counts(tables.events, tables.cats)
     return tables
 
 

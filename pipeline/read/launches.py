@@ -23,26 +23,37 @@ from pipeline.kineto import CAPTURE_BEGIN, DEVICE_LAUNCH, LAUNCH_CATS, NOT_DEVIC
 LOST_SHARE = 0.5  # fewer device ops than this share of the launches: lost (each launch makes one or more)
 MIN_LAUNCHES = 20  # below this many launches, only a trace with no device op at all is judged
 LAUNCHES, WITHOUT = "lost:launches", "lost:launches_without_device_activity"  # problems_json keys
-_LAUNCH_CATS = pa.array(LAUNCH_CATS, pa.string())
+_LAUNCH_CAT_SET = frozenset(LAUNCH_CATS)  # lower case
+
+
+def launch_counts(events: pa.Table, cats: set) -> Counter:
+    """The launches and graph capture calls of a chunk's events table (as the worker that built
+    it counts them); `cats`: the categories it holds."""
+    counts: Counter = Counter()
+    runtime_cats = [c for c in cats if c is not None and c.lower() in _LAUNCH_CAT_SET]
+    if not runtime_cats:
+        return counts
+    runtime = pc.is_in(events.column("cat"), pa.array(runtime_cats, pa.string()))
+    is_call = pc.and_(pc.equal(events.column("ph"), "X"), runtime)
+    calls = events.column("name").filter(pc.fill_null(is_call, False))
+    if not len(calls):
+        return counts
+    named = pc.match_substring_regex(calls, DEVICE_LAUNCH)
+    launch = pc.and_(named, pc.invert(pc.match_substring_regex(calls, NOT_DEVICE_LAUNCH)))
+    counts["launches"] += pc.sum(pc.cast(pc.fill_null(launch, False), pa.int64())).as_py() or 0
+    captures = pc.fill_null(pc.match_substring_regex(calls, CAPTURE_BEGIN), False)
+    counts["captures"] += pc.sum(pc.cast(captures, pa.int64())).as_py() or 0
+    return counts
 
 
 @dataclass
 class LaunchCount:
-    """Launches and graph capture calls seen so far (`add` a chunk's events table at a time)."""
+    """Launches and graph capture calls seen so far (`add` a chunk's `launch_counts` at a time)."""
 
     counts: Counter = field(default_factory=Counter)
 
-    def add(self, events: pa.Table):
-        runtime = pc.is_in(pc.utf8_lower(events.column("cat")), _LAUNCH_CATS)
-        is_call = pc.and_(pc.equal(events.column("ph"), "X"), runtime)
-        calls = events.filter(pc.fill_null(is_call, False)).column("name")
-        if not len(calls):
-            return
-        named = pc.match_substring_regex(calls, DEVICE_LAUNCH)
-        launch = pc.and_(named, pc.invert(pc.match_substring_regex(calls, NOT_DEVICE_LAUNCH)))
-        self.counts["launches"] += pc.sum(pc.cast(pc.fill_null(launch, False), pa.int64())).as_py() or 0
-        captures = pc.fill_null(pc.match_substring_regex(calls, CAPTURE_BEGIN), False)
-        self.counts["captures"] += pc.sum(pc.cast(captures, pa.int64())).as_py() or 0
+    def add(self, counts: Counter):
+        self.counts.update(counts)
 
     def problems(self, n_device_ops: int) -> dict:
         """The problems_json entries when the trace lost device activity (else none)."""

@@ -3,6 +3,7 @@ events table: the GPU activity and flow endpoints are taken from it the same way
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +27,8 @@ class ChunkTables:
     device_ids: set
     task_pids: set = field(default_factory=set)  # pids of device tasks without a cat (`device_tasks`)
     open_ends: OpenEnds | None = None  # B/E events left to pair across chunks (`read.durations`)
+    launches: Counter = field(default_factory=Counter)  # launch and capture calls (`read.launches`)
+    cats: set = field(default_factory=set)  # the event categories held
 
 
 def gpu_and_flow_rows(ev: pa.Table) -> tuple[list, list]:
@@ -90,6 +93,10 @@ EVENT_COLUMNS = (
 )
 
 
+_GPU_EVENT_COLUMNS = ("cat", "name", "pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")
+_TASK_EVENT_COLUMNS = ("args_json",)  # what `device_tasks.task_columns` reads besides
+
+
 def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table, problems: Problems):
     """The gpu_ops rows of a chunk: launch geometry and copy sizes from each GPU event's args
     (`arg_cols`: `gpu_arg_columns`; `cats`, `pids`: the rows' cat and raw pid values); a device task
@@ -101,7 +108,8 @@ def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table,
             devices[j] = pids[j]  # e.g. MTIA's, Gaudi's device activity lives in the device's process
     device = coerced_ints(devices, "device", problems)
     idx = pa.array(rows, pa.int64())
-    take = ev.take(idx)
+    tasks = [j for j, c in enumerate(cats) if c is None]
+    take = ev.select([*_GPU_EVENT_COLUMNS, *(_TASK_EVENT_COLUMNS if tasks else ())]).take(idx)  # no other column
     cols = {
         "event_idx": idx,
         "kind": pa.array([GPU_KINDS.get(c) for c in cats], pa.string()),
@@ -112,7 +120,6 @@ def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table,
         **{k: v for k, v in arg_cols.items() if k not in ("device", "stream")},
     }
     task_pids: set = set()
-    tasks = [j for j, c in enumerate(cats) if c is None]
     if tasks:
         at = pa.array(tasks, pa.int64())
         pid = take.column("pid").take(at)

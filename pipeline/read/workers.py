@@ -16,7 +16,8 @@ import os
 import sys
 import tempfile
 import warnings
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -130,6 +131,8 @@ class SpilledChunk:
     device_ids: set
     task_pids: set
     open_ends: OpenEnds | None = None
+    launches: Counter = field(default_factory=Counter)
+    cats: set = field(default_factory=set)
 
 
 def _spill(ct: ChunkTables, spill_dir: str) -> SpilledChunk:
@@ -142,7 +145,7 @@ def _spill(ct: ChunkTables, spill_dir: str) -> SpilledChunk:
         with pa.OSFile(paths[name], "wb") as f, pa.ipc.new_file(f, tbl.schema) as w:
             w.write_table(tbl)
     os.remove(base)
-    return SpilledChunk(paths, ct.problems, ct.device_ids, ct.task_pids, ct.open_ends)
+    return SpilledChunk(paths, ct.problems, ct.device_ids, ct.task_pids, ct.open_ends, ct.launches, ct.cats)
 
 
 def unspill(ct: ChunkTables | SpilledChunk) -> ChunkTables:
@@ -153,7 +156,7 @@ def unspill(ct: ChunkTables | SpilledChunk) -> ChunkTables:
         tables[name] = pa.ipc.open_file(pa.memory_map(p)).read_all()
         os.remove(p)  # the mapping stays valid; the memory goes when the table does
     tables_ = (tables["events"], tables["gpu_ops"], tables["flows"])
-    return ChunkTables(*tables_, ct.problems, ct.device_ids, ct.task_pids, ct.open_ends)
+    return ChunkTables(*tables_, ct.problems, ct.device_ids, ct.task_pids, ct.open_ends, ct.launches, ct.cats)
 
 
 def run_chunk(piece, spill_dir: str):
