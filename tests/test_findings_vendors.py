@@ -142,3 +142,26 @@ def test_nvidia_keeps_the_cuda_wording():
     # an unknown vendor key falls back to the default
     assert worded("host_bound", "remedy", "nvidia") != worded("host_bound", "remedy", "other")
     assert worded("host_bound", "remedy", "no-such") == worded("host_bound", "remedy", "other")
+
+
+def test_ascend_synchronising_calls_are_sync_marks(flat):
+    """torch_npu records CANN's synchronising runtime calls as "AscendCL@aclrtSynchronize...":
+    the sync rule sees them, and the blocking aclrtMemcpy, as it sees cudaStreamSynchronize (the
+    2024 trace has 8 and 6 of them), and no other of the trace's AscendCL calls."""
+    from pipeline.findings.facts import Facts
+    from pipeline.findings.limits import marks
+
+    facts = Facts(rp.Flat(flat("npu_2024_msprof_advisor")), lambda name: None)
+    names = sorted(facts.marks["sync"]["name"].to_list())
+    assert (
+        names
+        == ["AscendCL@aclrtMemcpy"] * 6
+        + ["AscendCL@aclrtSynchronizeDevice"] * 2
+        + ["AscendCL@aclrtSynchronizeStream"] * 4
+        + ["AscendCL@aclrtSynchronizeStreamWithTimeout"] * 2
+    )
+    sync = re.compile(marks()["sync"])
+    for name in ("aclrtSynchronizeEvent", "AscendCL@aclrtMemcpy", "AscendCL@aclrtFree", "cudaStreamSynchronize"):
+        assert sync.search(name), name
+    for name in ("AscendCL@aclrtMemcpyAsync", "AscendCL@aclrtMalloc", "AscendCL@aclrtSetDevice"):
+        assert not sync.search(name), name
