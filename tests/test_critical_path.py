@@ -375,3 +375,28 @@ def test_walks_equal_the_step_by_step_walk(tmp_path):
 @pytest.mark.parametrize("trace", REAL, ids=[f"{p.parent.name}/{trace_stem(p)}" for p in REAL])
 def test_real_trace_walks_equal_the_step_by_step_walk(trace, shared_traces, real_flat):
     assert check_walks(real_flat(trace)) >= 1
+
+
+def test_top_cuts_the_names_on_the_path_not_the_breakdown(tmp_path):
+    """`--top N` cuts critical-path-top to its N longest names; the breakdown by category (a whole,
+    with its total) is never cut."""
+    from conftest import run_cli
+
+    trace = synth.make_trace(n_steps=6, ops_per_step=5)
+    src = synth.write_trace(trace, tmp_path / "s.json")
+    full = run_cli(["analyze", src, "--section", "critical-path", "-w", "0"])
+    cut = run_cli(["analyze", src, "--section", "critical-path", "-w", "0", "--top", "2"])
+    assert full.returncode == cut.returncode == 0, full.stderr + cut.stderr
+
+    def table(out: str, name: str) -> list[str]:
+        rows = []
+        for line in out.split(f"\n{name}:\n", 1)[1].splitlines()[2:]:  # after its header and rule
+            if not line.strip() or line.endswith(":") or line.startswith("pct:"):
+                break  # the next table, or the legend
+            rows.append(line.split())
+        return rows
+
+    assert len(table(full.stdout, "critical-path-top")) > 2
+    assert table(cut.stdout, "critical-path-top") == table(full.stdout, "critical-path-top")[:2]
+    assert table(cut.stdout, "critical-path") == table(full.stdout, "critical-path")
+    assert table(cut.stdout, "critical-path")[-1][0] == "total"

@@ -146,8 +146,9 @@ def _table(view: str, df: pl.DataFrame, s, fmt: str, layout: Layout, top, device
     df = df.select(["device", *(c for c in shown if c != "device")] if per_device else shown)
     table = lambda d: render(d, fmt, layout.name_limit, layout.width)
     label = (f"### {view}\n\n" if fmt == "md" else f"{view}:\n") if named else ""
-    if not per_device:  # a section's own views (critical-path) are shown whole
-        return label + table(df.head(top) if top and not (s and s.views) else df)
+    if not per_device:  # a section's main view (critical-path's breakdown) is shown whole, the others cut
+        whole = bool(s and s.views and view == s.name)
+        return label + table(df.head(top) if top and not whole else df)
     parts = []
     for (device,), rows in df.group_by("device", maintain_order=True):
         sub = f"device {device}" + (f": {devices[device]}" if device in devices else "")
