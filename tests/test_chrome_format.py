@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+from decimal import Decimal
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -166,6 +168,12 @@ def test_batch_pairs_begin_end_of_each_trace_apart(tmp_path):
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 
+def _sum_us(ts, dur):
+    """ts + dur as the JSON number of their exact decimal sum (a float sum can be 1 ns off)."""
+    exact = Decimal(repr(ts)) + Decimal(repr(dur))
+    return int(exact) if exact == exact.to_integral_value() else float(exact)
+
+
 def as_begin_end(trace: dict) -> dict:
     """The trace with every CPU slice written as a B/E pair: the Bs in start order (the longer
     first), then the Es in reverse (each closes the latest open B on its thread: its own)."""
@@ -175,7 +183,7 @@ def as_begin_end(trace: dict) -> dict:
         (cpu if x else keep).append((i, e) if x else e)
     cpu.sort(key=lambda p: (p[1]["ts"], -p[1]["dur"], p[0]))
     begins = [{**{k: v for k, v in e.items() if k != "dur"}, "ph": "B"} for _, e in cpu]
-    ends = [{"ph": "E", "pid": e["pid"], "tid": e["tid"], "ts": e["ts"] + e["dur"]} for _, e in cpu]
+    ends = [{"ph": "E", "pid": e["pid"], "tid": e["tid"], "ts": _sum_us(e["ts"], e["dur"])} for _, e in cpu]
     return {**trace, "traceEvents": keep + begins + ends[::-1]}
 
 
@@ -232,3 +240,26 @@ def test_a_begin_rebuilt_from_its_row_has_no_duration():
     row |= {"ts_ns": 5000, "dur_ns": 3000, "id": None, "id_str": None}
     assert event_of(row, None, None) == {"ph": "B", "name": "op", "pid": 1, "tid": 2, "ts": 5}
     assert event_of({**row, "ph": "X"}, None, None)["dur"] == 3
+
+
+def test_a_run_of_begin_end_traces_reads_as_the_same_run_of_complete_events(tmp_path, run_cli):
+    """`ranks` of a real gloo run (tests/data/runs/gloo4) with every CPU slice of every rank written
+    as a B/E pair: the same collectives, waits, steps and stragglers as the run as recorded."""
+    import gzip
+
+    src = Path(__file__).parent / "data" / "runs" / "gloo4"
+    for form in ("x", "be"):
+        (tmp_path / form).mkdir()
+        for rank in sorted(src.glob("rank-*.json.gz")):
+            trace = json.loads(gzip.decompress(rank.read_bytes()))
+            for e in trace["traceEvents"]:
+                e.setdefault("dur", 0) if e.get("ph") == "X" else None
+            (tmp_path / form / rank.name.removesuffix(".gz")).write_text(
+                json.dumps(as_begin_end(trace) if form == "be" else trace)
+            )
+    x, be = (run_cli(["ranks", tmp_path / form, "--format", "json"]) for form in ("x", "be"))
+    assert x.returncode == be.returncode == 0, x.stderr + be.stderr
+    a, b = (json.loads(p.stdout.replace(f"{tmp_path}/be", f"{tmp_path}/x")) for p in (x, be))
+    runs = a["runs"][0]
+    assert runs["collectives"] and any(max(c["wait_us"].values()) > 0 for c in runs["collectives"])
+    assert a == b

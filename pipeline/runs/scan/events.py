@@ -161,6 +161,11 @@ class Kept:
         self.hccl_ops: list[dict] = []  # name, pid, tid, ts_ns, dur_ns, args
         self.hccl_tasks: list[tuple] = []  # (pid, tid, ts_ns, src, dst, size, link)
         self._class: dict = {}
+        # the Chrome format's B/E duration events, paired as `read.durations` pairs them: per
+        # thread, an E closes the latest B still open there; each open B's slot names the step or
+        # op it was kept as (None: not kept), which its E then gives an end
+        self._open: dict[tuple, list] = {}
+        self._begun: list | None = None  # the slot of the B being looked at
 
     def add_text(self, text: bytes) -> None:
         """Keep what a chunk of traceEvents text holds (`add_events` for what msgspec refuses)."""
@@ -199,6 +204,9 @@ class Kept:
         self.n_events += len(events)
         classes = self._class
         for e in events:
+            if e.ph == "E" or e.ph == "B":
+                if self._paired(e):
+                    continue
             c = classes.get(e.cat)
             if c is None:
                 c = classes[e.cat] = _class_of(e.cat)
@@ -234,9 +242,13 @@ class Kept:
                     ts = us_to_ns(e.ts)
                     if ts is not None:
                         self.steps.append((name, ts, ts + (us_to_ns(e.dur) or 0)))
+                        if e.ph == "B" and self._begun is not None:
+                            self._begun.append(("step", len(self.steps) - 1))
                 elif kind:
                     ts = us_to_ns(e.ts)
                     if ts is not None:
+                        if e.ph == "B" and self._begun is not None:
+                            self._begun.append(("op", len(self.ops)))
                         self.ops.append(
                             {
                                 "name": name,
@@ -248,6 +260,28 @@ class Kept:
                                 "args": _args(e.args),
                             }
                         )
+
+    def _paired(self, e: Event) -> bool:
+        """A B opens a slot on its thread (True: looked at no further; else it is kept as a
+        complete event would be, and its slot says as what); an E closes the latest (True)."""
+        key = (_thread(e.pid), _thread(e.tid))
+        if e.ph == "B":
+            self._begun = []
+            self._open.setdefault(key, []).append(self._begun)
+            return False
+        stack = self._open.get(key)
+        if not stack:
+            return True  # an E without a B open on its thread: nothing to end
+        slot = stack.pop()
+        end = us_to_ns(e.ts)
+        for what, i in slot:
+            if what == "step":
+                name, ts, _ = self.steps[i]
+                if end is not None and end >= ts:
+                    self.steps[i] = (name, ts, end)
+            elif end is not None and end >= self.ops[i]["ts_ns"]:
+                self.ops[i]["end_ns"] = end
+        return True
 
     def _without_cat(self, e: Event) -> None:
         """A complete event without a cat: a device task, an HCCL collective or a task of its planes
