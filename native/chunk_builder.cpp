@@ -326,8 +326,9 @@ struct IdOrStr {
 };
 
 // µs times (ts, dur) as the Python builder makes them: every int -> *1000 (checked); with a float
-// in the chunk, all below FLOAT_EXACT_US -> round(v * 1000.0) half to even (checked here against
-// the exact decimal, which it must equal), else (ts only) the exact decimal text
+// in the chunk, all below FLOAT_EXACT_US -> round(v * 1000.0) half to even, of the float (as the
+// Python builder computes it: a text with digits below a ns, as a scaled trace's shifted times
+// have, need not give its exact decimal), else (ts only) the exact decimal text
 struct Times {
   std::vector<int64_t> exact;  // exact ns from the text
   std::vector<double> us;      // the value as a float64
@@ -380,15 +381,17 @@ struct Times {
       if (!all_int_fit) throw Bail{};
       return;
     }
-    if (!ints_exact_as_float || !all_exact) throw Bail{};
-    if (all_small) {
+    if (!ints_exact_as_float) throw Bail{};
+    if (all_small) {  // the Python builder's float route, whatever the text's digits below a ns
       for (size_t k = 0; k < exact.size(); ++k) {
         if (!(valid.bits[k >> 3] >> (k & 7) & 1)) continue;
         double r = std::nearbyint(us[k] * 1000.0);  // what pc.round(v * 1000.0) gives (half to even)
-        if ((double)exact[k] != r || std::fabs(r) > 9.0e18 || (int64_t)r != exact[k]) throw Bail{};
+        if (std::fabs(r) > 9.0e18) throw Bail{};
+        exact[k] = (int64_t)r;
       }
       return;
     }
+    if (!all_exact) throw Bail{};
     if (ts_keys < 0 || !all_below_text_max || ts_keys != n_present) throw Bail{};
   }
 };
