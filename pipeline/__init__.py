@@ -27,6 +27,7 @@ from importlib import import_module
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from pipeline import allocator  # noqa: F401  (first: it configures polars' allocator before polars loads)
 from pipeline.errors import BadTrace, DatasetError, TracepipeError, UsageError
 from pipeline.version import __version__
 

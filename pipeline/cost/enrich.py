@@ -480,7 +480,12 @@ COST_INPUTS = ["event_idx", "kind", "name", "device", "dur_ns", "copy_bytes"]  #
 KERNEL_INPUTS = ["kind", "device", "dur_ns", "copy_bytes", "category", "kernel_role", NAMED, "library_task"]
 COST_COLUMNS = schema.table("gpu_ops").names(("cost",))  # the columns it adds
 LINKED = schema.table("gpu_ops").names(("link",))  # the columns linking adds (graphs' included)
-LINK_PARTS = 2  # threads linking parts of the GPU ops side by side (`link_pass`)
+# threads linking parts of the GPU ops side by side (`link_pass`). One, reading each batch's launches
+# and slices ahead while the one before is nested and costed, took ~0.35 CPU-s (6%) less than two
+# parts on a 1 GB trace (4.68M events, 333K GPU ops; link and cost 5.5 CPU-s), at about the same
+# wall time on two cores and no more memory: each part decodes the row groups at its edges again,
+# and two threads of small polars queries spend much of their time waiting on each other
+LINK_PARTS = 1
 LINK_SPILL = "gpu_links"  # the temporary file of pass 1 (see `enrich`)
 GRAPH_SPILL = "graph_pairs"  # graph-replayed kernels paired with captured nodes (`graphs.GraphLinks`)
 # GPU ops costed together in pass 2 (a block of the spill), one write batch each: a block is costed

@@ -78,9 +78,12 @@ from pipeline.link.windows import EventReach, RunningSlices, TimeBins, TimeCells
 from pipeline.read.durations import SLICE
 
 # GPU ops linked together: a batch's reads and nesting take ~1.3 KB per GPU op at their peak, and
-# two batches are in memory at once (`link_batches`, `cost.enrich.link_pass`); 32K took 45 MB more
-# on a trace of many batches than on one of one, 16K half of that, at the same CPU time
-BATCH_ROWS = 1 << 14
+# two batches are in memory at once (`link_batches`, `cost.enrich.link_pass`). Each batch's reads
+# decode the row groups at the ends of its stretch of the trace again, and every query has its
+# cost: on a 1 GB trace (333K GPU ops) 32K took ~0.8 CPU-s less than 16K (link and cost ~5.3 s).
+# With polars' allocator keeping freed memory (`pipeline.allocator`) 32K took 45 MB more on a trace
+# of many batches than on one of one, 16K half of that; now both take ~30 MB, 64K ~75 MB
+BATCH_ROWS = 1 << 15
 CELL_SLICES = 1 << 17  # CPU slices starting in one time cell (read together), about
 
 LAUNCH, CPU_OP, ANNOTATION, MODULE = 0, 1, 2, 3
