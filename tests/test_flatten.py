@@ -472,7 +472,7 @@ big, mid, small, out, n = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], in
 rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 flatten(small, out + "_small", link=False, workers=1)  # lazy imports and allocator set-up: not growth
 base = rss()
-flatten(mid, out + "_mid", link=False, workers=1)  # the working set of a trace 1/5 the size
+flatten(mid, out + "_mid", link=False, workers=1)  # the working set of a trace 2/5 the size
 warm = rss()
 r = flatten(big, out, link=False, workers=1)
 peak = rss()
@@ -490,7 +490,9 @@ def test_memory_stays_bounded_on_a_large_trace(tmp_path):
     size = p.stat().st_size
     assert size >= 150 << 20
     mid = tmp_path / "mid.json"
-    synth.write_big_trace(mid, 30 << 20)
+    # the working set settles by ~60 MB: after a 30 MB trace the peak still rose by 30-40 MB, the
+    # same at 150 and at 300 MB (a constant, not growth); after 60 MB it rises by 6-9 MB
+    synth.write_big_trace(mid, 60 << 20)
     small = synth.write_trace(synth.make_trace(n_steps=20), tmp_path / "small.json")
     cp = subprocess.run(
         [sys.executable, "-c", MEM_SCRIPT, str(p), str(mid), str(small), str(tmp_path / "out"), str(n)],
@@ -505,7 +507,7 @@ def test_memory_stays_bounded_on_a_large_trace(tmp_path):
         f"peak RSS grew by {total >> 20} MB on a {size >> 20} MB trace, "
         f"{extra >> 20} MB more than on a {mid.stat().st_size >> 20} MB one"
     )
-    assert extra < size // 4, msg  # bounded: 5x the input costs (almost) no more memory
+    assert extra < size // 4, msg  # bounded: 2.5x the input costs (almost) no more memory
     assert total < size, msg  # and the working set itself is below the file size
 
 
