@@ -171,6 +171,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     before = shm()
     for cmd, out in (
         (["flatten", src, "-o", tmp_path / "flat"], tmp_path / "flat"),
+        (["flatten", src, "-j", "2", "-o", tmp_path / "flat2"], tmp_path / "flat2"),  # writes in a thread
         (["augment", src, "-o", tmp_path / "aug.json"], tmp_path / "aug.json"),
         (["analyze", src, "-f", "json", "-o", tmp_path / "r.json"], tmp_path / "r.json"),
     ):
