@@ -31,7 +31,7 @@ def activity_windows(f: Flat, columns: list, where: pl.Expr = pl.lit(True)) -> I
 class StreamCarry:
     """The last `n` rows of each stream seen so far, put before the next window's rows of the stream
     (marked `carried`), so that consecutive activities are consecutive across windows too. With
-    `reach`, each row's `end_ns` becomes its stream's reach: the latest end of it and every activity
+    `reach`, each row gets `reach_ns`, its stream's reach: the latest end of it and every activity
     before it on the stream (across windows too), where the stream is busy until."""
 
     def __init__(self, n: int = 1, reach: bool = False):
@@ -43,7 +43,8 @@ class StreamCarry:
         rows = rows.with_columns(carried=pl.lit(False))
         # the carried rows started in earlier windows: before every row of this one
         out = rows if self.last is None else pl.concat([self.last, rows], how="diagonal_relaxed").sort(ORDER)
-        if self.reach:
-            out = out.with_columns(pl.col("end_ns").cum_max().over(STREAM))
+        if self.reach:  # a carried row holds its reach already
+            reach = pl.coalesce("reach_ns", "end_ns") if "reach_ns" in out.columns else pl.col("end_ns")
+            out = out.with_columns(reach_ns=reach.cum_max().over(STREAM))
         self.last = out.group_by(STREAM, maintain_order=True).tail(self.n).with_columns(carried=pl.lit(True))
         return out

@@ -1,14 +1,16 @@
 """idle: why a GPU stream sat idle, gap by gap (Holistic Trace Analysis' definition).
 
 Per device and stream, over its GPU activities (kernels, memcpy, memset; not the tasks by which a
-stream waits for an event, kind `sync`) in start order: each gap between the stream's reach (the
-latest end of the activities before) and the next activity's start is **host wait** when the next
-activity's launch call started after that reach (the CPU was late), else **kernel wait** when the
-gap is shorter than `kernel_wait_us` (default 30 µs: back-to-back kernels), else **other**. An
-activity that starts before the reach (tasks that overlap on one stream, as HCCL's do on Ascend)
-follows no gap: the stream's activities count as their union, so idle is never negative (Holistic
-Trace Analysis sums such overlaps as negative gaps). Nothing is counted before the first activity
-or after the last. An activity whose launch is not in the trace is never host wait.
+stream waits for an event, kind `sync`) in start order: each gap between an activity's end and the
+next one's start is **host wait** when the next activity's launch call started after that end (the
+CPU was late), else **kernel wait** when the gap is shorter than `kernel_wait_us` (default 30 µs:
+back-to-back kernels), else **other**. Consecutive kernels that overlap by a few µs (the clock's
+jitter) give a small negative gap, summed as it is, as Holistic Trace Analysis does. A stream whose
+activities run at once (an overlap longer than CONCURRENT_US: HCCL's tasks on Ascend) counts their
+union instead: each gap runs from the stream's reach (the latest end of the activities before), an
+activity that starts before it follows no gap, and idle is never negative. Nothing is counted
+before the first activity or after the last. An activity whose launch is not in the trace is never
+host wait.
 
 Across the three causes, **comm_wait** is the part of the (positive) gaps during which a
 communication kernel (category `communication`: NCCL, RCCL, DeepEP, ...) ran on the device: the
@@ -29,6 +31,9 @@ from pipeline.analyses.sweep import fold
 from pipeline.cost.categories import CATEGORIES, CategoryMemo, with_category
 
 KERNEL_WAIT_US = 30.0
+# activities of one stream that overlap by more than this run at once (HCCL's tasks on Ascend: up to
+# 73 ms); less is the clock's jitter between consecutive kernels (NVIDIA: 1-13 µs), which HTA sums
+CONCURRENT_US = 50.0
 _COMM = next(c for c in CATEGORIES if c.name == "communication")
 SUMS = ["idle_ns", "host_wait_ns", "kernel_wait_ns", "other_ns", "comm_wait_ns", "gaps"]
 
@@ -67,26 +72,43 @@ def _comm_before(points: pl.Series, devices: pl.Series, union: pl.DataFrame) -> 
     return j.sort("i").select((pl.col("before_ns") + inside).fill_null(0)).to_series()
 
 
+def _sums(gap: str, host: str, counted: pl.Expr, kernel_wait_ns: float, prefix: str) -> list[pl.Expr]:
+    """A stream's idle and its causes from its gaps (`gap`, `host` columns) that `counted` keeps."""
+    g = pl.col(gap)
+    short = ~pl.col(host) & (g < kernel_wait_ns)
+    return [
+        g.filter(counted).sum().alias(f"{prefix}idle_ns"),
+        g.filter(counted & pl.col(host)).sum().alias(f"{prefix}host_wait_ns"),
+        g.filter(counted & short).sum().alias(f"{prefix}kernel_wait_ns"),
+        g.filter(counted & ~pl.col(host) & ~short).sum().alias(f"{prefix}other_ns"),
+        pl.col("comm").filter(counted).sum().alias(f"{prefix}comm_wait_ns"),
+        counted.sum().cast(pl.Int64).alias(f"{prefix}gaps"),
+    ]
+
+
 def _gaps(rows: pl.DataFrame, kernel_wait_ns: float, union: pl.DataFrame | None) -> pl.DataFrame:
-    """The gaps of rows whose end_ns is their stream's reach (`StreamCarry(reach=True)`)."""
-    prev_end = pl.col("end_ns").shift(1).over(STREAM)
-    gap = pl.col("ts_ns") - prev_end
-    host = pl.col("launch_ts_ns").is_not_null() & (pl.col("launch_ts_ns") > prev_end)
-    g = rows.with_columns(gap=gap, host=host, prev_end=prev_end).filter(~pl.col("carried"))  # every stream a row
+    """A window's gaps (rows with their stream's reach: `StreamCarry(reach=True)`), summed per stream
+    both ways (`idle`): from the previous activity's end, negative ones included (HTA's), and from
+    the stream's reach (its union); and the stream's longest overlap so far."""
+    prev_end, prev_reach = pl.col("end_ns").shift(1).over(STREAM), pl.col("reach_ns").shift(1).over(STREAM)
+    launched_after = lambda t: pl.col("launch_ts_ns").is_not_null() & (pl.col("launch_ts_ns") > t)
+    g = rows.with_columns(
+        gap=pl.col("ts_ns") - prev_end,
+        host=launched_after(prev_end),
+        u_gap=pl.col("ts_ns") - prev_reach,
+        u_host=launched_after(prev_reach),
+        prev_reach=prev_reach,
+    ).filter(~pl.col("carried"))  # every stream a row
     if union is None:
         g = g.with_columns(comm=pl.lit(0, pl.Int64))
-    else:
-        a, b = g["prev_end"].fill_null(g["ts_ns"]), g["ts_ns"]
+    else:  # the communication during a gap of the stream's union, in either reading
+        a, b = g["prev_reach"].fill_null(g["ts_ns"]), g["ts_ns"]
         comm = _comm_before(b, g["device"], union) - _comm_before(a, g["device"], union)
-        g = g.with_columns(comm=pl.when(pl.col("gap") > 0).then(comm).otherwise(0))
-    counted = pl.col("gap") >= 0  # null: a stream's first activity; negative: it overlaps the reach
+        g = g.with_columns(comm=pl.when(pl.col("u_gap") > 0).then(comm).otherwise(0))
     return g.group_by(STREAM).agg(
-        idle_ns=pl.col("gap").filter(counted).sum(),
-        host_wait_ns=pl.col("gap").filter(counted & pl.col("host")).sum(),
-        kernel_wait_ns=pl.col("gap").filter(counted & ~pl.col("host") & (pl.col("gap") < kernel_wait_ns)).sum(),
-        other_ns=pl.col("gap").filter(counted & ~pl.col("host") & (pl.col("gap") >= kernel_wait_ns)).sum(),
-        comm_wait_ns=pl.col("comm").filter(counted).sum(),
-        gaps=counted.sum().cast(pl.Int64),
+        *_sums("gap", "host", pl.col("gap").is_not_null(), kernel_wait_ns, ""),
+        *_sums("u_gap", "u_host", pl.col("u_gap") >= 0, kernel_wait_ns, "u_"),
+        overlap_ns=(-pl.col("u_gap")).max(),
     )
 
 
@@ -97,9 +119,15 @@ def idle(flat, kernel_wait_us: float = KERNEL_WAIT_US) -> pl.DataFrame:
     f: Flat = as_flat(flat)
     carry, total = StreamCarry(1, reach=True), None
     union = comm_union(f) if f.has_gpu else None
+    both = [*SUMS, *(f"u_{c}" for c in SUMS)]
     for rows in activity_windows(f, ["launch_ts_ns"], WORK):  # a stream's event waits are idle time
         gaps = _gaps(carry.prepend(rows), kernel_wait_us * 1e3, union)
-        total = fold(total, gaps, STREAM, [pl.col(SUMS).sum()])
+        total = fold(total, gaps, STREAM, [pl.col(both).sum(), pl.col("overlap_ns").max()])
+    if total is not None:  # a stream whose activities run at once counts their union
+        concurrent = pl.col("overlap_ns").fill_null(0) > CONCURRENT_US * 1e3
+        total = total.with_columns(
+            pl.when(concurrent).then(pl.col(f"u_{c}")).otherwise(pl.col(c)).alias(c) for c in SUMS
+        )
     if total is None:
         return pl.DataFrame(
             schema={
