@@ -244,6 +244,18 @@ def test_idle_equals_holistic_trace_analysis(shared_traces, tmp_path):
     assert got[40]["host_wait_us"] == pytest.approx(583924.26, abs=0.05)
 
 
+def _one_stream(tmp_path, spans):
+    """The flattened trace of kernels at these (start, end) µs on device 0, stream 7."""
+    ev = [
+        {"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": a, "dur": b - a}
+        | {"args": {"device": 0, "stream": 7}}
+        for i, (a, b) in enumerate(spans)
+    ]
+    path = tmp_path / "stream.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    return flatten(path, tmp_path / "flat").out_dir
+
+
 @pytest.mark.parametrize("per_window", [1000, 2])
 def test_idle_of_overlapping_activities_is_their_unions(tmp_path, monkeypatch, per_window):
     """Activities that overlap on one stream (HCCL's tasks on Ascend) follow no gap: idle is the
@@ -252,14 +264,7 @@ def test_idle_of_overlapping_activities_is_their_unions(tmp_path, monkeypatch, p
 
     monkeypatch.setattr(gpu_order, "PER_WINDOW", per_window)
     spans = [(0, 100), (10, 20), (30, 40), (150, 160), (155, 200), (170, 180), (230, 240)]  # union gaps 50, 30
-    ev = [
-        {"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": a, "dur": b - a}
-        | {"args": {"device": 0, "stream": 7}}
-        for i, (a, b) in enumerate(spans)
-    ]
-    path = tmp_path / "overlap.json"
-    path.write_text(json.dumps({"traceEvents": ev}))
-    flat = flatten(path, tmp_path / "flat").out_dir
+    flat = _one_stream(tmp_path, spans)
     r = rp.idle(flat).row(0, named=True)
     assert r["idle_us"] == pytest.approx(80) and r["other_us"] == pytest.approx(80) and r["kernel_wait_us"] == 0
     assert r["gaps"] == 2  # the activities inside another's span follow no gap
@@ -389,13 +394,5 @@ def test_comm_wait_follows_each_kernels_category_not_its_name_alone(tmp_path):
 def test_idle_of_kernels_overlapping_by_the_clock_s_jitter_is_hta_s(tmp_path):
     """Consecutive kernels of a stream that overlap by a few µs (the clock's jitter: 1-13 µs on the
     shared V100 and H100 traces) give a negative gap summed as HTA sums it, not their union."""
-    spans = [(0, 100), (98, 150), (200, 210)]  # gaps -2 and 50
-    ev = [
-        {"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": a, "dur": b - a}
-        | {"args": {"device": 0, "stream": 7}}
-        for i, (a, b) in enumerate(spans)
-    ]
-    path = tmp_path / "jitter.json"
-    path.write_text(json.dumps({"traceEvents": ev}))
-    r = rp.idle(flatten(path, tmp_path / "flat").out_dir).row(0, named=True)
+    r = rp.idle(_one_stream(tmp_path, [(0, 100), (98, 150), (200, 210)])).row(0, named=True)  # gaps -2, 50
     assert (r["idle_us"], r["kernel_wait_us"], r["other_us"], r["gaps"]) == (48.0, -2.0, 50.0, 2)
