@@ -530,3 +530,42 @@ def test_a_corrupt_stream_is_reported_in_the_decompressors_words(inflate):
     got, problem = reader.read_some(reader.GzipStream(io.BytesIO(broken)), 2 * len(data))  # on to the trailer
     assert data.startswith(got[:1000]) and problem.startswith("corrupt compressed data (")
     assert problem not in ("corrupt compressed data (error)", "corrupt compressed data ()") and "\n" not in problem
+
+
+def _events_text(n: int) -> str:
+    """n kernel-launch-like events whose args hold lists (a `]` followed by `, "` in each) and
+    non-ASCII names: each such `]` is a candidate end of traceEvents that `split_tail` must refuse."""
+    return ", ".join(
+        json.dumps({"ph": "X", "name": f"opé€{i}", "ts": i, "args": {"Input Dims": [[i, 2]], "Input type": ["f"]}})
+        for i in range(n)
+    )
+
+
+def test_the_end_of_trace_events_is_found_among_many_false_candidates():
+    """A tail buffer well beyond `document._PROBE_BYTES` with thousands of `]`s inside events' args:
+    the metadata after traceEvents (non-ASCII, a NaN as torch writes it) is found; the same buffer
+    cut inside an event is truncated (None)."""
+    from pipeline.read.document import _PROBE_BYTES, split_tail
+
+    events = _events_text(3000)
+    assert len(events) > 2 * _PROBE_BYTES
+    tail = f'{events}], "distributedInfo": {{"backend": "nccl", "名": NaN}}, "x": [1]}}\n'.encode()
+    got = split_tail(tail, bare_list=False)
+    assert got is not None and got[0] == events.encode()
+    assert got[1]["x"] == [1] and got[1]["distributedInfo"]["backend"] == "nccl"
+    assert got[1]["distributedInfo"]["名"] != got[1]["distributedInfo"]["名"]  # NaN
+    assert split_tail(tail[: len(events) // 2], bare_list=False) is None
+    assert split_tail(events.encode() + b"}", bare_list=False) is None  # ends in a `}`: still cut
+
+
+def test_metadata_with_non_finite_floats_after_non_ascii_text():
+    """orjson counts its error position in characters: the NaN/-Infinity fallback finds the token in
+    the bytes after non-ASCII text too, and other errors still raise."""
+    import orjson
+
+    from pipeline.read.document import loads_metadata
+
+    assert loads_metadata('{"é€": "ü", "a": -Infinity}'.encode()) == {"é€": "ü", "a": float("-inf")}
+    assert loads_metadata(memoryview(b'{"a": NaN}'))["a"] != 0
+    with pytest.raises(orjson.JSONDecodeError):
+        loads_metadata('{"é": 1}, {"b": NaN}'.encode())

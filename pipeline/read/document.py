@@ -85,14 +85,28 @@ def _find_events_array(buf: bytes | bytearray) -> tuple[str, int, int] | None:
     return None
 
 
-def loads_metadata(text: bytes):
+_NON_FINITE = re.compile(rb"-?(?:NaN|Infinity)")
+
+
+def _byte_pos(text: bytes | memoryview, pos: int) -> int:
+    """The byte offset in UTF-8 `text` of orjson's error position `pos`, which counts characters."""
+    head = bytes(text[: 4 * pos + 4])  # pos characters take at most 4 * pos bytes
+    return pos if head.isascii() else len(head.decode("utf-8", "ignore")[:pos].encode())
+
+
+def loads_metadata(text: bytes | memoryview):
     """Top-level metadata text parsed: strict JSON, or as Python's json reads it (NaN, Infinity),
-    which is how torch writes a trace whose metadata holds such floats."""
+    which is how torch writes a trace whose metadata holds such floats. Python's json is tried only
+    when strict parsing stopped at such a float (orjson's error position: at the token, or after
+    its sign): looking for one anywhere in the text made each failed candidate of `split_tail` cost
+    the whole rest of the buffer."""
     try:
         return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        if b"NaN" not in text and b"Infinity" not in text:
+    except orjson.JSONDecodeError as e:
+        at = _byte_pos(text, e.pos)
+        if not (_NON_FINITE.match(text, at) or (at and _NON_FINITE.match(text, at - 1))):
             raise
+    text = bytes(text)
     try:
         return json.loads(text)
     except (ValueError, RecursionError):
@@ -149,6 +163,28 @@ def read_header(stream) -> tuple[Header, str | None]:
     raise BadTrace("valid JSON but not a trace: no traceEvents list")
 
 
+_PROBE_BYTES = 1 << 16
+
+
+def _closes_early(text: memoryview) -> bool:
+    """Whether the JSON value `text` begins with is complete before the text ends, as its first
+    _PROBE_BYTES show: parsed, they stop at some position, and the bytes before it parse whole. Then
+    the whole text is that value and more, not a document's last value. Parsing the whole rest for
+    every `]` of a truncated trace's last chunk (orjson reads all of it first) took minutes."""
+    if len(text) <= _PROBE_BYTES:
+        return False
+    probe = text[:_PROBE_BYTES]
+    try:
+        orjson.loads(probe)
+    except orjson.JSONDecodeError as e:
+        try:
+            orjson.loads(probe[: _byte_pos(probe, e.pos)])
+        except orjson.JSONDecodeError:
+            return False
+        return True
+    return False
+
+
 def split_tail(buf: bytes, bare_list: bool) -> tuple[bytes, dict] | None:
     """Find where traceEvents closes in the last bytes of a document.
 
@@ -157,6 +193,7 @@ def split_tail(buf: bytes, bare_list: bool) -> tuple[bytes, dict] | None:
     before it is followed by more events, which is not a valid document tail.
     """
     mv = memoryview(buf)
+    work: bytearray | None = None  # buf, where a candidate's metadata object gets its `{` in place
     for strict in (True, False):
         for m in re.finditer(rb"\]", buf):
             p = m.start()
@@ -173,11 +210,18 @@ def split_tail(buf: bytes, bare_list: bool) -> tuple[bytes, dict] | None:
             if _CLOSE_DOC.match(buf, p + 1):
                 return bytes(mv[:p]), {}
             mk = _MORE_KEYS.match(buf, p + 1)
-            if mk:
+            if mk:  # `{` over the byte before the key's quote: no copy of the rest per candidate
+                work = bytearray(buf) if work is None else work
+                at = mk.end() - 2
+                was, work[at] = work[at], ord("{")
                 try:
-                    meta = loads_metadata(b"{" + bytes(mv[mk.end() - 1 :]))
+                    if _closes_early(memoryview(work)[at:]):
+                        continue  # an object of the events (args around a `]`), not the metadata
+                    meta = loads_metadata(memoryview(work)[at:])
                 except orjson.JSONDecodeError:
                     continue
+                finally:
+                    work[at] = was
                 if isinstance(meta, dict):
                     return bytes(mv[:p]), meta
     return None
