@@ -81,15 +81,18 @@ def atomic_file(final: Path):
 
 @contextmanager
 def output_of(target: str | Path, made: Path | None = None):
-    """Within: an OSError (a full disk, a permission) is an OutputError naming `target`, and the
-    directory `made` is removed again if this block created it and left it empty."""
+    """Within: an OSError (a full disk, a permission) is an OutputError naming `target`; whatever
+    fails (a bad input included), the directory `made` is removed again if this block created it
+    and left it empty."""
     made = None if made is None or Path(made).exists() else Path(made)
     try:
         yield
-    except OSError as e:
+    except BaseException as e:
         if made is not None:
             _remove_empty_dirs(made)
-        raise output_error(target, e) from None
+        if isinstance(e, OSError):
+            raise output_error(target, e) from None
+        raise
 
 
 def _remove_empty_dirs(top: Path):

@@ -182,6 +182,22 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     assert shm() == before
 
 
+def test_bad_input_leaves_no_output_folder(tmp_path):
+    """A file that is no trace is one line, exit 2, and the -o folder flatten would have made is not
+    left behind empty; a folder that was there before stays."""
+    (tmp_path / "bad.json.gz").write_bytes(b"not gzip")
+    (tmp_path / "notrace.json").write_text('{"a": 1}')
+    for name in ("bad.json.gz", "notrace.json"):
+        out = tmp_path / f"out-{name}"
+        p = cli("flatten", tmp_path / name, "-o", out)
+        assert one_line(p, 2) and name in p.stderr, p.stderr
+        assert not out.exists(), name
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert one_line(cli("flatten", tmp_path / "notrace.json", "-o", kept), 2)
+    assert kept.is_dir() and not any(kept.iterdir())
+
+
 # ------------------------------------------------------------------ the end of a document
 def test_a_document_cut_after_the_events_is_truncated(tmp_path):
     events = synth.make_trace(n_steps=1)["traceEvents"]
