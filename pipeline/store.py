@@ -57,6 +57,14 @@ def _dictionary_columns(name: str, stages) -> list[str]:
 _DICTIONARY = pa.dictionary(pa.int32(), pa.string())
 
 
+def delta_columns(arrow_schema: pa.Schema, dictionary: list[str]) -> dict[str, str]:
+    """DELTA_BINARY_PACKED for the integer columns not dictionary-encoded: event indexes, times,
+    ids and correlations mostly grow by small steps, which it stores in a few bits each."""
+    return {
+        f.name: "DELTA_BINARY_PACKED" for f in arrow_schema if pa.types.is_integer(f.type) and f.name not in dictionary
+    }
+
+
 class TableWriter:
     """Append tables of one kind to a Parquet file, conforming to its schema, in large row groups.
 
@@ -79,6 +87,7 @@ class TableWriter:
             str(path),
             self._schema,
             use_dictionary=encoded,
+            column_encoding=delta_columns(self._schema, encoded),
             **PARQUET_OPTIONS,
             **({"store_schema": False} if dictionaries else {}),
         )

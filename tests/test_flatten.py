@@ -33,6 +33,28 @@ def problems(t) -> dict:
     return json.loads(t["trace"].column("problems_json")[0].as_py())
 
 
+# ------------------------------------------------------------------ Parquet encodings
+def test_integer_columns_are_delta_encoded_and_read_alike(tmp_path):
+    """event_idx, times and ids are DELTA_BINARY_PACKED (a few bits per row where they grow by small
+    steps), the `dict` columns dictionary-encoded; pyarrow, polars and DuckDB read the same values."""
+    import polars as pl
+
+    r, t = flat(synth.make_trace(n_steps=3), tmp_path)
+    path = r.out_dir / "events.parquet"
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    for column in ("event_idx", "ts_ns", "dur_ns", "correlation", "external_id", "pid", "tid"):
+        assert "DELTA_BINARY_PACKED" in encodings[column], (column, encodings[column])
+    assert "RLE_DICTIONARY" in encodings["name"] and "DELTA_BINARY_PACKED" not in encodings["name"]
+    ints = ["event_idx", "ts_ns", "dur_ns", "correlation"]
+    by_arrow = pl.from_arrow(t["events"].select(ints))
+    assert by_arrow["event_idx"].to_list() == list(range(t["events"].num_rows))
+    assert by_arrow.equals(pl.read_parquet(path, columns=ints))
+    duckdb = pytest.importorskip("duckdb")
+    by_duckdb = duckdb.sql(f"SELECT {', '.join(ints)} FROM '{path}' ORDER BY event_idx").pl()
+    assert by_arrow.equals(by_duckdb)
+
+
 # ------------------------------------------------------------------ events
 @pytest.mark.parametrize("layout", ["new", "old", "oldest", "2021"])
 def test_events_rows_and_event_idx(tmp_path, layout):

@@ -44,7 +44,11 @@ class PartWriter:
         self.paths = {name: stage / f"{name}.parquet" for name in TABLES}
         self._writers = {
             name: pq.ParquetWriter(
-                str(path), part_schema(name), use_dictionary=dictionary_columns(name), **store.PARQUET_OPTIONS
+                str(path),
+                part_schema(name),
+                use_dictionary=dictionary_columns(name),
+                column_encoding=store.delta_columns(part_schema(name), dictionary_columns(name)),
+                **store.PARQUET_OPTIONS,
             )
             for name, path in self.paths.items()
         }
