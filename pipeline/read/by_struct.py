@@ -246,14 +246,18 @@ def extra_json_of_struct_keys(extras: dict, n: int) -> pa.Array | None:
     a plain string or null (another writer could write it otherwise)."""
     out = None
     for key, raw in extras.items():
-        present = pc.not_equal(raw, "")
+        # a key's values are few (`"e"`): checked and wrapped once per distinct value
+        coded = pc.dictionary_encode(raw)
+        values = coded.dictionary
+        present = pc.not_equal(values, "")
         if not pc.any(present).as_py():
             continue
-        if not pc.all(pc.match_substring_regex(raw.filter(present), _PLAIN_JSON_VALUE)).as_py():
+        if not pc.all(pc.match_substring_regex(values.filter(present), _PLAIN_JSON_VALUE)).as_py():
             return None
-        text = pc.if_else(
-            present, pc.binary_join_element_wise(f'{{"{key}":', raw, "}", ""), pa.scalar(None, pa.string())
+        wrapped = pc.if_else(
+            present, pc.binary_join_element_wise(f'{{"{key}":', values, "}", ""), pa.scalar(None, pa.string())
         )
+        text = wrapped.take(coded.indices)
         if out is not None and pc.any(pc.and_(pc.is_valid(out), pc.is_valid(text))).as_py():
             return None
         out = text if out is None else pc.coalesce(out, text)

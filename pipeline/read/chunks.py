@@ -63,10 +63,14 @@ class FileSpan:
     end: int
 
     def read(self) -> bytes:
-        out = bytearray()
+        size = self.end - self.start
         with open(self.path, "rb") as f:
-            while len(out) < self.end - self.start:
-                block = os.pread(f.fileno(), self.end - self.start - len(out), self.start + len(out))
+            block = os.pread(f.fileno(), size, self.start)
+            if len(block) == size:  # a regular file gives it all at once: no copy of it
+                return block
+            out = bytearray(block)
+            while len(out) < size:
+                block = os.pread(f.fileno(), size - len(out), self.start + len(out))
                 if not block:
                     raise ChunkParseError("the file shrank while it was being read")
                 out += block

@@ -38,11 +38,15 @@ def launch_counts(events: pa.Table, cats: set) -> Counter:
     calls = events.column("name").filter(pc.fill_null(is_call, False))
     if not len(calls):
         return counts
-    named = pc.match_substring_regex(calls, DEVICE_LAUNCH)
-    launch = pc.and_(named, pc.invert(pc.match_substring_regex(calls, NOT_DEVICE_LAUNCH)))
-    counts["launches"] += pc.sum(pc.cast(pc.fill_null(launch, False), pa.int64())).as_py() or 0
-    captures = pc.fill_null(pc.match_substring_regex(calls, CAPTURE_BEGIN), False)
-    counts["captures"] += pc.sum(pc.cast(captures, pa.int64())).as_py() or 0
+    # a chunk's calls have a few distinct names: the patterns are matched once per name
+    named = pc.value_counts(calls)
+    names, n = named.field("values"), named.field("counts")
+    launch = pc.and_(
+        pc.match_substring_regex(names, DEVICE_LAUNCH), pc.invert(pc.match_substring_regex(names, NOT_DEVICE_LAUNCH))
+    )
+    counts["launches"] += pc.sum(n.filter(pc.fill_null(launch, False))).as_py() or 0
+    captures = pc.fill_null(pc.match_substring_regex(names, CAPTURE_BEGIN), False)
+    counts["captures"] += pc.sum(n.filter(captures)).as_py() or 0
     return counts
 
 
