@@ -489,12 +489,13 @@ LINK_PARTS = 1
 LINK_SPILL = "gpu_links"  # the temporary file of pass 1 (see `enrich`)
 GRAPH_SPILL = "graph_pairs"  # graph-replayed kernels paired with captured nodes (`graphs.GraphLinks`)
 # GPU ops costed together in pass 2 (a block of the spill), one write batch each: a block is costed
-# ahead while the one before is written, and the costed rows are held until written; blocks of
-# 32K held ~20 MB more on a trace of several blocks than on one of one, at no saving in CPU time
-COST_BLOCK_ROWS = 1 << 13
-# GPU ops written together in pass 2, a row group each: the wide rows (long kernel names) are the
-# memory; row groups of 4x as many rows make the file ~25% smaller and the peak ~25 MB higher
-WRITE_BATCH_ROWS = 1 << 13
+# ahead while the one before is written, and the costed rows are held until written. Each block
+# is a chain of small polars queries: blocks of 32K rather than 8K cost 0.3-0.8 CPU-s less on
+# the 1 GB traces (0.25-0.9 s of wall), for ~10 MB more at the peak of linking (which stays
+# below reading's); 64K took 440 MB
+COST_BLOCK_ROWS = 1 << 15
+# GPU ops written together in pass 2 (the wide rows, long kernel names, are its memory)
+WRITE_BATCH_ROWS = 1 << 15
 GROUP_ROWS = 1 << 15  # rows of a row group of the rewritten gpu_ops: ~25% smaller than one per batch
 
 
@@ -629,7 +630,7 @@ def _with_op_costs(
 class BatchCoster:
     """The link and cost columns of one batch of gpu_ops rows (`store.write_extended`'s `extend`),
     in order: link columns, op costs and categories from the spill of pass 1, kernel costs from
-    `kernel_costs`, COST_BLOCK_ROWS of the spill at a time (the write batches are smaller: their
+    `kernel_costs`, COST_BLOCK_ROWS of the spill at a time (the write batches as many: their
     wide rows are the memory of pass 2). Blocks are costed one ahead in a thread of their own
     (`store.one_ahead`), beside the thread reading gpu_ops and the one writing it."""
 
