@@ -1,7 +1,7 @@
 """make bench: flatten speed and memory against orjson.loads, a bare ijson pass and a bare SIMD
 JSON parse, in one run.
 
-    python bench/bench.py [--sizes 1000,2000] [--gz] [--template TRACE] [--workdir DIR] [--no-duckdb]
+    python bench/bench.py [--sizes 1000,2000] [--gz] [--template TRACE] [--workdir DIR] [--no-duckdb] [--pairs N]
 
 For each size (MB) it writes a large trace (from a realistic synthetic template, or by
 replicating the events of --template, a real trace), then measures, each in a fresh process:
@@ -11,7 +11,8 @@ nothing; the time inside the process, the fastest of three, as `check.py limit` 
 `tracepipe flatten` (wall time and peak memory of all its processes, summed PSS), and
 link+cost+analyze on the flattened directory; for the first size also DuckDB's `read_json` of
 the events into Parquet (what a data engineer would try first; unlinked, the args kept as JSON).
-Everything is reported as ratios measured in the same run.
+Everything is reported as ratios measured in the same run; the ratio to simdjson also as the
+median of `--pairs` alternating runs of both (the host's speed can swing between minutes).
 """
 
 from __future__ import annotations
@@ -148,6 +149,26 @@ def simdjson_seconds(path: Path, runs: int = 3) -> float:
         return min(float(measure([sys.executable, "-c", code])[2]) for _ in range(runs))
     except SystemExit:  # no pysimdjson (pip install pysimdjson)
         return float("nan")
+
+
+def paired_simdjson(path: Path, work: Path, pairs: int) -> str:
+    """flatten against a bare pysimdjson parse, `pairs` times alternately (one parse, then one
+    flatten): on a host whose speed swings between minutes, the ratio of two runs side by side is
+    steadier than the ratio of a fastest-of-three parse to one flatten. The median and the range."""
+    out = work / "flat"
+    ratios = []
+    for _ in range(pairs):
+        t_simd = simdjson_seconds(path, runs=1)
+        shutil.rmtree(out, ignore_errors=True)
+        t_flat = measure([sys.executable, "-m", "pipeline", "flatten", str(path), "-o", str(out), "-q"])[0]
+        ratios.append(t_flat / t_simd)
+    if not ratios or any(math.isnan(r) for r in ratios):
+        return "paired: no pysimdjson (pip install pysimdjson)" if ratios else "paired: --pairs 0"
+    ratios.sort()
+    return (
+        f"paired: flatten / a bare simdjson parse, {pairs} alternating pairs: median {ratios[len(ratios) // 2]:.2f}x "
+        f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}x)"
+    )
 
 
 def duckdb_run(path: Path, work: Path) -> tuple[float, float]:
@@ -338,6 +359,9 @@ def main():
     ap.add_argument(
         "--no-duckdb", action="store_true", help="skip DuckDB's read_json (it holds ~7x the first size in memory)"
     )
+    ap.add_argument(
+        "--pairs", type=int, default=3, help="flatten and simdjson alternated this many times on the first size"
+    )
     ap.add_argument("--batch-only", action="store_true", help="only measure batch throughput")
     ap.add_argument("--sections-only", type=Path, help="only time each analysis section on this flattened trace")
     ap.add_argument("--html-only", type=Path, help="only measure the html page of this flattened trace")
@@ -378,6 +402,8 @@ def main():
             sections = bench_sections(next((work / "flat").iterdir()), work, measure)
             page = bench_html(next((work / "flat").iterdir()), work, measure)
             cut = bench_slice(path, work, rows[-1]["flatten_s"], rows[-1]["flatten_MB"])
+            paired = paired_simdjson(path, work, a.pairs)
+            print(paired, file=sys.stderr)
         if a.gz and i == 0:
             gz = path.with_suffix(".json.gz")
             if not gz.exists():
@@ -396,6 +422,7 @@ def main():
         gz = [r for r in rows if r["file"].endswith(".gz")]
         if gz:
             print(f"gzip: {gz[0]['flatten_s'] / rows[0]['flatten_s']:.2f}x the uncompressed time")
+    print(paired)
     print(sections)
     print(page)
     print(cut)
