@@ -336,13 +336,15 @@ struct Times {
   bool has_float = false, all_int_fit = true, all_exact = true, all_small = true, all_below_text_max = true;
   bool ints_exact_as_float = true;
   int64_t n_present = 0;
+  bool takes_strings = false;  // decimal strings (torch_npu's ts), as timestamps.ns_column_of_strings
+  int64_t n_strings = 0, n_numbers = 0;
   void clear() {
     exact.clear();
     us.clear();
     valid.clear();
     has_float = false;
     all_int_fit = all_exact = all_small = all_below_text_max = ints_exact_as_float = true;
-    n_present = 0;
+    n_present = n_strings = n_numbers = 0;
   }
   void push(ondemand::value v, int64_t i) {
     auto t = v.type().value();
@@ -351,7 +353,12 @@ struct Times {
       push_null(i);
       return;
     }
-    if (t != ondemand::json_type::number) throw Bail{};  // a string ts (torch_npu): the Python builders
+    if (t == ondemand::json_type::string && takes_strings) {
+      push_string(v, i);
+      return;
+    }
+    if (t != ondemand::json_type::number) throw Bail{};
+    ++n_numbers;
     Number n = number_of(v);
     int64_t ns = 0;
     if (n.is_int) {
@@ -374,9 +381,27 @@ struct Times {
     us.push_back(0);
     valid.push(false, i);
   }
+  // `"ts": "1736405443863674.400"`: exact ns from the string's digits (half to even below a ns),
+  // never through a float; anything but -?digits[.digits] below 9.2e15 µs is the Python builders'
+  void push_string(ondemand::value v, int64_t i) {
+    std::string_view text = v.get_string().value();  // the string's value, as Python reads it
+    int64_t ns = 0;
+    if (!exact_ns(text, ns)) throw Bail{};
+    double d = std::strtod(std::string(text).c_str(), nullptr);  // the Python route's float cast
+    if (!(std::fabs(d) < EXACT_TEXT_MAX_US)) throw Bail{};
+    exact.push_back(ns);
+    us.push_back(d);
+    valid.push(true, i);
+    ++n_present;
+    ++n_strings;
+  }
   // the ns column, or Bail. `ts_keys`: how many `"ts":` keys the chunk text holds (the exact-text
   // route pairs them with the timestamps; -1: not for this column)
   void settle(int64_t ts_keys) {
+    if (n_strings) {  // strings only (and nulls): exact already; beside numbers, the Python builders
+      if (n_numbers) throw Bail{};
+      return;
+    }
     if (!has_float) {
       if (!all_int_fit) throw Bail{};
       return;
@@ -433,6 +458,7 @@ struct Chunk {
     for (StrCol *c : {&ph, &cat, &name, &args, &bp, &s}) c->clear();
     for (IdOrStr *c : {&pid, &tid, &id}) c->clear();
     ts.clear();
+    ts.takes_strings = true;
     dur.clear();
     correlation.clear();
     external_id.clear();
@@ -817,7 +843,8 @@ PyObject *build(PyObject *, PyObject *arg) {
               set(d, "id_str", str_col(c.id.strs)) || set(d, "ts_ns", ns_col(c.ts)) || set(d, "dur_ns", ns_col(c.dur)) ||
               set(d, "correlation", int_col(c.correlation.v, c.correlation.valid)) ||
               set(d, "external_id", int_col(c.external_id.v, c.external_id.valid)) ||
-              set(d, "args_json", str_col(c.args)) || set(d, "gpu_bad", bytes_of(c.gpu_bad.data(), c.gpu_bad.size()));
+              set(d, "args_json", str_col(c.args)) || set(d, "gpu_bad", bytes_of(c.gpu_bad.data(), c.gpu_bad.size())) ||
+              set(d, "ts_strings", PyLong_FromLongLong(c.ts.n_strings));
   if (!fail && c.any_bp) fail = set(d, "bp", str_col(c.bp));
   if (!fail && c.any_s) fail = set(d, "s", str_col(c.s));
   if (!fail) {

@@ -96,6 +96,8 @@ def tables_by_native(text: bytes) -> ChunkTables | None:
         return None  # a GPU event's args of another shape: the struct builder decides
     rows = pa.array(gpu_rows, pa.int64())
     problems = Problems()
+    if out["ts_strings"]:  # torch_npu's decimal strings, as `timestamps.ts_column` counts them
+        problems.coerced["ts_string_to_number"] += out["ts_strings"]
     gpu_table, device_ids, task_pids = gpu_ops_of(
         gpu_rows,
         ev_table.column("cat").take(rows).to_pylist(),
