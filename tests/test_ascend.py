@@ -383,3 +383,47 @@ def test_hccl_streams_idle_cause_and_device_name(shared_traces, tmp_path):
     cov = {r["cause"]: r for r in s["coverage"].iter_rows(named=True)}
     assert cov["library_task"]["remedy"] is None and cov["library_task"]["pct"] == pytest.approx(93.74, abs=0.01)
     assert s["devices"]["name"].to_list() == ["Ascend NPU"]
+
+
+def test_host_ops_of_many_collectives_in_bounded_memory(tmp_path):
+    """The op of each HCCL collective (the innermost non-API CPU op around the start of the flow from
+    its host op): right where ops nest, and found by binary search: a join of every flow start
+    with every op of its thread took 3 GB for 480 collectives of a 200 MB trace. 2,000 collectives
+    on a thread of 100,000 ops here: the join would hold 200 M rows (~10 GB)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    n_ops, n_small = 2_000, 100_000
+    code = textwrap.dedent(
+        f"""
+        import resource, polars as pl
+        from pathlib import Path
+        from pipeline.runs.collectives import _host_ops
+        d = Path({str(tmp_path)!r})
+        n, small = {n_ops}, {n_small}
+        us = 1_000
+        cpu = [(1, 1, "c10d::allreduce_", k * 100 * us, 50 * us) for k in range(n)]
+        cpu += [(1, 1, "aten::add", k * 100 * us + 10 * us, 5 * us) for k in range(n)]  # inner, starts first
+        cpu += [(1, 1, "HcclAllreduce", k * 100 * us + 12 * us, 1 * us) for k in range(n)]  # an API call
+        step = 100 * n * us // small  # small ops, never at a flow start
+        cpu += [(1, 1, "aten::mul", 60 * us + k * step + 1, 1) for k in range(small)]
+        ev = pl.DataFrame(cpu, schema=["pid", "tid", "name", "ts_ns", "dur_ns"], orient="row")
+        ev = ev.with_columns(cat=pl.lit("cpu_op"), event_idx=pl.int_range(pl.len(), dtype=pl.Int64))
+        ev.write_parquet(d / "events.parquet")
+        t = [k * 100 * us + 12 * us for k in range(n)]
+        flows = pl.DataFrame({{
+            "cat": ["async_npu"] * (2 * n), "ph": ["s"] * n + ["f"] * n, "id": list(range(n)) * 2,
+            "pid": [1] * n + [2] * n, "tid": [1] * n + [7] * n, "ts_ns": t + [x + 30 * us for x in t],
+        }})
+        flows.write_parquet(d / "flows.parquet")
+        ops = pl.DataFrame({{"event_idx": list(range(10**6, 10**6 + n)), "pid": [2] * n, "tid": [7] * n,
+                            "ts_ns": [x + 30 * us for x in t]}})
+        got = _host_ops(d, ops)
+        assert got.height == n and set(got["op_name"]) == {{"aten::add"}}, got
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+        """
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert int(p.stdout.strip()) < 600, f"peak RSS {p.stdout.strip()} MB"
