@@ -309,48 +309,35 @@ def test_declines_what_it_does_not_cover(text):
     assert by_native.tables_by_native(text) is None
 
 
-def test_string_timestamps_as_the_python_builders_read_them(monkeypatch):
-    """torch_npu's decimal-string timestamps (`"ts": "1736405443863674.400"`): the same ns (half to
-    even below a ns, never through a float) and the same count of strings read as numbers as the
-    Python builders give; nulls beside them stay null."""
-    texts = ["1736405443863674.400", "1736405443863674.4005", "1736405443863674.4015", "-3.0005", "17", None]
+@pytest.mark.parametrize(
+    "ts, expected",
+    [
+        (
+            [b"1739425750467006.123", b"1739425750467006.1235", b"1739425750467006.1245", b"-3.0005", b"17"],
+            [1739425750467006123, 1739425750467006124, 1739425750467006124, -3000, 17000],
+        ),
+        (  # torch_npu's decimal strings; nulls beside them stay null
+            [b'"1736405443863674.400"', b'"1736405443863674.4005"', b'"1736405443863674.4015"', b'"-3.0005"', None],
+            [1736405443863674400, 1736405443863674400, 1736405443863674402, -3000, None],
+        ),
+    ],
+    ids=["numbers", "strings"],
+)
+def test_timestamps_exact_to_the_ns_from_the_text(ts, expected, monkeypatch):
+    """Epoch µs with more decimals than a float64 holds, as numbers or as torch_npu's decimal
+    strings: the ns of the text (half to even below a ns), never through the float, and the strings
+    counted as `ts_string_to_number`, as the Python builders read and count them."""
     text = b",".join(
-        b'{"ph": "X", "name": "a", "pid": 1, "tid": 1, "dur": 1%s}' % (b', "ts": "%s"' % t.encode() if t else b"")
-        for t in texts
+        b'{"ph": "X", "name": "a", "pid": 1, "tid": 1, "dur": 1%s}' % (b', "ts": ' + t if t else b"") for t in ts
     )
     native = by_native.tables_by_native(text)
     assert native is not None
-    assert native.events.column("ts_ns").to_pylist() == [
-        1736405443863674400,
-        1736405443863674400,
-        1736405443863674402,
-        -3000,
-        17000,
-        None,
-    ]
-    assert native.problems.coerced["ts_string_to_number"] == 5
+    assert native.events.column("ts_ns").to_pylist() == expected
+    assert native.problems.coerced["ts_string_to_number"] == sum(t is not None and t[:1] == b'"' for t in ts)
     monkeypatch.setenv("TRACEPIPE_NATIVE", "0")
     python = decode.build_from_text(text)
     assert python.events.equals(native.events.select(python.events.column_names))
     assert python.problems.coerced == native.problems.coerced
-
-
-def test_timestamps_exact_to_the_ns_from_the_text(monkeypatch):
-    """Epoch µs with more decimals than a float64 holds: the ns of the text (half to even below a
-    ns), as the Python builders read them, never through the float."""
-    texts = [b"1739425750467006.123", b"1739425750467006.1235", b"1739425750467006.1245", b"-3.0005", b"17"]
-    text = b",".join(b'{"ph": "X", "ts": %s, "dur": 1}' % t for t in texts)
-    t = by_native.tables_by_native(text)
-    assert t is not None
-    assert t.events.column("ts_ns").to_pylist() == [
-        1739425750467006123,
-        1739425750467006124,
-        1739425750467006124,
-        -3000,
-        17000,
-    ]
-    monkeypatch.setenv("TRACEPIPE_NATIVE", "0")
-    assert decode.build_from_text(text).events.column("ts_ns").to_pylist() == t.events.column("ts_ns").to_pylist()
 
 
 def test_float_times_below_a_ns_are_taken_as_the_python_builders_read_them(monkeypatch):
