@@ -17,6 +17,12 @@ if str(TESTS) not in sys.path:  # `import fuzz` from any test module
     sys.path.insert(0, str(TESTS))
 
 
+# peak RSS (bytes) of the process running this line, for memory tests' subprocess scripts: its own
+# high-water mark (VmHWM). Not getrusage's ru_maxrss: a child spawned with vfork + exec inherits its
+# parent's peak in it, so under a pytest worker of 700 MB every child "peaked" at 700 MB (CI failed).
+PEAK_RSS = "int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) * 1024"
+
+
 def run_cli(args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """`python -m pipeline ARGS` in a subprocess, text output captured, no debug tracebacks."""
     env = {k: v for k, v in os.environ.items() if k != "TRACEPIPE_DEBUG"}

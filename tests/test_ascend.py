@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from conftest import PEAK_RSS
 from pipeline import kineto
 from pipeline.flatten import flatten
 from pipeline.read.rank import rank_of
@@ -397,7 +398,7 @@ def test_host_ops_of_many_collectives_in_bounded_memory(tmp_path):
     n_ops, n_small = 2_000, 100_000
     code = textwrap.dedent(
         f"""
-        import resource, polars as pl
+        import polars as pl
         from pathlib import Path
         from pipeline.runs.collectives import _host_ops
         d = Path({str(tmp_path)!r})
@@ -421,7 +422,7 @@ def test_host_ops_of_many_collectives_in_bounded_memory(tmp_path):
                             "ts_ns": [x + 30 * us for x in t]}})
         got = _host_ops(d, ops)
         assert got.height == n and set(got["op_name"]) == {{"aten::add"}}, got
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+        print(({PEAK_RSS}) >> 20)
         """
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline
-from conftest import run_cli
+from conftest import PEAK_RSS, run_cli
 from pipeline import synthetic as synth
 from pipeline.flatten import flatten
 from pipeline.schema import TABLES
@@ -486,12 +486,12 @@ def test_parallel_equals_serial(tmp_path, gz):
 
 
 # ------------------------------------------------------------------ memory
-MEM_SCRIPT = """
-import resource, sys, os
+MEM_SCRIPT = f"""
+import sys, os
 from pipeline.flatten import flatten
 import pyarrow.parquet as pq
 big, mid, small, out, n = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+rss = lambda: {PEAK_RSS}
 flatten(small, out + "_small", link=False, workers=1)  # lazy imports and allocator set-up: not growth
 base = rss()
 flatten(mid, out + "_mid", link=False, workers=1)  # the working set of a trace 2/5 the size
