@@ -37,9 +37,11 @@ from pipeline.read.tame import BAD_UNICODE, TOO_LARGE, scrub
 from pipeline.read.values import Problems
 from pipeline.read.workers import (
     SHARED_MEMORY,
-    ChunkSlots,
+    TABLE_FILES,
+    Slots,
     SpilledChunk,
     default_workers,
+    give_back_freed_memory,
     run_chunk,
     start_pool,
     stop_forkserver,
@@ -104,7 +106,7 @@ def flatten_into(
     Returns (trace_row dict, Problems, Tail, Chunking or None). Link and cost run afterwards over
     these files.
     With workers, chunks go to them as file positions where the file is uncompressed (they read
-    the bytes themselves) and come back as Arrow files in shared memory (see `_spill`).
+    the bytes themselves) and come back as Arrow files in shared memory (see `read.workers.Slots`).
     """
     workers = default_workers(path) if workers is None else max(1, workers)
     parallel_native = workers > 1 and native_available()  # larger chunks pay there (`NATIVE_CHUNK_BYTES`)
@@ -131,8 +133,8 @@ def flatten_into(
         for w in writers.values():
             cleanup.callback(w.abandon)  # a no-op once closed
         in_flight = 4 * workers
-        slots = ChunkSlots(spill_dir, in_flight + 1)
-        submit = (lambda piece: pool.apply_async(run_chunk, (slots.put(piece), spill_dir))) if pool else None
+        texts, tables = Slots(spill_dir, "chunk", in_flight + 1), Slots(spill_dir, "tables", in_flight + 1, TABLE_FILES)
+        submit = (lambda piece: pool.apply_async(run_chunk, (texts.put(piece), tables.take()))) if pool else None
         results: Iterator[ChunkTables | SpilledChunk] = ordered_results(  # spilled by the workers
             src.pieces(spans=pool is not None),
             build_from_text,
@@ -162,6 +164,8 @@ def flatten_into(
         behind.drain()
         for w in writers.values():
             w.close()
+        if pool:
+            give_back_freed_memory()
         problems.unmatched.update(durations.finish())
         durations.patch(tmp / "events.parquet", lambda path: store.TableWriter(path, "events"))
         if task_pids:

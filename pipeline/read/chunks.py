@@ -76,6 +76,16 @@ class FileSpan:
                 out += block
         return bytes(out)
 
+    def read_into(self, buffer) -> None:
+        """The bytes into `buffer` (writable, end - start long)."""
+        with open(self.path, "rb") as f, memoryview(buffer) as view:
+            done = 0
+            while done < len(view):
+                n = os.preadv(f.fileno(), [view[done:]], self.start + done)
+                if not n:
+                    raise ChunkParseError("the file shrank while it was being read")
+                done += n
+
 
 def text_of(piece: bytes | FileSpan) -> bytes:
     return piece.read() if isinstance(piece, FileSpan) else piece
