@@ -394,13 +394,18 @@ def _flows(src: LinkSources, gpu: pl.DataFrame, corrs: pl.Series) -> pl.DataFram
     Kineto flow's id is its launch's correlation id): Kineto writes both ends of a flow near each
     other, so they lie in the same row groups, decoded once. The read selects by the ranges of
     times and ids only, the exact ones are picked from what it returns (measured cheaper than
-    looking each row's value up while reading). `s` endpoints with other ids are read after."""
+    looking each row's value up while reading), and `f` endpoints by the ops' processes too (a
+    Kineto of May 2023, `hta/a100_old_format_rank0`, also ends ac2g flows on runtime calls such as
+    cudaEventQuery, without a start: 1.2 M of the 1.5 M ends of that trace scaled to 1 GB, each
+    read and joined for nothing; `_flows` 0.45-0.62 -> 0.36-0.44 CPU-s there). `s` endpoints with
+    other ids are read after."""
     at = gpu.select(_THREAD_TIME).drop_nulls().unique()
     link_flow = _is_launch_flow() & pl.col("id").is_not_null()
     is_end, is_start = pl.col("ph") == "f", pl.col("ph") == "s"
     found = read_where(
         src.flows,
-        link_flow & ((is_end & _in_range("ts_ns", at["ts_ns"])) | (is_start & _in_range("id", corrs))),
+        link_flow
+        & ((is_end & _in_range("ts_ns", at["ts_ns"]) & among("pid", at["pid"])) | (is_start & _in_range("id", corrs))),
         _FLOW_COLS,
     )
     ends = found.filter(is_end).join(at, on=_THREAD_TIME, how="semi")
