@@ -93,6 +93,13 @@ def _write_chunk(writers: dict, ct: ChunkTables, offset: int):
         writers[name].write(_offset(getattr(ct, name), offset))
 
 
+# Rows of each table gathered before a write while reading: the chunks' tables wait for them in
+# the main process's memory, copied out of the workers' slots (`read.workers.Slots`). With 64K
+# rows and two writes queued the 1 GB traces peaked at 424-467 MB; with 32K and one, at 389-429,
+# no slower (three alternating runs each; linking reads the smaller row groups as fast).
+READ_BUFFER_ROWS = 1 << 15
+
+
 def flatten_into(
     path: str,
     tmp: Path,
@@ -129,7 +136,10 @@ def flatten_into(
         if pool:
             cleanup.callback(stop_forkserver)
             cleanup.callback(pool.terminate)
-        writers = {n: store.TableWriter(tmp / f"{n}.parquet", n) for n in ("events", "gpu_ops", "flows")}
+        writers = {
+            n: store.TableWriter(tmp / f"{n}.parquet", n, buffer_rows=READ_BUFFER_ROWS)
+            for n in ("events", "gpu_ops", "flows")
+        }
         for w in writers.values():
             cleanup.callback(w.abandon)  # a no-op once closed
         in_flight = 4 * workers
@@ -148,7 +158,7 @@ def flatten_into(
         launches = LaunchCount()  # against the device ops: device activity lost?
         # the writes in a thread while the workers build the next chunks; not without workers: a
         # thread writing the tables the main one builds grew the heap with the trace (glibc arenas)
-        behind = cleanup.enter_context(store.WriteBehind(2 if pool else 0))  # ends before writers are abandoned
+        behind = cleanup.enter_context(store.WriteBehind(1 if pool else 0))  # ends before writers are abandoned
         for ct in map(unspill, results):
             durations.feed(ct.open_ends, offset)
             launches.add(ct.launches)
