@@ -36,13 +36,13 @@ from pipeline.read.tables import ChunkTables
 from pipeline.read.tame import BAD_UNICODE, TOO_LARGE, scrub
 from pipeline.read.values import Problems
 from pipeline.read.workers import (
-    SHARED_MEMORY,
     TABLE_FILES,
     Slots,
     SpilledChunk,
     default_workers,
     give_back_freed_memory,
     run_chunk,
+    slots_home,
     start_pool,
     stop_forkserver,
     unspill,
@@ -126,8 +126,8 @@ def flatten_into(
     cats: set = set()  # the event categories held, which tell the layout
     with ExitStack() as cleanup:  # undone in reverse, whatever happens (a full disk included)
         cleanup.callback(src.close)
-        shm = SHARED_MEMORY if os.access(SHARED_MEMORY, os.W_OK) else tmp
-        spill_dir = tempfile.mkdtemp(prefix="tracepipe-", dir=shm)
+        in_flight = 4 * workers
+        spill_dir = tempfile.mkdtemp(prefix="tracepipe-", dir=slots_home(tmp, in_flight + 1, chunk_bytes))
         cleanup.callback(shutil.rmtree, spill_dir, True)
         if gc.isenabled():
             gc.disable()
@@ -142,7 +142,6 @@ def flatten_into(
         }
         for w in writers.values():
             cleanup.callback(w.abandon)  # a no-op once closed
-        in_flight = 4 * workers
         texts, tables = Slots(spill_dir, "chunk", in_flight + 1), Slots(spill_dir, "tables", in_flight + 1, TABLE_FILES)
         submit = (lambda piece: pool.apply_async(run_chunk, (texts.put(piece), tables.take()))) if pool else None
         results: Iterator[ChunkTables | SpilledChunk] = ordered_results(  # spilled by the workers

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -483,6 +484,37 @@ def test_parallel_equals_serial(tmp_path, gz):
         assert x.equals(y), n
         assert x.to_pylist() == y.to_pylist(), n
     assert r1.problems == r2.problems == {}
+
+
+def test_a_shared_memory_without_room_puts_the_slots_on_disk(tmp_path, monkeypatch):
+    """A /dev/shm too small for the workers' slot files (Docker's is 64 MB) failed the flatten
+    with "No space left on device", named after the output directory: the slots go under the
+    output's temporary directory then, and are gone afterwards; the tables are the same."""
+    from pipeline.read import workers
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(workers, "SHARED_MEMORY", str(shm))
+    made, real_mkdtemp = [], tempfile.mkdtemp
+
+    def mkdtemp(*a, **k):
+        if k.get("prefix") == "tracepipe-":  # the slots' directory
+            made.append(k.get("dir"))
+        return real_mkdtemp(*a, **k)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    trace = synth.make_trace(n_steps=20, ops_per_step=6, gpu_devices=(0,))
+    p = synth.write_trace(trace, tmp_path / "t.json", indent=2)
+    room = os.statvfs(shm)
+    assert workers.slots_home(tmp_path / "out", 9, 4096) == str(shm)  # room enough: shared memory
+    monkeypatch.setattr(workers.os, "statvfs", lambda path: type(room)((4096, 4096, 10, 1, 1, 0, 0, 0, 0, 255)))
+    assert workers.slots_home(tmp_path / "out", 9, 4096) == tmp_path / "out"
+    r = flatten(p, tmp_path / "out", link=False, workers=2, chunk_bytes=4096)
+    assert made and all(str(d).startswith(str(tmp_path / "out")) for d in made), made
+    assert not list(shm.iterdir()) and not [f for f in r.out_dir.iterdir() if f.name.startswith("tracepipe-")]
+    serial = flatten(p, tmp_path / "serial", link=False, workers=1)
+    for n in ("events", "gpu_ops", "flows"):
+        assert pq.read_table(r.out_dir / f"{n}.parquet").equals(pq.read_table(serial.out_dir / f"{n}.parquet")), n
 
 
 # ------------------------------------------------------------------ memory

@@ -17,6 +17,7 @@ import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -101,6 +102,21 @@ SHARED_MEMORY = "/dev/shm"
 
 
 _CHUNK_TABLES = ("events", "gpu_ops", "flows")
+SLOT_ROOM = 3  # chunk_bytes a slot may hold: a chunk's text, and its tables (~1.3x the text)
+
+
+def slots_home(fallback: Path, slots: int, chunk_bytes: int) -> Path | str:
+    """Where a flatten's slot files (`Slots`) go: shared memory when it is writable and has room
+    for them, else `fallback` (the output's temporary directory: on disk, the page cache serves
+    the reused files the same way). A container's /dev/shm is often 64 MB (Docker's default),
+    less than two workers' slots may take; filling it failed the flatten with "No space left on
+    device" named after the output directory, whose disk had room."""
+    try:
+        st = os.statvfs(SHARED_MEMORY)
+    except OSError:
+        return fallback
+    room = st.f_bavail * st.f_frsize
+    return SHARED_MEMORY if os.access(SHARED_MEMORY, os.W_OK) and room >= SLOT_ROOM * slots * chunk_bytes else fallback
 
 
 class Slots:
