@@ -100,6 +100,14 @@ def _write_chunk(writers: dict, ct: ChunkTables, offset: int):
 READ_BUFFER_ROWS = 1 << 15
 
 
+def _submitter(pool, spill_dir: str, slots: int):
+    """Hands a chunk to the workers: its text through a slot file when it comes as bytes (of
+    compressed input), its tables back through another (`read.workers.Slots`). Made only with
+    workers: a flatten in one process has no slot files to create."""
+    texts, tables = Slots(spill_dir, "chunk", slots), Slots(spill_dir, "tables", slots, TABLE_FILES)
+    return lambda piece: pool.apply_async(run_chunk, (texts.put(piece), tables.take()))
+
+
 def flatten_into(
     path: str,
     tmp: Path,
@@ -142,8 +150,7 @@ def flatten_into(
         }
         for w in writers.values():
             cleanup.callback(w.abandon)  # a no-op once closed
-        texts, tables = Slots(spill_dir, "chunk", in_flight + 1), Slots(spill_dir, "tables", in_flight + 1, TABLE_FILES)
-        submit = (lambda piece: pool.apply_async(run_chunk, (texts.put(piece), tables.take()))) if pool else None
+        submit = _submitter(pool, spill_dir, in_flight + 1) if pool else None
         results: Iterator[ChunkTables | SpilledChunk] = ordered_results(  # spilled by the workers
             src.pieces(spans=pool is not None),
             build_from_text,

@@ -20,7 +20,7 @@ from pipeline.errors import BadTrace
 from pipeline.flatten import flatten
 from pipeline.read import source
 from pipeline.read import stream as reader
-from pipeline.read.chunks import FileSpan, Salvaged, ordered_results, parse_chunk
+from pipeline.read.chunks import ChunkParseError, FileSpan, Salvaged, ordered_results, parse_chunk
 from pipeline.read.source import TraceSource
 
 
@@ -64,6 +64,25 @@ def load(path) -> dict | list:
 
 
 # ------------------------------------------------------------------ header / tail metadata
+def test_a_file_span_read_in_short_pieces_is_whole_and_a_shrunk_file_says_so(tmp_path, monkeypatch):
+    """A chunk's bytes read by position come whole however few bytes each read gives (into a
+    buffer too, as the workers' tables are), and a file cut shorter meanwhile is an error."""
+    data = random.Random(0).randbytes(100_000)
+    path = tmp_path / "span.bin"
+    path.write_bytes(data)
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: real(fd, min(n, 777), at))
+    assert FileSpan(str(path), 10, 90_000).read() == data[10:90_000]
+    buf = bytearray(80_000)
+    FileSpan(str(path), 5, 80_005).read_into(buf)
+    assert bytes(buf) == data[5:80_005]
+    path.write_bytes(data[:50_000])
+    with pytest.raises(ChunkParseError, match="shrank"):
+        FileSpan(str(path), 10, 90_000).read()
+    with pytest.raises(ChunkParseError, match="shrank"):
+        FileSpan(str(path), 0, 80_000).read_into(bytearray(80_000))
+
+
 def test_header_before_trace_events(tmp_path):
     t = synth.make_trace()
     p = synth.write_trace(t, tmp_path / "t.json")

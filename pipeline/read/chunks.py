@@ -66,14 +66,11 @@ class FileSpan:
         size = self.end - self.start
         with open(self.path, "rb") as f:
             block = os.pread(f.fileno(), size, self.start)
-            if len(block) == size:  # a regular file gives it all at once: no copy of it
-                return block
-            out = bytearray(block)
-            while len(out) < size:
-                block = os.pread(f.fileno(), size - len(out), self.start + len(out))
-                if not block:
-                    raise ChunkParseError("the file shrank while it was being read")
-                out += block
+        if len(block) == size:  # a regular file gives it all at once: no copy of it
+            return block
+        out = bytearray(size)
+        out[: len(block)] = block
+        FileSpan(self.path, self.start + len(block), self.end).read_into(memoryview(out)[len(block) :])
         return bytes(out)
 
     def read_into(self, buffer) -> None:

@@ -160,13 +160,18 @@ class Slots:
         return FileSpan(path, 0, len(piece))
 
 
-TABLE_FILES = tuple(f".{name}.arrow" for name in _CHUNK_TABLES)  # a `Slots` slot's files for a chunk's tables
+def _table_file(slot: str, name: str) -> str:
+    """The file of a `Slots` slot that holds a chunk's table `name`."""
+    return f"{slot}.{name}.arrow"
+
+
+TABLE_FILES = tuple(_table_file("", name) for name in _CHUNK_TABLES)  # a slot's files, after its path
 
 
 @dataclass
 class SpilledChunk:
     """A worker's ChunkTables with the tables as Arrow IPC files in a slot (`Slots`): the first
-    `sizes[name]` bytes of `{slot}.{name}.arrow` (pickling tables through the result pipe cost
+    `sizes[name]` bytes of its file `_table_file(slot, name)` (pickling tables through the result pipe cost
     more than building them)."""
 
     slot: str
@@ -185,7 +190,7 @@ def _spill(ct: ChunkTables, slot: str) -> SpilledChunk:
         tbl = getattr(ct, name)
         # written over the start of the slot's file, not truncated (its pages stay allocated); an
         # older chunk's bytes may follow: `sizes` says where these end
-        with open(f"{slot}.{name}.arrow", "r+b", buffering=1 << 20) as f:
+        with open(_table_file(slot, name), "r+b", buffering=1 << 20) as f:
             with pa.ipc.new_file(pa.PythonFile(f, mode="w"), tbl.schema) as w:
                 w.write_table(tbl)
             sizes[name] = f.tell()
@@ -202,7 +207,7 @@ def unspill(ct: ChunkTables | SpilledChunk) -> ChunkTables:
     tables = {}
     for name, size in ct.sizes.items():
         buf = pa.allocate_buffer(size, memory_pool=pa.system_memory_pool())  # its heap: fewer pages kept
-        FileSpan(f"{ct.slot}.{name}.arrow", 0, size).read_into(buf)
+        FileSpan(_table_file(ct.slot, name), 0, size).read_into(buf)
         tables[name] = pa.ipc.open_file(buf).read_all()
     tables_ = (tables["events"], tables["gpu_ops"], tables["flows"])
     return ChunkTables(*tables_, ct.problems, ct.device_ids, ct.task_pids, ct.open_ends, ct.launches, ct.cats)
