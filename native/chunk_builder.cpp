@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -97,7 +98,6 @@ inline std::string_view trim_right(std::string_view s) {
 }
 
 thread_local ondemand::parser *t_parser = nullptr;
-thread_local ondemand::document *t_doc = nullptr;  // the chunk being read (for positions in its text)
 
 // ------------------------------------------------------------------ GPU args (configured from Python)
 // kinds of the GPU arg fields: an int, a list of >= 3 ints (x, y, z), a number kept as a float64
@@ -118,7 +118,7 @@ struct Number {
   std::string_view text;  // the token, trailing whitespace trimmed
 };
 
-Number number_of(ondemand::value v) {
+Number number_of(ondemand::value &v) {
   Number n;
   n.text = trim_right(v.raw_json_token());
   bool has_exp = false, has_dot = false;
@@ -193,12 +193,12 @@ bool exact_ns(std::string_view t, int64_t &out) {
 }
 
 // ------------------------------------------------------------------ validation of a whole value
-void walk(ondemand::value v, int depth);
+void walk(ondemand::value &v, int depth);
 
 void walk_object(ondemand::object o, int depth) {
-  for (auto f : o) {
+  for (auto &&f : o) {  // bound, not copied: copies of simdjson's iterators through the stack stalled
     if (f.error()) throw Bail{};
-    ondemand::field field = f.value_unsafe();
+    ondemand::field &field = f.value_unsafe();
     std::string_view key = field.escaped_key();
     if (key.find('\\') != std::string_view::npos) {
       auto u = field.unescaped_key();  // validates the escapes
@@ -208,7 +208,7 @@ void walk_object(ondemand::object o, int depth) {
   }
 }
 
-void walk(ondemand::value v, int depth) {
+void walk(ondemand::value &v, int depth) {
   if (depth > MAX_DEPTH) throw Bail{};
   switch (v.type().value()) {
     case ondemand::json_type::object:
@@ -246,7 +246,7 @@ void walk(ondemand::value v, int depth) {
 }
 
 // a string value's text (unescaped); Bail on \u escapes and control characters
-std::string_view string_of(ondemand::value v) {
+std::string_view string_of(ondemand::value &v) {
   std::string_view tok = trim_right(v.raw_json_token());
   if (tok.size() < 2 || tok.front() != '"' || tok.back() != '"') throw Bail{};
   std::string_view inner = tok.substr(1, tok.size() - 2);
@@ -298,7 +298,7 @@ struct IdOrStr {
     ints.clear();
     strs.clear();
   }
-  void push(ondemand::value v, int64_t i) {
+  void push(ondemand::value &v, int64_t i) {
     switch (v.type().value()) {
       case ondemand::json_type::number: {
         Number n = number_of(v);
@@ -346,7 +346,7 @@ struct Times {
     all_int_fit = all_exact = all_small = all_below_text_max = ints_exact_as_float = true;
     n_present = n_strings = n_numbers = 0;
   }
-  void push(ondemand::value v, int64_t i) {
+  void push(ondemand::value &v, int64_t i) {
     auto t = v.type().value();
     if (t == ondemand::json_type::null) {
       if (!v.is_null().value()) throw Bail{};
@@ -383,7 +383,7 @@ struct Times {
   }
   // `"ts": "1736405443863674.400"`: exact ns from the string's digits (half to even below a ns),
   // never through a float; anything but -?digits[.digits] below 9.2e15 µs is the Python builders'
-  void push_string(ondemand::value v, int64_t i) {
+  void push_string(ondemand::value &v, int64_t i) {
     std::string_view text = v.get_string().value();  // the string's value, as Python reads it
     int64_t ns = 0;
     if (!exact_ns(text, ns)) throw Bail{};
@@ -450,6 +450,7 @@ struct Chunk {
   std::vector<GpuField> gpu;
   std::vector<uint8_t> gpu_bad;  // per event: its GPU args are not of the plain shape
   bool any_bp = false, any_s = false;
+  ondemand::document *doc = nullptr;  // the chunk being read (for positions in its text)
   // emptied for the next chunk, the buffers' memory kept: no allocation per chunk once they have
   // grown to a chunk's size (allocating and freeing them per chunk fragmented the C heap: a
   // workers=1 flatten's peak RSS grew with the trace's size)
@@ -485,7 +486,7 @@ struct ArgsFound {
 };
 
 // an int arg (`int | None`); Bail if it is of another type
-bool id_arg(ondemand::value v, int64_t &out) {
+bool id_arg(ondemand::value &v, int64_t &out) {
   auto t = v.type().value();
   if (t == ondemand::json_type::null) {
     if (!v.is_null().value()) throw Bail{};
@@ -498,7 +499,7 @@ bool id_arg(ondemand::value v, int64_t &out) {
   return true;
 }
 
-void gpu_arg(ondemand::value v, const GpuKey &gk, ArgsFound &a, int depth) {
+void gpu_arg(ondemand::value &v, const GpuKey &gk, ArgsFound &a, int depth) {
   int kind = g_field_kinds[gk.field];
   auto t = v.type().value();
   if (t == ondemand::json_type::null) {
@@ -569,7 +570,7 @@ void gpu_arg(ondemand::value v, const GpuKey &gk, ArgsFound &a, int depth) {
   }
 }
 
-void read_args(ondemand::value v, Chunk &c, int64_t i) {
+void read_args(ondemand::value &v, Chunk &c, int64_t i) {
   auto t = v.type().value();
   ArgsFound a;
   size_t nf = g_field_kinds.size();
@@ -580,15 +581,15 @@ void read_args(ondemand::value v, Chunk &c, int64_t i) {
   } else if (t == ondemand::json_type::object) {
     const char *start = v.raw_json_token().data();  // at its '{'
     ondemand::object o = v.get_object().value();
-    for (auto f : o) {
+    for (auto &&f : o) {  // bound, not copied: copies of simdjson's iterators through the stack stalled
       if (f.error()) throw Bail{};
-      ondemand::field field = f.value_unsafe();
+      ondemand::field &field = f.value_unsafe();
       std::string_view key = field.escaped_key();
       if (key.find('\\') != std::string_view::npos) {
         if (field.unescaped_key().error()) throw Bail{};
         throw Bail{};  // an escaped key might spell one of ours
       }
-      ondemand::value fv = field.value();
+      ondemand::value &fv = field.value();
       if (key == "correlation") {
         if (a.correlation_seen) throw Bail{};
         a.correlation_seen = true;
@@ -620,7 +621,7 @@ void read_args(ondemand::value v, Chunk &c, int64_t i) {
       if (!matched) walk(fv, 2);
     }
     // the object's text as written: from its '{' to the '}' before the token that follows it
-    const char *next = t_doc->current_location().value();
+    const char *next = c.doc->current_location().value();
     std::string_view raw = trim_right(std::string_view(start, size_t(next - start)));
     if (raw.empty() || raw.back() != '}') throw Bail{};
     c.args.push(raw, i);
@@ -675,7 +676,7 @@ void args_absent(Chunk &c, int64_t i) {
 }
 
 // a raw extra value (bp, s): its JSON text as written
-std::string_view raw_value(ondemand::value v) {
+std::string_view raw_value(ondemand::value &v) {
   auto t = v.type().value();
   if (t == ondemand::json_type::object || t == ondemand::json_type::array) {
     // validated, then its text: walk a copy is not possible forward-only; such values are rare
@@ -688,14 +689,14 @@ std::string_view raw_value(ondemand::value v) {
 
 void read_event(ondemand::object o, Chunk &c, int64_t i) {
   bool seen[E_N] = {false};
-  for (auto f : o) {
+  for (auto &&f : o) {  // bound, not copied: copies of simdjson's iterators through the stack stalled
     if (f.error()) throw Bail{};
-    ondemand::field field = f.value_unsafe();
+    ondemand::field &field = f.value_unsafe();
     std::string_view key = field.escaped_key();
     int k = event_key(key);
     if (k < 0 || seen[k]) throw Bail{};  // another key (or an escaped one), or a key twice
     seen[k] = true;
-    ondemand::value v = field.value();
+    ondemand::value &v = field.value();
     switch (k) {
       case E_PH:
       case E_CAT:
@@ -790,7 +791,11 @@ PyObject *build(PyObject *, PyObject *arg) {
   if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return nullptr;
   const char *text = (const char *)view.buf;
   size_t len = (size_t)view.len;
-  thread_local Chunk c;
+  // one per thread, reached through a pointer: with `thread_local Chunk c` passed down, GCC
+  // propagated the TLS address into read_event and read_args and looked it up on every access
+  thread_local std::unique_ptr<Chunk> own;  // freed when its thread ends
+  if (!own) own = std::make_unique<Chunk>();
+  Chunk &c = *own;
   c.clear(g_field_kinds.size());
   bool ok = false;
   int64_t ts_keys = -1;
@@ -806,7 +811,7 @@ PyObject *build(PyObject *, PyObject *arg) {
     padded_string_view json(p, len + 2, buffer.size());
     if (!t_parser) t_parser = new ondemand::parser();
     ondemand::document doc = t_parser->iterate(json);
-    t_doc = &doc;
+    c.doc = &doc;
     ondemand::array events = doc.get_array();
     int64_t i = 0;
     for (auto e : events) {
