@@ -326,22 +326,14 @@ def sort_by_key(path: Path, name: str, key: str = "event_idx"):
             write_table(table.to_arrow(), tmp, name, ("flatten",))
 
 
-# how long Arrow's jemalloc keeps freed pages for reuse within `arrow_memory_returned_promptly`.
-# At 0 every batch of link and cost pass 2 faulted its pages in again: on the 1 GB traces pass 2
-# took 95-139K page faults and 0.24-0.44 s of system time; at 300 ms 41-51K and 0.17 s, 0.1-0.25 s
-# faster on two of the three shapes, its peak 10-30 MB higher and still below reading's.
-ARROW_RETURN_MS = 300
-
-
 @contextmanager
 def arrow_memory_returned_promptly() -> Iterator[None]:
-    """Within: Arrow allocates from jemalloc told to give freed memory back within
-    ARROW_RETURN_MS. Its default pool (mimalloc) keeps freed pages for reuse, and a stage that
-    reads and writes batch by batch would hold on to its largest batches' memory long after it is
-    done with them."""
+    """Within: Arrow allocates from jemalloc told to give freed memory back at once. Its default
+    pool (mimalloc) keeps freed pages for reuse, and a stage that reads and writes batch by batch
+    would hold on to its largest batches' memory long after it is done with them."""
     try:
         pool = pa.jemalloc_memory_pool()
-        pa.jemalloc_set_decay_ms(ARROW_RETURN_MS)
+        pa.jemalloc_set_decay_ms(0)
     except (pa.ArrowNotImplementedError, AttributeError):  # a pyarrow built without jemalloc
         yield
         return
