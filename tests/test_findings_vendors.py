@@ -165,3 +165,13 @@ def test_ascend_synchronising_calls_are_sync_marks(flat):
         assert sync.search(name), name
     for name in ("AscendCL@aclrtMemcpyAsync", "AscendCL@aclrtMalloc", "AscendCL@aclrtSetDevice"):
         assert not sync.search(name), name
+
+
+def test_a_count_of_one_is_singular_in_titles(flat):
+    """The 2024 Ascend trace profiles one optimizer step: its title says "in 1 step", not "1 steps"."""
+    from pipeline.findings.finding import counted
+
+    assert [counted(n, "step") for n in (0, 1, 2, 2048)] == ["0 steps", "1 step", "2 steps", "2,048 steps"]
+    found = rp.analyze(rp.Flat(flat("npu_level0_rank0")), only=["findings"])["findings"]
+    title = found.filter(found["id"] == "optimizer")["title"].item()
+    assert " in 1 step;" in title, title

@@ -300,3 +300,21 @@ def test_an_empty_name_says_what_it_is():
     assert shown["op"].to_list() == ["aten::mul", NO_OP_ALLOCATOR]
     seq = pl.DataFrame({"launched_by": [None, ""], "count": [1, 2]})
     assert BY_NAME["sequences"].tables(seq)["sequences"]["launched_by"].to_list() == ["(no op)", "(no op)"]
+
+
+def test_identifiers_have_no_thousands_separators_and_counts_do(shared_traces, run_cli):
+    """A thread, stream or device id is a name, not a quantity: 3553, not 3,553 (the CPU-only
+    trace's streams are its threads), in the terminal table and on the page alike."""
+    from pipeline.render.html.cells import cell
+    from pipeline.render.tables import number
+
+    assert [number(3553, c) for c in ("tid", "stream", "event_idx", "kineto_graph_id", "count")] == [
+        "3553",
+        "3553",
+        "3553",
+        "3553",
+        "3,553",
+    ]
+    assert cell(3553, "tid").text == "3553" and cell(3553, "count").text == "3,553"
+    out = run_cli(["analyze", shared_traces / "hta" / "cpu_only.json.gz", "--section", "streams"]).stdout
+    assert re.search(r"^ *3553 ", out, re.M) and "3,553" not in out, out

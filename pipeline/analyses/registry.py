@@ -206,7 +206,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: categories(f),
         "Time by category",
         "time per kernel category",
-        meanings={"pct": "% of the device's GPU time (kernels, memcpy, memset)"},
+        meanings={"pct": "% of the device's time in kernels, memcpy and memset"},
         json=IN_DEVICE,
         top_per_device=True,
         columns=("device", "category", "count", "dur_us", "pct"),
@@ -251,7 +251,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: graph_view(f),
         "CUDA/HIP graphs: replays, kernels and GPU time per replay, the ops they ran",
         "per graph: replays, kernels and GPU time per replay, launch vs the launches it replaces, its ops",
-        meanings={"pct": "% of the device's GPU time (kernels, memcpy, memset)"},
+        meanings={"pct": "% of the device's time in kernels, memcpy and memset"},
         sweeps=False,
         columns=(  # by importance
             "device",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import polars as pl
 
 from pipeline.findings.facts import Facts
-from pipeline.findings.finding import Evidence, Finding, ms, pct, scaled
+from pipeline.findings.finding import Evidence, Finding, counted, ms, pct, scaled
 
 ID = "copies"
 
@@ -46,7 +46,7 @@ def copies(t: Facts) -> Finding | None:
         w = (max(on_dev[0], on_host[0]), max(on_dev[1], on_host[1]))
         gpu, wall = _plus(gpu, g), _plus(wall, w)
         n = int(paged["count"].sum())
-        parts.append(f"{ms(paged_us)} of copies in {n:,} calls from pageable host memory")
+        parts.append(f"{ms(paged_us)} of copies in {counted(n, 'call')} from pageable host memory")
         evidence += [
             Evidence(
                 "memcpy",

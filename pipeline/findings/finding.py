@@ -15,6 +15,12 @@ from pipeline.render.findings import duration
 
 ms = duration  # µs as a title says it: 812 µs, 4.2 ms, 1.35 s
 
+
+def counted(n: int, noun: str) -> str:
+    """A count with its noun, singular for one: 1 step, 2,048 kernels."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 Range = tuple[float, float]  # [low, high] µs
 
 

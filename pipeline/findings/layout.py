@@ -13,7 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from pipeline.findings.facts import Facts
-from pipeline.findings.finding import Finding, ms, pct, scaled
+from pipeline.findings.finding import Finding, counted, ms, pct, scaled
 
 ID = "layout"
 
@@ -36,7 +36,8 @@ def layout(t: Facts) -> Finding | None:
     share = pct(conv_us, t.kernel_us)
     return Finding(
         ID,
-        f"Layout conversions (NCHW <-> NHWC) take {ms(conv_us)}, {share:.0f}% of kernel time, in {n:,} kernels",
+        f"Layout conversions (NCHW <-> NHWC) take {ms(conv_us)}, {share:.0f}% of kernel time, "
+        f"in {counted(n, 'kernel')}",
         wall,
         gpu_r,
         t.worded(ID, "remedy"),

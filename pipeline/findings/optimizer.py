@@ -20,7 +20,7 @@ import polars as pl
 
 from pipeline.findings import spans
 from pipeline.findings.facts import Facts
-from pipeline.findings.finding import Evidence, Finding, ms, pct, scaled, us
+from pipeline.findings.finding import Evidence, Finding, counted, ms, pct, scaled, us
 
 ID = "optimizer"
 
@@ -98,7 +98,7 @@ def optimizer(t: Facts) -> Finding | None:
     if mode == "loop":
         evidence.append(Evidence("op", "foreach / fused ops inside the steps", 0, note="none: one op per parameter"))
         title = (
-            f"{cls} steps loop over the parameters one at a time: {ms(total)} in {steps.height:,} steps, "
+            f"{cls} steps loop over the parameters one at a time: {ms(total)} in {counted(steps.height, 'step')}, "
             f"{ms(self_us)} of it Python between per-parameter ops"
         )
         fused = classes <= set(lim["fused_classes"])
@@ -109,7 +109,7 @@ def optimizer(t: Facts) -> Finding | None:
             Evidence("op", r["name"], r["len"], note="inside the steps") for r in ops_in.head(4).iter_rows(named=True)
         ]
         title = (
-            f"{cls} steps run foreach ops: {ms(total)} in {steps.height:,} steps; "
+            f"{cls} steps run foreach ops: {ms(total)} in {counted(steps.height, 'step')}; "
             "a fused step does each parameter group in one kernel"
         )
         remedy = t.worded(ID, "remedy_foreach", cls=cls)

@@ -3,7 +3,8 @@ of `analyze`, `diff`, `query` and `ranks`.
 
 Numbers have one style per unit, chosen by the column's name (`cell`): times (`*_us`) and rates
 (`*_gbps`, `*_tflops`) with thousands separators and 2 decimals, percentages (`*_pct`) with 1,
-FLOPs and bytes in engineering units (`5.51 T`, `2.09 GB`), counts as integers with separators.
+FLOPs and bytes in engineering units (`5.51 T`, `2.09 GB`), counts as integers with separators,
+identifiers (`IDS`: device, stream, tid, ...) without.
 A text table fits a width (`--width`, else the terminal's): the widest names are shortened in
 the middle, ending in a stable id (`#3f2a`, from the whole name: two names that differ only in
 their middle stay apart), then the least important columns (the last) are left out and named
@@ -35,6 +36,14 @@ SEQUENCE = "kernels"  # a column of kernel sequences (lists of names): one name 
 THEN = "→ "  # before each kernel of a sequence but the first
 LINES = (SEQUENCE, "top")  # columns of lists of names shown one name per line
 ENG = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+# columns of identifiers, written without thousands separators (a thread is 3553, not 3,553)
+IDS = {"device", "stream", "rank", "pid", "tid", "seq", "correlation", "last_rank", "step"}
+
+
+def is_id(column: str) -> bool:
+    """Whether a column holds identifiers (IDS, `*_id`, `*_idx`) rather than counts."""
+    c = column.lower()
+    return c in IDS or c.endswith(("_id", "_idx"))
 
 
 def finite(df: pl.DataFrame) -> pl.DataFrame:
@@ -81,7 +90,7 @@ def number(v: float | int, column: str) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, int):
-        return f"{v:,}"
+        return str(v) if is_id(c) else f"{v:,}"
     if c.endswith(("_us", "_ms", "_s", "_gbps", "_tflops", "_ns")):
         return f"{v:,.2f}"
     a = abs(v)

@@ -17,7 +17,7 @@ from decimal import Decimal
 
 import orjson
 
-from pipeline.render.tables import SEQUENCE, THEN, engineering, shorten
+from pipeline.render.tables import SEQUENCE, THEN, engineering, is_id, shorten
 
 NAME_CHARS = 64  # a longer name is shortened in the cell (whole in data-value and on hover)
 PROSE_CHARS = 400  # a longer sentence (a text of PROSE_WORDS words or more) is shortened
@@ -25,7 +25,6 @@ PROSE_WORDS = 5
 CODE = re.compile(r"::|<|\w\(")  # a C++ name has these; a sentence does not
 TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}  # a column suffix -> µs per unit
 TIME_STEPS = ((1e6, "s"), (1e3, "ms"), (1.0, "µs"))
-IDS = {"device", "stream", "rank", "pid", "tid", "seq", "correlation", "last_rank", "step"}  # no thousands separators
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ def kind(column: str) -> str:
     """The style of a column, from its name: id, time, pct, bytes, flops, gbps, tflops or plain."""
     c = column.lower()
     suffix = c.rsplit("_", 1)[-1] if "_" in c else c
-    if c in IDS or c.endswith("_id"):
+    if is_id(c):
         return "id"
     per = "_per_" + suffix
     if (suffix in TIME_UNITS and not c.endswith(per)) or _time_token(c):
