@@ -82,6 +82,31 @@ def test_cpu_only_two_ops_with_a_gap(tmp_path):
     check_contiguous(f, r)
 
 
+def test_annotations_are_work_only_without_gpu_activity(tmp_path):
+    """Without GPU activity, user annotations are the trace's work as its device tables count it
+    (gloo's collectives are annotations): on the path as `cpu`; a ProfilerStep#N is not (it holds
+    the others). With a kernel in the trace they are not work."""
+    ann = lambda name, ts, dur, tid=TID: op(name, ts, dur, tid, "user_annotation")
+    events = [ann("ProfilerStep#1", 0, 100), op("aten::empty", 0, 5), ann("gloo:all_reduce", 10, 80, tid=2)]
+    f = flat_of(tmp_path, events, "cpu")
+    r = critical_path(f)
+    assert r["breakdown_us"] == breakdown(cpu=80) and r["length_us"] == 80
+    assert [t["name"] for t in r["top"]] == ["gloo:all_reduce"]
+    check_contiguous(f, r)
+    g = flat_of(tmp_path, [*events, gpu("k", 3, 1)], "gpu")
+    assert "gloo:all_reduce" not in {t["name"] for t in critical_path(g)["top"]}
+
+
+@pytest.mark.real
+def test_a_cpu_only_trace_s_path_spans_its_collectives(shared_traces, real_flat):
+    """The HTA CPU-only trace: 4 aten::empty ops and 10 gloo:all_reduce annotations over 1.26 s; its
+    path was the ops' 15 µs, it is now the collectives' chain (86% of it in them)."""
+    f = real_flat(shared_traces / "hta" / "cpu_only.json.gz")
+    r = critical_path(f)
+    assert r["length_us"] >= 0.95 * span_us(f)
+    assert r["top"][0]["name"] == "gloo:all_reduce" and r["breakdown_us"]["cpu"] >= 0.8 * r["length_us"]
+
+
 def test_launch_then_kernel(tmp_path):
     """An op [0, 50] launches at 20 a kernel starting 30 µs later, which ends the trace."""
     ev = [op("aten::mm", 0, 50), call("cudaLaunchKernel", 20, 5, corr=1), gpu("gemm", 50, 100, corr=1)]

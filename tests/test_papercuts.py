@@ -316,5 +316,6 @@ def test_identifiers_have_no_thousands_separators_and_counts_do(shared_traces, r
         "3,553",
     ]
     assert cell(3553, "tid").text == "3553" and cell(3553, "count").text == "3,553"
+    assert number(1074798.66, "us") == "1,074,798.66"  # a column named for its unit alone is a time too
     out = run_cli(["analyze", shared_traces / "hta" / "cpu_only.json.gz", "--section", "streams"]).stdout
     assert re.search(r"^ *3553 ", out, re.M) and "3,553" not in out, out

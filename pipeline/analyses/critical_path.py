@@ -2,7 +2,10 @@
 
 Work items: CPU slices (`ph` X, cat cpu_op/operator or a runtime/driver call, any case; annotations
 and python_function frames are not work) on threads (resource (pid, tid)), and GPU activities
-(gpu_ops rows) on streams (resource (device, stream)); items start in the analysis window. Each
+(gpu_ops rows) on streams (resource (device, stream)); items start in the analysis window. In a
+trace without GPU activity, user annotations but ProfilerStep#N are work too (`cpu`), as they are
+its device tables' activity (`activity.CPU_DEVICE`): gloo's collectives are annotations there, and
+without them the HTA CPU-only trace's path was its four aten::empty, 15 µs of a 1.26 s window. Each
 item has a *binding* predecessor, the dependency released latest:
 
 - GPU item: the previous item on its stream (the latest-ending one that ended at or before its
@@ -59,7 +62,7 @@ import polars as pl
 
 from pipeline.analyses.flat import Flat
 from pipeline.analyses.sweep import read, read_among, time_windows, within
-from pipeline.kineto import CPU_OP_CAT, CPU_OP_CATS, GPU_KINDS, LAUNCH_CATS, cat_regex
+from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, GPU_KINDS, LAUNCH_CATS, STEP_NAME, cat_regex
 from pipeline.read.durations import SLICE
 
 CATEGORIES = ("cpu", "launch", "kernel", "memcpy", "sync", "waiting")
@@ -71,6 +74,15 @@ CPU_WORK = (
     & pl.col("tid").is_not_null()
 )
 _NAME = pl.col("name").cast(pl.String)
+# annotations as work (traces without GPU activity): the CPU ops' categories and theirs, but steps
+ANNOTATION_WORK = (
+    SLICE
+    & pl.col("cat").str.contains(cat_regex(*ANNOTATION_CATS))
+    & ~_NAME.str.contains(STEP_NAME)
+    & pl.col("pid").is_not_null()
+    & pl.col("tid").is_not_null()
+)
+_CPU_CATEGORY = cat_regex(*CPU_OP_CATS, *ANNOTATION_CATS)
 NAME = pl.col("name").cast(pl.Categorical)
 CATEGORY = (
     pl.col("code")
@@ -101,14 +113,15 @@ class _Items:
     def __init__(self, f: Flat, per_window: int | None = None):
         events, here = f.path / "events.parquet", f.time_filter()
         is_gpu_cat = pl.col("cat").str.contains(cat_regex(*GPU_KINDS))
-        windows = time_windows(events, (CPU_WORK | is_gpu_cat) & here, per_window)
+        work = CPU_WORK if f.has_gpu else CPU_WORK | ANNOTATION_WORK
+        windows = time_windows(events, (work | is_gpu_cat) & here, per_window)
         parts: dict[str, list[np.ndarray]] = {k: [] for k in (*self.ARRAYS, "launched", "launch")}
         thread = pl.DataFrame(schema={k: pl.Int64 for k in ("r0", "r1", "id", "end_ns", "m")})
         stream = pl.DataFrame(schema={k: pl.Int64 for k in ("r0", "r1", "id", "key_end")})
         lasts = pl.DataFrame(schema={"gpu": pl.Boolean, **{k: pl.Int64 for k in ("r0", "r1", "id", "end_ns")}})
         n = 0
         for window in windows:
-            w = self._read(f, events, here & within(window))
+            w = self._read(f, events, work, here & within(window))
             w = w.sort(["ts_ns", "gpu", "end_ns", "event_idx"], descending=[False, False, True, False])
             w = w.with_columns(id=pl.int_range(n, n + w.height, dtype=pl.Int64))
             n += w.height
@@ -175,11 +188,12 @@ class _Items:
         return found.select("id", "pred", outer=pl.lit(None, pl.Int64)), pool
 
     @staticmethod
-    def _read(f: Flat, events, where: pl.Expr) -> pl.DataFrame:
-        code = pl.when(pl.col("cat").str.contains(CPU_OP_CAT)).then(CPU).when(IS_SYNC).then(SYNC).otherwise(LAUNCH)
+    def _read(f: Flat, events, work: pl.Expr, where: pl.Expr) -> pl.DataFrame:
+        is_cpu = pl.col("cat").str.contains(_CPU_CATEGORY)
+        code = pl.when(is_cpu).then(CPU).when(IS_SYNC).then(SYNC).otherwise(LAUNCH)
         cpu = read(
             events,
-            CPU_WORK & where,
+            work & where,
             ["event_idx", "pid", "tid", "ts_ns", _END.alias("end_ns"), code.cast(pl.Int8).alias("code")],
         ).select("event_idx", r0="pid", r1="tid", ts_ns="ts_ns", end_ns="end_ns", code="code", gpu=pl.lit(False))
         gpu = read(

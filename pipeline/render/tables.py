@@ -91,7 +91,7 @@ def number(v: float | int, column: str) -> str:
         return str(v).lower()
     if isinstance(v, int):
         return str(v) if is_id(c) else f"{v:,}"
-    if c.endswith(("_us", "_ms", "_s", "_gbps", "_tflops", "_ns")):
+    if c in ("us", "ms", "s", "ns") or c.endswith(("_us", "_ms", "_s", "_gbps", "_tflops", "_ns")):
         return f"{v:,.2f}"
     a = abs(v)
     return f"{v:.3g}" if a >= 1e6 or (a and a < 0.01) else f"{v:,.2f}"
