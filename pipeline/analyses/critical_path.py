@@ -62,27 +62,23 @@ import polars as pl
 
 from pipeline.analyses.flat import Flat
 from pipeline.analyses.sweep import read, read_among, time_windows, within
-from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, GPU_KINDS, LAUNCH_CATS, STEP_NAME, cat_regex
+from pipeline.kineto import ANNOTATION_CATS, CPU_OP_CATS, GPU_KINDS, LAUNCH_CATS, OP_CAT, STEP_NAME, cat_regex
 from pipeline.read.durations import SLICE
 
 CATEGORIES = ("cpu", "launch", "kernel", "memcpy", "sync", "waiting")
 CPU, LAUNCH, KERNEL, MEMCPY, SYNC, WAITING = range(len(CATEGORIES))
-CPU_WORK = (
-    SLICE
-    & pl.col("cat").str.contains(cat_regex(*CPU_OP_CATS, *LAUNCH_CATS))
-    & pl.col("pid").is_not_null()
-    & pl.col("tid").is_not_null()
-)
+
+
+def _slices_of(*cats: str) -> pl.Expr:
+    """Complete events of these categories (any case) on a thread."""
+    return (
+        SLICE & pl.col("cat").str.contains(cat_regex(*cats)) & pl.col("pid").is_not_null() & pl.col("tid").is_not_null()
+    )
+
+
+CPU_WORK = _slices_of(*CPU_OP_CATS, *LAUNCH_CATS)
 _NAME = pl.col("name").cast(pl.String)
-# annotations as work (traces without GPU activity): the CPU ops' categories and theirs, but steps
-ANNOTATION_WORK = (
-    SLICE
-    & pl.col("cat").str.contains(cat_regex(*ANNOTATION_CATS))
-    & ~_NAME.str.contains(STEP_NAME)
-    & pl.col("pid").is_not_null()
-    & pl.col("tid").is_not_null()
-)
-_CPU_CATEGORY = cat_regex(*CPU_OP_CATS, *ANNOTATION_CATS)
+ANNOTATION_WORK = _slices_of(*ANNOTATION_CATS) & ~_NAME.str.contains(STEP_NAME)  # work where no GPU activity is
 NAME = pl.col("name").cast(pl.Categorical)
 CATEGORY = (
     pl.col("code")
@@ -189,8 +185,7 @@ class _Items:
 
     @staticmethod
     def _read(f: Flat, events, work: pl.Expr, where: pl.Expr) -> pl.DataFrame:
-        is_cpu = pl.col("cat").str.contains(_CPU_CATEGORY)
-        code = pl.when(is_cpu).then(CPU).when(IS_SYNC).then(SYNC).otherwise(LAUNCH)
+        code = pl.when(pl.col("cat").str.contains(OP_CAT)).then(CPU).when(IS_SYNC).then(SYNC).otherwise(LAUNCH)
         cpu = read(
             events,
             work & where,
