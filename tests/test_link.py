@@ -102,6 +102,24 @@ def test_a_zero_length_op_at_the_start_of_a_longer_one_is_inside_it(tmp_path, mo
     assert dict(zip(g["name"], g["cpu_op_name"])) == {"k_at_start": "aten::empty", "k_inside": "aten::outer"}
 
 
+def test_an_external_id_of_zero_names_no_op(tmp_path, monkeypatch):
+    """Rule 4 (cpu_op by External id, where kernels' External ids are not their correlation ids)
+    pairs a launch outside every op with the op of its External id, but not by 0: Kineto writes
+    0 for a runtime call without a linked op (the 2021 layout). The op here carries 0 too, as no
+    real op does: only the rule can tell them apart."""
+    trace = _events(
+        ("cpu_op", "aten::zero_id", 1, 0, 10, {"External id": 0}),
+        ("cpu_op", "aten::mm", 1, 100, 10, {"External id": 7}),
+        ("cuda_runtime", "cudaLaunchKernel", 1, 50, 3, {"correlation": 52, "External id": 0}),
+        ("cuda_runtime", "cudaLaunchKernel", 2, 120, 3, {"correlation": 51, "External id": 7}),
+        ("kernel", "k_no_op", 7, 60, 5, {"device": 0, "stream": 7, "correlation": 52, "External id": 0}),
+        ("kernel", "k_of_mm", 7, 130, 5, {"device": 0, "stream": 7, "correlation": 51, "External id": 7}),
+    )
+    g, _ = _enrich(_flat(tmp_path, trace), tmp_path / "linked", monkeypatch)
+    got = {r["name"]: (r["cpu_op_name"], r["cpu_op_link"]) for r in g.iter_rows(named=True)}
+    assert got == {"k_no_op": (None, None), "k_of_mm": ("aten::mm", "external_id")}
+
+
 def _launch_rows(n: int) -> list:
     """n ops 20 µs apart on thread 1 (aten::op0, ...), each launching a kernel (k0, ...) on stream 7."""
     rows = []
