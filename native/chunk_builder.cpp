@@ -928,11 +928,20 @@ PyObject *configure(PyObject *, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+}  // namespace
+
+PyObject *nesting_around(PyObject *, PyObject *args);  // nesting.cpp
+
+namespace {
+
 PyMethodDef methods[] = {
     {"build", build, METH_O,
      "build(text) -> dict of column buffers (memoryviews valid until the next build) for one chunk of traceEvents "
      "text, or None (the Python builders)"},
     {"configure", configure, METH_VARARGS, "configure(kinds, keys): the GPU arg fields read from args"},
+    {"around", nesting_around, METH_VARARGS,
+     "around(iv_g, iv_ts, iv_end, iv_idx, pt_g, pt_t, pt_outer, order, out): the interval around each point "
+     "(nesting.cpp)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "tracepipe_native",

@@ -87,9 +87,10 @@ def _tables(out_dir: Path) -> dict:
 @pytest.mark.real
 @pytest.mark.slow
 def test_every_shared_trace_flattens_to_identical_tables(shared_traces, tmp_path, monkeypatch):
-    """Every table of every shared real trace, flattened with and without the native builder
-    (small chunks, so that most traces span many), is identical; and the native builder took
-    the chunks of every trace (Ascend's decimal-string timestamps included)."""
+    """Every table of every shared real trace, flattened with and without the native module
+    (small chunks, so that most traces span many; linking nests launches in its sweep,
+    `native/nesting.cpp`, or in polars), is identical; and the native builder took the chunks of
+    every trace (Ascend's decimal-string timestamps included)."""
     took = {}
     calls: list = []
 

@@ -72,3 +72,12 @@ def check_against_sweep(intervals: list, points: list):
     for outermost, k in ((False, 0), (True, 1)):
         got = nesting.enclosing(pts, iv, nesting.FILE_ORDER, outermost)
         assert dict(got.iter_rows()) == {p: c[k] for p, c in found.items() if c[k] is not None}
+    # around_one: the outermost for even point ids, the innermost for odd ones; in polars and,
+    # where it is built, in the compiled sweep (native/nesting.cpp), in both start orders
+    outer = pts["point_id"] % 2 == 0
+    ways = [nesting._around_one_polars] + ([nesting._around_one_native] if nesting._native_around else [])
+    for order, key in ((nesting.FILE_ORDER, lambda i, s, e: (i,)), (nesting.LONGER_FIRST, lambda i, s, e: (-e, i))):
+        _, _, found = _sweep(intervals, points, key)
+        want = [found.get(p, (None, None))[p % 2 == 0] for p in pts["point_id"]]
+        for way in ways:
+            assert way(pts, iv, order, outer, ("pid", "tid")).to_list() == want, way.__name__

@@ -120,7 +120,8 @@ def _whole_flows(flows: pl.LazyFrame, kept: pl.DataFrame) -> pl.DataFrame:
     pts = near.join(tracks, on=TRACK, nulls_equal=True, maintain_order="left").select(
         pid="thread", tid=pl.lit(0, pl.Int64), t="t"
     )
-    inside = nesting.around_each(pts, iv, nesting.LONGER_FIRST)["outermost"].is_not_null()
+    outermost = pl.repeat(True, pts.height, eager=True)
+    inside = nesting.around_one(pts, iv, nesting.LONGER_FIRST, outermost).is_not_null()
     bound = near.filter(inside).select(FLOW_KEY).unique()
     of_bound = flows.join(bound.lazy(), on=FLOW_KEY, nulls_equal=True).select("event_idx", *FLOW_KEY, "ph")
     ends = of_bound.collect(engine="streaming").join(
