@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+from contextlib import contextmanager
 
 import polars as pl
 import pytest
@@ -75,9 +77,24 @@ def check_against_sweep(intervals: list, points: list):
     # around_one: the outermost for even point ids, the innermost for odd ones; in polars and,
     # where it is built, in the compiled sweep (native/nesting.cpp), in both start orders
     outer = pts["point_id"] % 2 == 0
-    ways = [nesting._around_one_polars] + ([nesting._around_one_native] if nesting._native_around else [])
     for order, key in ((nesting.FILE_ORDER, lambda i, s, e: (i,)), (nesting.LONGER_FIRST, lambda i, s, e: (-e, i))):
         _, _, found = _sweep(intervals, points, key)
         want = [found.get(p, (None, None))[p % 2 == 0] for p in pts["point_id"]]
-        for way in ways:
-            assert way(pts, iv, order, outer, ("pid", "tid")).to_list() == want, way.__name__
+        for native in ("0", "1") if nesting._native_around else ("0",):
+            with _env("TRACEPIPE_NATIVE", native):
+                assert nesting.native_nesting() == (native == "1")
+                assert nesting.around_one(pts, iv, order, outer).to_list() == want, native
+
+
+@contextmanager
+def _env(name: str, value: str):
+    """The environment variable set to value, and put back as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before

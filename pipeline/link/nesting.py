@@ -234,18 +234,7 @@ def around_one(
     that each point wants, found once (half the searches of both)."""
     if start_order in _NATIVE_ORDERS and native_nesting():
         return _around_one_native(points, intervals, start_order, outermost, tuple(by))
-    return _around_one_polars(points, intervals, start_order, outermost, tuple(by))
-
-
-def _around_one_polars(
-    points: pl.LazyFrame | pl.DataFrame,
-    intervals: pl.LazyFrame | pl.DataFrame,
-    start_order: StartOrder,
-    outermost: pl.Series,
-    by: tuple[str, ...],
-) -> pl.Series:
-    """`around_one` by the sorted keys and binary searches of `_Threads` (every start order)."""
-    located = _Located.of(points, intervals, start_order, by)
+    located = _Located.of(points, intervals, start_order, by)  # polars: every start order
     if located is None:
         return _nulls(points).alias("iv_idx")
     depth = pl.select(pl.when(outermost).then(located.depth.clip(upper_bound=1)).otherwise(located.depth)).to_series()
