@@ -399,7 +399,7 @@ def _flows(src: LinkSources, gpu: pl.DataFrame, corrs: pl.Series) -> pl.DataFram
     cudaEventQuery, without a start: 1.2 M of the 1.5 M ends of that trace scaled to 1 GB, each
     read and joined for nothing; `_flows` 0.45-0.62 -> 0.36-0.44 CPU-s there). `s` endpoints with
     other ids are read after."""
-    at = gpu.select(_THREAD_TIME).drop_nulls().unique()
+    at = gpu.select(_THREAD_TIME).drop_nulls()  # repeated: `among` and the semi-join take them so
     link_flow = _is_launch_flow() & pl.col("id").is_not_null()
     is_end, is_start = pl.col("ph") == "f", pl.col("ph") == "s"
     found = read_where(
@@ -423,21 +423,23 @@ def _launch_candidates(src: LinkSources, corrs: pl.Series, flow_starts: pl.DataF
     (when every GPU op has a correlation id, only calls sharing one with some GPU op of the trace).
 
     One read finds both: the calls of a batch's correlation ids and those at its flow starts lie in
-    the same stretch of the file, whose row groups are then decoded once."""
-    at = flow_starts.select(_THREAD_TIME).unique()
+    the same stretch of the file, whose row groups are then decoded once. Each call comes once
+    from the read: both kinds are picked from it, in its order (a concatenation made unique again
+    was a tenth of the launch lookup)."""
+    at = flow_starts.select(_THREAD_TIME)  # repeated: `among` and the semi-join take them so
     calls = read_where(
         src.events,
         src.is_slice(LAUNCH) & (among("correlation", corrs) | among("ts_ns", at["ts_ns"])),
         _LAUNCH_COLUMNS,
     )
-    by_correlation = calls.filter(pl.col("correlation").is_in(corrs.implode()))
+    by_correlation = pl.col("correlation").is_in(corrs.implode())
     if at.is_empty():
-        return by_correlation
+        return calls.filter(by_correlation)
     at_flows = calls.join(at, on=_THREAD_TIME, how="semi")
     if src.launches_share_gpu_correlation:
-        shared = _gpu_correlations_among(src, at_flows["correlation"], by_correlation["correlation"].unique())
+        shared = _gpu_correlations_among(src, at_flows["correlation"], corrs)
         at_flows = at_flows.filter(pl.col("correlation").is_in(shared.implode()))
-    return pl.concat([by_correlation, at_flows]).unique("event_idx", keep="first", maintain_order=True)
+    return calls.filter(by_correlation | pl.col("event_idx").is_in(at_flows["event_idx"].implode()))
 
 
 def _gpu_correlations_among(src: LinkSources, corrs: pl.Series, known: pl.Series) -> pl.Series:
