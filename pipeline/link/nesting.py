@@ -27,6 +27,12 @@ All threads are answered at once, without a loop over threads: the intervals are
 that put the thread first: thread number * width + value, in int64 (`_Keys`). A thread's starts
 are then the rows from its first one on (`first`), and counts within it are positions minus
 `first`.
+
+Where the optional compiled module is built (`native/nesting.cpp`), `around_one` (linking's
+question, and `enclosing`'s) is answered by one sweep per thread instead: starts in start order,
+ends sorted, points walked in time order with the last start at each depth kept. Same rule, same
+answers (`tests/test_nesting.py` checks both against a direct sweep); TRACEPIPE_NATIVE=0 turns
+it off.
 """
 
 from __future__ import annotations
