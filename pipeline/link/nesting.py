@@ -37,12 +37,12 @@ it off.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
+from pipeline import native
 from pipeline.store import scalar_int
 
 THREAD = ["pid", "tid"]
@@ -250,7 +250,7 @@ def around_one(
 def native_nesting() -> bool:
     """Whether `around_one` sweeps in the compiled module (`native/nesting.cpp`): installed, of
     a build that has it, and not turned off (TRACEPIPE_NATIVE=0)."""
-    return _native_around is not None and os.environ.get("TRACEPIPE_NATIVE", "1") != "0"
+    return _native_around is not None and native.allowed()
 
 
 def _around_one_native(

@@ -8,11 +8,10 @@ Python builders. TRACEPIPE_NATIVE=0 turns it off.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pyarrow as pa
 
+from pipeline import native
 from pipeline.read.arrays import plain_strings
 from pipeline.read.by_struct import ALIAS_FIELDS, GPU_ARG_FIELDS, extra_json_of_struct_keys
 from pipeline.read.tables import EVENT_COLUMNS, ChunkTables, events_table, flows_of, gpu_and_flow_rows, gpu_ops_of
@@ -43,7 +42,7 @@ if _native is not None:
 
 def available() -> bool:
     """Whether chunks go through the native builder (installed, and not turned off)."""
-    return _native is not None and os.environ.get("TRACEPIPE_NATIVE", "1") != "0"
+    return _native is not None and native.allowed()
 
 
 def _kept(view: memoryview | None) -> pa.Buffer | None:
