@@ -222,7 +222,8 @@ def around_each(
     outermost interval (iv_idx, *by, ts_ns, end_ns) that contain it, null where none does."""
     located = _Located.of(points, intervals, start_order, by)
     if located is None:
-        return pl.DataFrame({"innermost": _nulls(points), "outermost": _nulls(points)})
+        none = _nulls(points)
+        return pl.DataFrame({"innermost": none, "outermost": none})
     return pl.DataFrame(
         {"innermost": located.open_at(located.depth), "outermost": located.open_at(located.depth.clip(upper_bound=1))}
     )
