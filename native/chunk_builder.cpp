@@ -931,6 +931,7 @@ PyObject *configure(PyObject *, PyObject *args) {
 }  // namespace
 
 PyObject *nesting_around(PyObject *, PyObject *args);  // nesting.cpp
+PyObject *nesting_nest(PyObject *, PyObject *args);    // nesting.cpp
 
 namespace {
 
@@ -942,6 +943,9 @@ PyMethodDef methods[] = {
     {"around", nesting_around, METH_VARARGS,
      "around(iv_g, iv_ts, iv_end, iv_idx, pt_g, pt_t, pt_outer, order, out): the interval around each point "
      "(nesting.cpp)"},
+    {"nest", nesting_nest, METH_VARARGS,
+     "nest(iv_g, iv_ts, iv_end, iv_idx, order, rows, depth, parent): each interval's depth and parent, in start "
+     "order (nesting.cpp)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "tracepipe_native",

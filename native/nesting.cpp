@@ -7,6 +7,11 @@
 //   the innermost); order 0: intervals starting at one instant nest by idx (file order), 1: longer
 //   first, then by idx. Writes, for each point, the row of the interval that encloses it, or -1.
 //
+// nest(iv_g, iv_ts, iv_end, iv_idx, order, rows, depth, parent):
+//   the same intervals and orders; writes, for the k-th interval in start order (by thread, then
+//   start, then the order), its row, its depth and the row of its parent (the last start at
+//   depth - 1 before it), or -1.
+//
 // The rule, as nesting.py states it: the depth at t is the number of starts at or before t minus
 // the number of effective ends at or before t (the end, or end + 1 for a zero-length interval);
 // an interval's depth is that of its start, counting itself and the starts before it in start
@@ -44,6 +49,39 @@ bool get(PyObject *o, View &v, Py_ssize_t itemsize, Py_ssize_t &n, bool writable
   return true;
 }
 
+// the rows of the intervals in start order: by thread, start, then (order 1: longer first) end
+// descending, then idx
+std::vector<int64_t> start_order(Py_ssize_t n, const int64_t *g, const int64_t *ts, const int64_t *end,
+                                 const int64_t *idx, int order) {
+  std::vector<int64_t> iv(n);
+  for (Py_ssize_t i = 0; i < n; ++i) iv[i] = i;
+  std::stable_sort(iv.begin(), iv.end(), [&](int64_t a, int64_t b) {
+    if (g[a] != g[b]) return g[a] < g[b];
+    if (ts[a] != ts[b]) return ts[a] < ts[b];
+    if (order == 1 && end[a] != end[b]) return end[a] > end[b];
+    return idx[a] < idx[b];
+  });
+  return iv;
+}
+
+// one thread's intervals, positions [a, b) of the start order: their effective ends sorted into
+// `ends`, and each one's depth (the starts so far, itself included, minus the ends at or before
+// its start) into depth[a..b)
+void depths(const std::vector<int64_t> &iv, Py_ssize_t a, Py_ssize_t b, const int64_t *ts, const int64_t *end,
+            std::vector<int64_t> &ends, std::vector<int64_t> &depth) {
+  ends.clear();
+  for (Py_ssize_t k = a; k < b; ++k) {
+    const int64_t i = iv[k];
+    ends.push_back(end[i] == ts[i] ? end[i] + 1 : end[i]);
+  }
+  std::sort(ends.begin(), ends.end());
+  size_t e = 0;
+  for (Py_ssize_t k = a; k < b; ++k) {
+    while (e < ends.size() && ends[e] <= ts[iv[k]]) ++e;
+    depth[k] = (k - a + 1) - (int64_t)e;
+  }
+}
+
 }  // namespace
 
 PyObject *nesting_around(PyObject *, PyObject *args) {
@@ -63,15 +101,7 @@ PyObject *nesting_around(PyObject *, PyObject *args) {
   int64_t *out = static_cast<int64_t *>(vout.buf.buf);
 
   Py_BEGIN_ALLOW_THREADS;
-  // intervals in start order: by thread, start, then (longer first) end descending, then idx
-  std::vector<int64_t> iv(n);
-  for (Py_ssize_t i = 0; i < n; ++i) iv[i] = i;
-  std::stable_sort(iv.begin(), iv.end(), [&](int64_t a, int64_t b) {
-    if (g[a] != g[b]) return g[a] < g[b];
-    if (ts[a] != ts[b]) return ts[a] < ts[b];
-    if (order == 1 && end[a] != end[b]) return end[a] > end[b];
-    return idx[a] < idx[b];
-  });
+  std::vector<int64_t> iv = start_order(n, g, ts, end, idx, order);
   // points by thread and time (points on no thread are answered -1 at once)
   std::vector<int64_t> pts;
   pts.reserve(m);
@@ -83,7 +113,7 @@ PyObject *nesting_around(PyObject *, PyObject *args) {
     return pg[a] != pg[b] ? pg[a] < pg[b] : pt[a] < pt[b];
   });
   std::vector<int64_t> ends, depth(n), last;
-  size_t p = 0;
+  size_t p = 0, e;
   for (Py_ssize_t a = 0; a < n;) {  // one thread: positions [a, b) of the start order
     Py_ssize_t b = a;
     const int64_t thread = g[iv[a]];
@@ -93,17 +123,7 @@ PyObject *nesting_around(PyObject *, PyObject *args) {
       a = b;
       continue;
     }
-    ends.clear();
-    for (Py_ssize_t k = a; k < b; ++k) {
-      const int64_t i = iv[k];
-      ends.push_back(end[i] == ts[i] ? end[i] + 1 : end[i]);
-    }
-    std::sort(ends.begin(), ends.end());
-    size_t e = 0;
-    for (Py_ssize_t k = a; k < b; ++k) {  // each interval's depth: starts so far minus ends at or before its start
-      while (e < ends.size() && ends[e] <= ts[iv[k]]) ++e;
-      depth[k] = (k - a + 1) - (int64_t)e;
-    }
+    depths(iv, a, b, ts, end, ends, depth);
     last.assign(b - a + 2, -1);  // depth -> position of the last start at that depth so far
     Py_ssize_t s = a;
     e = 0;
@@ -119,6 +139,40 @@ PyObject *nesting_around(PyObject *, PyObject *args) {
     }
     a = b;
   }
+  Py_END_ALLOW_THREADS;
+  Py_RETURN_NONE;
+}
+
+PyObject *nesting_nest(PyObject *, PyObject *args) {
+  PyObject *og, *ots, *oend, *oidx, *orows, *odepth, *oparent;
+  int order;
+  if (!PyArg_ParseTuple(args, "OOOOiOOO", &og, &ots, &oend, &oidx, &order, &orows, &odepth, &oparent)) return nullptr;
+  View vg, vts, vend, vidx, vrows, vdepth, vparent;
+  Py_ssize_t n = -1;
+  if (!get(og, vg, 8, n, false) || !get(ots, vts, 8, n, false) || !get(oend, vend, 8, n, false) ||
+      !get(oidx, vidx, 8, n, false) || !get(orows, vrows, 8, n, true) || !get(odepth, vdepth, 8, n, true) ||
+      !get(oparent, vparent, 8, n, true))
+    return nullptr;
+  const int64_t *g = static_cast<const int64_t *>(vg.buf.buf), *ts = static_cast<const int64_t *>(vts.buf.buf),
+                *end = static_cast<const int64_t *>(vend.buf.buf), *idx = static_cast<const int64_t *>(vidx.buf.buf);
+  int64_t *rows = static_cast<int64_t *>(vrows.buf.buf), *parent = static_cast<int64_t *>(vparent.buf.buf);
+
+  Py_BEGIN_ALLOW_THREADS;
+  std::vector<int64_t> iv = start_order(n, g, ts, end, idx, order);
+  std::vector<int64_t> ends, depth(n), last;
+  for (Py_ssize_t a = 0; a < n;) {  // one thread: positions [a, b) of the start order
+    Py_ssize_t b = a;
+    while (b < n && g[iv[b]] == g[iv[a]]) ++b;
+    depths(iv, a, b, ts, end, ends, depth);
+    last.assign(b - a + 2, -1);  // depth -> row of the last start at that depth so far
+    for (Py_ssize_t k = a; k < b; ++k) {
+      rows[k] = iv[k];
+      parent[k] = depth[k] >= 2 ? last[depth[k] - 1] : -1;
+      last[depth[k]] = iv[k];
+    }
+    a = b;
+  }
+  std::copy(depth.begin(), depth.end(), static_cast<int64_t *>(vdepth.buf.buf));
   Py_END_ALLOW_THREADS;
   Py_RETURN_NONE;
 }

@@ -67,9 +67,16 @@ def check_against_sweep(intervals: list, points: list):
     (the reports' order); file order only (linking's)."""
     iv = pl.DataFrame(intervals, schema=["iv_idx", "pid", "tid", "ts_ns", "end_ns"], orient="row").cast(pl.Int64)
     pts = pl.DataFrame(points, schema=["point_id", "pid", "tid", "t"], orient="row").cast(pl.Int64)
-    depth, parent, _ = _sweep(intervals, points, lambda i, s, e: (-e, i))
-    got = nesting.nesting(iv, nesting.LONGER_FIRST)
-    assert {r[0]: (r[1], r[2]) for r in got.iter_rows()} == {i: (depth[i], parent[i]) for i in depth}
+    # nesting: in polars and, where it is built, in the compiled sweep, in both start orders; the
+    # same rows in the same order (the reports' sweep reads positions in start order)
+    for order, key in ((nesting.LONGER_FIRST, lambda i, s, e: (-e, i)), (nesting.FILE_ORDER, lambda i, s, e: (i,))):
+        depth, parent, _ = _sweep(intervals, points, key)
+        answers = []
+        for native in ("0", "1") if nesting._native_nest else ("0",):
+            with _env("TRACEPIPE_NATIVE", native):
+                answers.append(got := nesting.nesting(iv, order))
+                assert {r[0]: (r[1], r[2]) for r in got.iter_rows()} == {i: (depth[i], parent[i]) for i in depth}
+        assert all(a.equals(answers[0]) for a in answers), "native and polars nest in different orders"
     _, _, found = _sweep(intervals, points, lambda i, s, e: (i,))
     for outermost, k in ((False, 0), (True, 1)):
         got = nesting.enclosing(pts, iv, nesting.FILE_ORDER, outermost)
