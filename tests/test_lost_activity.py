@@ -57,6 +57,9 @@ def test_launches_without_device_activity_exit_1_and_say_so(shared_traces, tmp_p
     assert devices and all(d["name"] != "cpu" and "lost" in d["name"] for d in devices)
     again = run_cli(["analyze", tmp_path / "out" / "lost", "--section", "kernels"])  # a flattened trace too
     assert again.returncode == 1 and "no device activity" in again.stderr
+    # its CPU ops stand where kernels would be, and the titles say why without calling it CPU-only
+    assert "CPU ops by name" in again.stdout and "no device activity in the trace" in again.stdout
+    assert "CPU-only" not in again.stdout
 
 
 @pytest.mark.real

@@ -292,6 +292,23 @@ def test_cpu_only_trace_uses_cpu_ops(tmp_path):
     assert doc["devices"][0]["device"] == rp.CPU_DEVICE and doc["devices"][0]["busy_pct"] == 100.0
 
 
+def test_a_cpu_only_trace_s_report_says_cpu_ops_not_kernels(tmp_path, busy_trace):
+    """Where the CPU's ops stand for kernels, the titles, the shares' meanings and the page's
+    overview say so; a trace with a device keeps the device words."""
+    f = flat_of(tmp_path, [op("ProfilerStep#1", 0, 100, cat="user_annotation"), op("aten::mm", 10, 80)], "cpu")
+    only = ["devices", "kernels", "streams", "categories"]
+    text = rp.format_analysis(f, rp.analyze(f, only=only), "table", 60, None, only, 200)
+    assert "Kernels per device" not in text and "union of kernels" not in text and "\nStreams\n" not in text
+    assert "CPU ops by name" in text and "CPU busy time" in text and "Threads" in text
+    assert "pct: % of the CPU ops' self time" in text and "% of the device's kernel time" not in text
+    page = rp.format_analysis(f, rp.analyze(f), "html", 60, None, None, None)
+    assert "CPU busy and idle" in page and "top CPU op category" in page and "Top 2 CPU ops by self CPU time" in page
+    assert "Device busy and idle" not in page and "top kernel category" not in page
+    gpu_text = rp.format_analysis(busy_trace, rp.analyze(busy_trace, only=only), "table", 60, None, only, 200)
+    assert "Kernels per device" in gpu_text and "CPU ops by name" not in gpu_text
+    assert "% of the device's kernel time" in gpu_text
+
+
 # ------------------------------------------------------------------ JSON contract
 def _strict_json(text: str):
     def no_nan(c):

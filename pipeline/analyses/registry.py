@@ -14,6 +14,7 @@ from typing import Literal
 
 import polars as pl
 
+from pipeline.analyses.activity import CPU_DEVICE
 from pipeline.analyses.busy import busy
 from pipeline.analyses.categories import categories
 from pipeline.analyses.communication import communication
@@ -75,6 +76,11 @@ class Section:
     lead: bool = False  # what to fix: shown first, before everything else, even when empty (it says so)
     # what an empty name says in table, md, csv and xlsx (JSON keeps null): column -> label
     blanks: Mapping[str, str] = field(default_factory=dict)
+    # on a trace without device activity (CPU-only, or its device activity lost), where the CPU
+    # (device -1) and its ops stand for devices and kernels: its title and its columns' meanings
+    # there (default: the same as elsewhere)
+    cpu_title: str | None = None
+    cpu_meanings: Mapping[str, str] = field(default_factory=dict)
 
     def tables(self, df: pl.DataFrame) -> dict[str, pl.DataFrame]:
         """What table, md, csv and xlsx show of the section: named tables (default: its rows), an
@@ -87,6 +93,16 @@ class Section:
     @property
     def key(self) -> str:
         return self.json_key or self.name
+
+    def title_of(self, df: pl.DataFrame) -> str:
+        """Its title over these rows: the CPU-only one where every row is the CPU's."""
+        return self.cpu_title if self.cpu_title and on_cpu_only(df) else self.title
+
+
+def on_cpu_only(df: pl.DataFrame) -> bool:
+    """Whether a per-device table's rows are all the CPU's (device -1: a trace without device
+    activity, whose CPU ops stand for kernels)."""
+    return "device" in df.columns and df.height > 0 and bool((df["device"] == CPU_DEVICE).all())
 
 
 # what each percentage column is a share of, where it means the same in every section that has it
@@ -111,6 +127,8 @@ PCT_MEANINGS = {
     "min_effect_pct": "% change below which a difference is not reported",
 }
 KERNEL_TIME = {"pct": "% of the device's kernel time"}
+CPU_OP_TIME = {"pct": "% of the CPU ops' self time (no device activity in the trace)"}
+NO_PEAK = "left blank (no device activity in the trace: no peak)"
 NO_OP_ALLOCATOR = "(no op: allocator)"  # memory events outside every op: the caching allocator's own
 
 
@@ -144,6 +162,8 @@ REGISTRY: tuple[Section, ...] = (
         "Devices: busy time (union of kernels, memcpy, memset over the span)",
         "busy and idle time per device",
         json=DEVICES,
+        cpu_title="CPU busy time: union of its ops (no device activity in the trace)",
+        cpu_meanings={"kernel_busy_pct": "left blank (no kernels in the trace)"},
         columns=(
             "device",
             "name",
@@ -162,6 +182,8 @@ REGISTRY: tuple[Section, ...] = (
         "Kernels per device",
         "time, FLOPs and roofline per kernel name",
         meanings=KERNEL_TIME,
+        cpu_title="CPU ops by name: self time (no device activity in the trace)",
+        cpu_meanings={**CPU_OP_TIME, "achieved_flops_pct": NO_PEAK, "achieved_bw_pct": NO_PEAK},
         json=IN_DEVICE,
         top_per_device=True,
         columns=(  # by importance: a narrow terminal leaves out the last ones
@@ -197,6 +219,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: busy(f, per_stream=True),
         "Streams",
         "busy and idle time per stream",
+        cpu_title="Threads: busy and idle per thread (stream = thread id; no device activity)",
         json=IN_DEVICE,
         top_per_device=True,
         columns=("device", "stream", "busy_pct", "span_us", "busy_us", "gaps", "largest_gap_us"),
@@ -207,6 +230,8 @@ REGISTRY: tuple[Section, ...] = (
         "Time by category",
         "time per kernel category",
         meanings={"pct": "% of the device's time in kernels, memcpy and memset"},
+        cpu_title="Time by category: CPU ops' self time (no device activity in the trace)",
+        cpu_meanings=CPU_OP_TIME,
         json=IN_DEVICE,
         top_per_device=True,
         columns=("device", "category", "count", "dur_us", "pct"),
@@ -381,9 +406,11 @@ def _nested(only: list[str]) -> bool:
     return any(BY_NAME[n].json == IN_DEVICE for n in only if n in BY_NAME)
 
 
-def pct_meanings(section: str | None, columns: Iterable[str]) -> dict[str, str]:
-    """What each percentage column among `columns` of a section's table is a share of."""
-    own = BY_NAME[section].meanings if section in BY_NAME else {}
+def pct_meanings(section: str | None, columns: Iterable[str], cpu_only: bool = False) -> dict[str, str]:
+    """What each percentage column among `columns` of a section's table is a share of (`cpu_only`:
+    where the table's rows are a CPU-only trace's)."""
+    s = BY_NAME.get(section) if section else None
+    own = {} if s is None else {**s.meanings, **s.cpu_meanings} if cpu_only else s.meanings
     return {c: own.get(c) or PCT_MEANINGS.get(c, "a percentage") for c in columns if is_pct(c)}
 
 

@@ -17,7 +17,16 @@ import polars as pl
 from pipeline.analyses.cpu import check_grouping
 from pipeline.analyses.diff import SIDE_COLS, diff_summary
 from pipeline.analyses.flat import as_flat
-from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE, REGISTRY, SECTIONS, TOP_LEVEL, pct_meanings
+from pipeline.analyses.registry import (
+    BY_NAME,
+    DEVICES,
+    IN_DEVICE,
+    REGISTRY,
+    SECTIONS,
+    TOP_LEVEL,
+    on_cpu_only,
+    pct_meanings,
+)
 from pipeline.errors import UsageError, did_you_mean
 from pipeline.render.findings import duration
 from pipeline.render.tables import check_columns, dumps, records, render
@@ -114,7 +123,7 @@ def _text_section(
     columns (or the layout's) and top rows; a section not registered: every column, its name as
     title."""
     s = BY_NAME.get(name)
-    title = s.title if s else name
+    title = s.title_of(df) if s else name
     head = f"## {title}\n\n" if fmt == "md" else f"{title}\n"
     if s is not None and s.text is not None:
         return head + s.text(df.head(top) if top else df, fmt, layout.width)
@@ -123,7 +132,8 @@ def _text_section(
         _table(view, rows, s, fmt, layout, top, devices, len(views) > 1) for view, rows in views.items() if rows.height
     )
     columns = dict.fromkeys(c for rows in views.values() for c in rows.columns)
-    return head + tables + _pct_legend(pct_meanings(name, columns), tables, fmt, layout.width)
+    meanings = pct_meanings(name, columns, cpu_only=on_cpu_only(df))
+    return head + tables + _pct_legend(meanings, tables, fmt, layout.width)
 
 
 def _pct_legend(meanings: dict[str, str], tables: str, fmt: str, width: int | None) -> str:

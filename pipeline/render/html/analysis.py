@@ -18,7 +18,7 @@ import pipeline.render.html.charts as ch
 from pipeline.analyses.flat import Flat, as_flat
 from pipeline.analyses.memory import memory_series
 from pipeline.analyses.queue import queue_series
-from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE, pct_meanings
+from pipeline.analyses.registry import BY_NAME, DEVICES, IN_DEVICE, on_cpu_only, pct_meanings
 from pipeline.render.html.cells import duration, engineering_bytes
 from pipeline.render.html.model import Chart, Findings, Note, Page, Part, Section, Table
 from pipeline.render.html.overview import overview
@@ -60,7 +60,7 @@ def analysis_page(
         if not df.height:
             empty.append((s.key if s else name, s.help if s else ""))
             continue
-        sec = Section(s.title if s else name, name=s.key if s else name, help=s.help if s else "")
+        sec = Section(s.title_of(df) if s else name, name=s.key if s else name, help=s.help if s else "")
         if name in SECTION_CHARTS:
             sec.parts += SECTION_CHARTS[name](f, df, devices)
         sec.parts += section_tables(name, df, devices, top)
@@ -83,7 +83,7 @@ def section_tables(name: str, df: pl.DataFrame, devices: dict[int, str], top: in
         rows = rows.select(ordered_columns(rows, s.columns if s and not s.views else None))
         if s is not None and s.json in (DEVICES, IN_DEVICE):
             rows = rows.drop([c for c in POSITION_COLUMNS if c in rows.columns])
-        meanings = pct_meanings(name, rows.columns)
+        meanings = pct_meanings(name, rows.columns, cpu_only=on_cpu_only(rows))
         if not per_device:
             cut = bool(top and s is not None and s.top_in_json)
             parts.append(Table(rows.head(top) if top and cut else rows, caption, meanings=meanings))

@@ -41,20 +41,21 @@ def overview(f: Flat, sections: dict[str, pl.DataFrame], devices: dict[int, str]
     s = {k: v for k, v in sections.items() if v.height}
     parts: list[Part] = []
     parts += _busy_tiles(s.get("devices"), s.get("idle"))
-    parts += _category_tile(s.get("categories"))
+    parts += _category_tile(s.get("categories"), f.has_gpu)
     parts += _critical_tile(s.get("critical-path"))
     reasons = kernel_time_by_reason(f) if "kernels" in s and f.has_gpu and "coverage" not in s else None
     cost_tiles, cost_parts = costing_parts(reasons, s.get("coverage"), label, len(devices) > 1)
     parts += cost_tiles
     parts += _memory_tile(s.get("memory"), label)
     if "categories" in s:
-        parts.append(Chart(category_chart(s["categories"], label)))
-    idle_parts = [Chart(busy_chart(s["devices"], s.get("streams"), label))] if "devices" in s else []
+        parts.append(Chart(category_chart(s["categories"], label, f.has_gpu)))
+    busy_part = busy_chart(s["devices"], s.get("streams"), label, f.has_gpu) if "devices" in s else None
+    idle_parts = [Chart(busy_part)] if busy_part else []
     idle_parts += [Chart(idle_chart(s["idle"]))] if "idle" in s else []
     if idle_parts:
         parts.append(Group(tuple(idle_parts)))
-    if "kernels" in s:
-        parts.append(top_kernels(s["kernels"], len(devices) > 1))
+    if "kernels" in s and (f.has_gpu or "ops" not in s):  # a CPU-only trace's: the ops' table says it
+        parts.append(top_kernels(s["kernels"], len(devices) > 1, f.has_gpu))
     if "ops" in s and top_ops(s["ops"]).frame.height:
         parts.append(top_ops(s["ops"]))
     if "kernels" in s and f.has_gpu:
@@ -97,16 +98,17 @@ def _busy_tiles(dev: pl.DataFrame | None, idle: pl.DataFrame | None) -> list[Til
     return out
 
 
-def _category_tile(cats: pl.DataFrame | None) -> list[Tile]:
+def _category_tile(cats: pl.DataFrame | None, on_gpu: bool = True) -> list[Tile]:
     if cats is None:
         return []
+    what = "kernel" if on_gpu else "CPU op"
     by = cats.group_by("category").agg(pl.col("dur_us").sum()).sort("dur_us", descending=True)
     total = by["dur_us"].sum() or 1.0
     top = by.row(0, named=True)
     rest = "; ".join(f"{c} {percent(100 * d / total)}" for c, d in by.slice(1, 3).iter_rows())
     share = percent(100 * top["dur_us"] / total)
     return [
-        Tile("top kernel category", str(top["category"]), f"{share} of kernel time" + (f"; {rest}" if rest else ""))
+        Tile(f"top {what} category", str(top["category"]), f"{share} of {what} time" + (f"; {rest}" if rest else ""))
     ]
 
 
@@ -134,10 +136,11 @@ def _memory_tile(mem: pl.DataFrame | None, label) -> list[Tile]:
 
 
 # ------------------------------------------------------------------ charts
-def category_chart(cats: pl.DataFrame, label) -> dict:
-    """One device: a bar per category (its time, its share); several: a bar per device, stacked."""
+def category_chart(cats: pl.DataFrame, label, on_gpu: bool = True) -> dict:
+    """One device: a bar per category (its time, its share); several: a bar per device, stacked.
+    A CPU-only trace's (not `on_gpu`): its ops' self time."""
     devices = cats["device"].unique().sort().to_list()
-    title = "Where the time goes: kernel time by category"
+    title = "Where the time goes: " + ("kernel time" if on_gpu else "CPU ops' self time") + " by category"
     if len(devices) == 1:
         rows = [
             ch.bar(c, [d], f"{duration(d)} · {percent(p)}", color=CATEGORY_COLOURS.get(c, OTHER_COLOUR))
@@ -155,26 +158,33 @@ def category_chart(cats: pl.DataFrame, label) -> dict:
     return ch.bars(title + ", % of each device's kernel time", rows, "pct", segs, max_value=100)
 
 
-def busy_chart(dev: pl.DataFrame, streams: pl.DataFrame | None, label) -> dict:
-    """A bar per device (and per stream under it): kernels, memcpy/memset only, idle; % of its span."""
-    segs = ch.series(
-        ["kernels", "memcpy / memset", "idle"], {"kernels": ch.BUSY, "memcpy / memset": ch.TRANSFER, "idle": ch.IDLE}
-    )
+def busy_chart(dev: pl.DataFrame, streams: pl.DataFrame | None, label, on_gpu: bool = True) -> dict:
+    """A bar per device (and per stream under it): kernels, memcpy/memset only, idle; % of its span.
+    A CPU-only trace's (not `on_gpu`): its ops and idle, per thread."""
+    work, lane = ("kernels", "stream") if on_gpu else ("CPU ops", "thread")
+    kinds = [work, "memcpy / memset", "idle"] if on_gpu else [work, "idle"]
+    segs = ch.series(kinds, {work: ch.BUSY, "memcpy / memset": ch.TRANSFER, "idle": ch.IDLE})
+    split = lambda busy, kern: [kern, busy - kern, 100 - busy] if on_gpu else [busy, 100 - busy]
     rows = []
     for r in dev.to_dicts():
         busy, kern = r["busy_pct"] or 0.0, r.get("kernel_busy_pct")
         kern = busy if kern is None else kern
-        rows.append(ch.bar(label(r["device"]), [kern, busy - kern, 100 - busy], f"{percent(busy)} busy"))
+        rows.append(ch.bar(label(r["device"]), split(busy, kern), f"{percent(busy)} busy"))
         if streams is not None and streams.height > 1:
             mine = streams.filter(pl.col("device") == r["device"]).sort("busy_us", descending=True).head(MAX_STREAMS)
             for s in mine.to_dicts():
                 b = s["busy_pct"] or 0.0
-                rows.append(ch.bar(f"  stream {s['stream']}", [b, 0, 100 - b], f"{percent(b)} busy"))
+                rows.append(ch.bar(f"  {lane} {s['stream']}", split(b, b), f"{percent(b)} busy"))
+    if not on_gpu:
+        note = (
+            "Busy: the union of its CPU ops over its span (first start to last end); no device activity in the trace."
+        )
+        return ch.bars("CPU busy and idle, % of its span", rows, "pct", segs, note, max_value=100)
     note = "Busy: the union of its kernels, memcpy and memset over its span (first start to last end)."
     return ch.bars("Device busy and idle, % of its span", rows, "pct", segs, note, max_value=100)
 
 
-def top_kernels(kernels: pl.DataFrame, several: bool) -> Table:
+def top_kernels(kernels: pl.DataFrame, several: bool, on_gpu: bool = True) -> Table:
     cols = [
         c
         for c in ("name", "device", "dur_us", "pct", "count", "mean_us", "achieved_flops_pct", "cpu_op")
@@ -183,6 +193,9 @@ def top_kernels(kernels: pl.DataFrame, several: bool) -> Table:
     if not several:
         cols.remove("device")
     top = kernels.sort("dur_us", descending=True).head(TOP).select(cols)
+    if not on_gpu:
+        title = f"Top {top.height} CPU ops by self time (of {kernels.height:,}; all in CPU ops by name below)"
+        return Table(top, title, compact=True, meanings=pct_meanings("kernels", cols, cpu_only=True))
     title = f"Top {top.height} kernels by time (of {kernels.height:,}; all in Kernels below)"
     return Table(top, title, compact=True, meanings=pct_meanings("kernels", cols))
 
