@@ -290,6 +290,7 @@ def flatten(
     formulas=None,
     graph_captures: Sequence[str | os.PathLike] = (),
     capture_trace_ids: Sequence[str | None] | None = None,
+    run_tables: bool = True,
 ) -> FlattenResult:
     """Flatten one trace into OUT/<stem>/{events,gpu_ops,flows,devices,trace}.parquet.
 
@@ -304,6 +305,9 @@ def flatten(
     `graph_captures`: capture traces of the CUDA/HIP graphs this trace replays (`read_captures`;
     `capture_trace_ids` the trace_ids to refer to them by): replayed kernels are given the ops that
     captured them (see `pipeline.link.graphs`).
+
+    `run_tables=False` leaves out collectives.parquet and steps.parquet, what whole runs are
+    measured from (`pipeline.runs`): for a flatten that one trace's report reads and throws away.
     """
     say_stage = stage or (lambda name: None)
     if formulas is not None:
@@ -344,9 +348,10 @@ def flatten(
                 formulas=formulas,
                 captures=captures,
             )
-            write_run_tables(tmp, row)
+            if run_tables:
+                write_run_tables(tmp, row)
             seconds["link_cost"] = time.perf_counter() - t0
-        else:
+        elif run_tables:
             write_empty_run_tables(tmp)
         say_stage("write")  # the trace table, then the directory committed
         write_trace_table(row, tmp)

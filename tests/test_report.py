@@ -309,6 +309,40 @@ def test_a_cpu_only_trace_s_report_says_cpu_ops_not_kernels(tmp_path, busy_trace
     assert "% of the device's kernel time" in gpu_text
 
 
+def test_device_sections_alone_sweep_only_the_gpu_ops(tmp_path):
+    """devices, kernels, transfers, streams and categories read the GPU sweep alone: asked for
+    alone they make no CPU sweep (the op tree, half an analyze of them), and say what they say
+    in a whole analyze."""
+    ev = launched("aten::mm", "gemm_a", 0, 1) + launched("aten::add", "add_kernel", 30, 2, stream=8)
+    ev += [gpu("Memcpy HtoD (Pinned -> Device)", 80, 10, stream=9, cat="gpu_memcpy")]
+    only = ["devices", "kernels", "transfers", "streams", "categories"]
+    f = flat_of(tmp_path, ev)
+    alone = rp.analyze(f, only=only)
+    assert not f._cpu, "a CPU sweep was made"
+    whole = rp.analyze(rp.Flat(f.path))
+    assert all(alone[k].equals(whole[k]) for k in only)
+    assert rp.analyze(f, only=["ops"])["ops"].height and f._cpu  # a section of the op tree sweeps it
+
+
+def test_a_trace_file_s_report_needs_no_run_tables(shared_traces, tmp_path):
+    """`analyze TRACE.json` flattens into a scratch directory without the run tables (collectives,
+    steps: what whole runs are measured from); its report, every section, is the one of the trace
+    flattened with them. On a real NCCL trace, whose collectives table has rows."""
+    trace = shared_traces / "hta/a100_nccl.json.gz"
+    kept = flatten(trace, tmp_path / "flat")
+    assert pl.read_parquet(kept.out_dir / "collectives.parquet").height > 0
+
+    def document(f):  # the JSON report but where it was flattened (a scratch directory names none)
+        doc = json.loads(rp.format_analysis(f, rp.analyze(f), "json"))
+        doc["trace"].pop("flat_dir", None)
+        return doc
+
+    with rp.opened(trace) as f:
+        assert not (f.path / "collectives.parquet").exists() and not (f.path / "steps.parquet").exists()
+        scratch = document(f)
+    assert scratch == document(rp.Flat(kept.out_dir))
+
+
 # ------------------------------------------------------------------ JSON contract
 def _strict_json(text: str):
     def no_nan(c):

@@ -243,9 +243,10 @@ def as_flat(flat) -> Flat:
 def opened(
     path: str | Path, window: Window | None = None, trace: str | None = None, **flatten_options
 ) -> Iterator[Flat]:
-    """A Flat for a trace file (flattened into a temporary directory removed afterwards), a
-    flattened-trace directory, or the trace `trace` names (trace_id, stem or part of its path) in
-    a folder of flattened traces or a batch dataset (see `pipeline.dataset.pick`)."""
+    """A Flat for a trace file (flattened into a temporary directory removed afterwards, without
+    the run tables: `pipeline.flatten`'s run_tables), a flattened-trace directory, or the trace
+    `trace` names (trace_id, stem or part of its path) in a folder of flattened traces or a batch
+    dataset (see `pipeline.dataset.pick`)."""
     path = Path(path)
     if path.is_dir() and flatten_options.get("graph_captures"):
         raise UsageError(f"{path} is flattened already: pair its graph replays with `flatten --graph-capture`")
@@ -262,5 +263,6 @@ def opened(
     from pipeline.flatten import flatten
 
     with tempfile.TemporaryDirectory(prefix="tracepipe-report-") as tmp:
-        r = flatten(path, tmp, **flatten_options)
+        # one trace's reports read no run tables (collectives, steps: whole runs'): not written
+        r = flatten(path, tmp, run_tables=False, **flatten_options)
         yield Flat(r.out_dir, flatten_result=r, window=window)

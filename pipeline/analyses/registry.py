@@ -66,6 +66,7 @@ class Section:
     top_per_device: bool = False  # table / md: --top rows per device, not of the whole section
     top_in_json: bool = False  # a TOP_LEVEL list that --top cuts in JSON too (IN_DEVICE lists are, per device)
     sweeps: bool = True  # made from the shared GPU and CPU sweeps (`Flat.sweep_both`), else reads on its own
+    cpu_sweep: bool = True  # of those, it reads the CPU sweep (else the GPU sweep's activity alone)
     json_value: Callable[[pl.DataFrame], object] | None = None  # its JSON value (default: a list of rows)
     json_key: str | None = None  # its key in the JSON document (default: its name)
     views: Callable[[pl.DataFrame], dict[str, pl.DataFrame]] | None = None  # its tables (default: itself)
@@ -161,6 +162,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: busy(f),
         "Devices: busy time (union of kernels, memcpy, memset over the span)",
         "busy and idle time per device",
+        cpu_sweep=False,
         json=DEVICES,
         cpu_title="CPU busy time: union of its ops (no device activity in the trace)",
         cpu_meanings={"kernel_busy_pct": "left blank (no kernels in the trace)"},
@@ -181,6 +183,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: kernel_table(f),
         "Kernels per device",
         "time, FLOPs and roofline per kernel name",
+        cpu_sweep=False,
         meanings=KERNEL_TIME,
         cpu_title="CPU ops by name: self time (no device activity in the trace)",
         cpu_meanings={**CPU_OP_TIME, "achieved_flops_pct": NO_PEAK, "achieved_bw_pct": NO_PEAK},
@@ -209,6 +212,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: transfer_table(f),
         "Memcpy / memset",
         "the same for memcpy and memset (and a stream's event waits: kind sync)",
+        cpu_sweep=False,
         meanings={"pct": "% of the device's memcpy, memset and event-wait time"},
         json=IN_DEVICE,
         top_per_device=True,
@@ -219,6 +223,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: busy(f, per_stream=True),
         "Streams",
         "busy and idle time per stream",
+        cpu_sweep=False,
         cpu_title="Threads: busy and idle per thread (stream = thread id; no device activity)",
         json=IN_DEVICE,
         top_per_device=True,
@@ -229,6 +234,7 @@ REGISTRY: tuple[Section, ...] = (
         lambda f, o: categories(f),
         "Time by category",
         "time per kernel category",
+        cpu_sweep=False,
         meanings={"pct": "% of the device's time in kernels, memcpy and memset"},
         cpu_title="Time by category: CPU ops' self time (no device activity in the trace)",
         cpu_meanings=CPU_OP_TIME,
@@ -375,8 +381,9 @@ def analyze(
     f = as_flat(flat)
     check_grouping(group_by)
     chosen = [s for s in REGISTRY if not only or s.name in only or (s.json == DEVICES and _nested(only))]
-    if any(s.sweeps for s in chosen):
+    if any(s.sweeps and s.cpu_sweep for s in chosen):
         f.sweep_both(group_by)  # the CPU sweep also serves the compile view, and a CPU-only trace's device tables
+    # else the sections read `f.activity`: the GPU sweep alone (on a CPU-only trace, its CPU sweep)
     options = options or Options()
     options = Options(**{**options.__dict__, "group_by": group_by, "sort": sort})
     done: dict[str, pl.DataFrame] = {}
