@@ -4,7 +4,7 @@
 // The contract is narrow on purpose: `build(text)` either returns every column exactly as the
 // Python builder would make it, or None, and then the Python builders take the chunk. Anything
 // the fast path does not cover (a key beyond the plain event's, a value of another type, an id
-// beyond int64, a string escape \u, a timestamp written with an exponent, a number that is not
+// beyond int64, a \u escape of no character (a lone surrogate), a timestamp with an exponent, a number not
 // its float's exact text, nesting deeper than MAX_DEPTH, invalid JSON anywhere) is None.
 // Every value is validated, args included (they are walked, not skipped): a chunk the Python
 // builders would refuse is refused here.
@@ -222,8 +222,7 @@ void walk(ondemand::value &v, int depth) {
       for (unsigned char c : trim_right(tok))
         if (c < 0x20) throw Bail{};
       if (tok.find('\\') != std::string_view::npos) {
-        if (tok.find("\\u") != std::string_view::npos) throw Bail{};
-        if (v.get_string().error()) throw Bail{};
+        if (v.get_string().error()) throw Bail{};  // validates the escapes (a lone surrogate is an error)
       } else if (v.get_raw_json_string().error()) {  // consumed: see string_of
         throw Bail{};
       }
@@ -245,7 +244,7 @@ void walk(ondemand::value &v, int depth) {
   }
 }
 
-// a string value's text (unescaped); Bail on \u escapes and control characters
+// a string value's text (unescaped); Bail on control characters and invalid escapes
 std::string_view string_of(ondemand::value &v) {
   std::string_view tok = trim_right(v.raw_json_token());
   if (tok.size() < 2 || tok.front() != '"' || tok.back() != '"') throw Bail{};
@@ -257,8 +256,7 @@ std::string_view string_of(ondemand::value &v) {
     if (v.get_raw_json_string().error()) throw Bail{};
     return inner;
   }
-  if (inner.find("\\u") != std::string_view::npos) throw Bail{};
-  auto r = v.get_string();
+  auto r = v.get_string();  // \u escapes to UTF-8, as the Python builders read them; a lone surrogate fails
   if (r.error()) throw Bail{};
   return r.value_unsafe();
 }
@@ -585,9 +583,10 @@ void read_args(ondemand::value &v, Chunk &c, int64_t i) {
       if (f.error()) throw Bail{};
       ondemand::field &field = f.value_unsafe();
       std::string_view key = field.escaped_key();
-      if (key.find('\\') != std::string_view::npos) {
-        if (field.unescaped_key().error()) throw Bail{};
-        throw Bail{};  // an escaped key might spell one of ours
+      if (key.find('\\') != std::string_view::npos) {  // compared unescaped: "\u0063orrelation" is ours
+        auto u = field.unescaped_key();  // in the parser's string buffer, alive for the chunk
+        if (u.error()) throw Bail{};
+        key = u.value_unsafe();
       }
       ondemand::value &fv = field.value();
       if (key == "correlation") {

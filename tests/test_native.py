@@ -310,6 +310,37 @@ def test_declines_what_it_does_not_cover(text):
     assert by_native.tables_by_native(text) is None
 
 
+def test_unicode_escapes_build_identical_chunks_natively(monkeypatch):
+    """\\u escapes (what `json.dumps` writes for any non-ASCII character: a scaled or re-written
+    trace has them in every copy) in names, categories, string ids, args keys and values, a
+    surrogate pair, a NUL and an escaped quote: the native pass takes the chunk and builds what the
+    Python builders build."""
+    events = [
+        {**EVENT, "name": "gemm \u00b5s \u2192 \U0001f600", "cat": "kernel"},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm \u00e9",
+            "pid": 1,
+            "tid": 2,
+            "ts": 1,
+            "dur": 9,
+            "args": {"Input Dims": [[2, 3]], "\u00b5key": 'v\u00e9\u0000"q', "External id": 4},
+        },
+        {"ph": "f", "id": "\u00e9x", "pid": 1, "tid": 2, "ts": 3, "cat": "ac2g", "name": "ac2g", "bp": "e"},
+        {"ph": "i", "s": "t", "name": "\u65e5\u672c", "pid": 1, "tid": 2, "ts": 4},
+    ]
+    text = b",".join(json.dumps(e).encode() for e in events)
+    assert b"\\u00b5" in text and b"\\ud83d\\ude00" in text  # escaped, as json.dumps writes them
+    # an escaped key that spells one of the linking keys is that key
+    text += b"," + _text({**EVENT, "ts": 5}).replace(b'"correlation"', b'"\\u0063orrelation"')
+    assert by_native.tables_by_native(text) is not None
+    ref, got = _built(text, False, monkeypatch), _built(text, True, monkeypatch)
+    assert _same_chunk_tables(ref, got) is None
+    assert "gemm µs → 😀" in got.gpu_ops.column("name").to_pylist()
+    assert got.gpu_ops.column("correlation").to_pylist()[-1] == 3
+
+
 @pytest.mark.parametrize(
     "ts, expected",
     [
