@@ -34,6 +34,10 @@ PARALLEL_MIN_BYTES = 48 << 20
 def _worker_init():
     gc.disable()
     _reuse_freed_memory()
+    # Arrow's default pool (mimalloc) keeps the pages a chunk's tables freed for itself: ~25 MB a
+    # worker more than the C library's heap, which the next chunk's Python and native buffers reuse
+    # too (measured: worker PSS 104-111 -> 81-87 MB, the same time)
+    pa.set_memory_pool(pa.system_memory_pool())
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
