@@ -41,6 +41,32 @@ def test_the_rule():
     assert lost_activity(0, 0, 0) == {}
 
 
+def test_launches_counted_per_member_in_one_pass():
+    """A group's events table holds several traces: counting each part in one pass gives what
+    counting each slice alone gives (launches, graph captures, a part without calls, an empty one)."""
+    import pyarrow as pa
+
+    from pipeline.read.launches import launch_counts, launch_counts_of_parts
+
+    rows = [  # (ph, cat, name) of three members, the middle one empty
+        ("X", "cuda_runtime", "cudaLaunchKernel"),
+        ("X", "cuda_runtime", "cudaLaunchHostFunc"),  # a host function: no device work
+        ("X", "cuda_driver", "cuLaunchKernel"),
+        ("X", "cpu_op", "aten::mm"),
+        ("X", "cuda_runtime", "cudaStreamBeginCapture"),
+        ("i", "cuda_runtime", "cudaLaunchKernel"),  # not a call
+        ("X", "cuda_runtime", "hipGraphLaunch"),
+        ("X", "cpu_op", "aten::add"),
+    ]
+    events = pa.table({k: [r[i] for r in rows] for i, k in enumerate(("ph", "cat", "name"))})
+    starts = [0, 3, 3, 8]
+    cats = set(events.column("cat").to_pylist())
+    got = launch_counts_of_parts(events, starts, cats)
+    alone = [launch_counts(events.slice(a, b - a), cats) for a, b in zip(starts, starts[1:])]
+    assert got == alone
+    assert [(c["launches"], c["captures"]) for c in got] == [(2, 0), (0, 0), (1, 1)]
+
+
 @pytest.mark.real
 def test_launches_without_device_activity_exit_1_and_say_so(shared_traces, tmp_path):
     lost = _without_device_activity(shared_traces / "hta/mi250_rocm62_minitoy.json.gz", tmp_path / "lost.json")

@@ -141,7 +141,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")  # what `scrub` may have to 
 def finish_read(members: list[Member], t: Tables, memo: dict):
     """The rest of `flatten_into` per member: metadata scrubbed, devices, the trace row. Members
     whose deviceProperties text and device ids are the same share one devices table (`memo`)."""
-    from pipeline.read.launches import LaunchCount, launch_counts
+    from pipeline.read.launches import LaunchCount, launch_counts_of_parts
     from pipeline.read.metadata import devices_table, trace_row
     from pipeline.read.source import Tail
     from pipeline.read.tame import BAD_UNICODE, scrub
@@ -159,6 +159,7 @@ def finish_read(members: list[Member], t: Tables, memo: dict):
         cats[k].add(c)
     counts = {n: t.counts(n) for n in READ_TABLES}
     first = t.starts("events")
+    calls = launch_counts_of_parts(t.tables["events"], first, set().union(*cats))  # each member's
     for k, m in enumerate(members):
         if m.raw_metadata is None or _SURROGATE_ESCAPE.search(m.raw_metadata):
             m.metadata, bad_strings = scrub(m.metadata)
@@ -181,7 +182,7 @@ def finish_read(members: list[Member], t: Tables, memo: dict):
             "n_devices": devices.num_rows,
         }
         launches = LaunchCount()  # against the device ops: device activity lost? (as `flatten_into`)
-        launches.add(launch_counts(t.tables["events"].slice(first[k], first[k + 1] - first[k]), cats[k]))
+        launches.add(calls[k])
         m.row = trace_row(m.path, m.metadata, n, m.problems, Tail(), cats[k], launches.problems(n["n_gpu_ops"]))
         m.metadata = {}
 
