@@ -31,9 +31,8 @@ are then the rows from its first one on (`first`), and counts within it are posi
 Where the optional compiled module is built (`native/nesting.cpp`), `around_one` (linking's
 question, and `enclosing`'s) and `nesting` (the reports') are answered by one sweep per thread
 instead: starts in start order, ends sorted, points walked in time order with the last start at
-each depth kept. Same rule, same
-answers (`tests/test_nesting.py` checks both against a direct sweep); TRACEPIPE_NATIVE=0 turns
-it off.
+each depth kept. Same rule, same answers (`tests/test_nesting.py` checks both against a direct
+sweep); TRACEPIPE_NATIVE=0 turns it off.
 """
 
 from __future__ import annotations
