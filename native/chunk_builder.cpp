@@ -4,8 +4,9 @@
 // The contract is narrow on purpose: `build(text)` either returns every column exactly as the
 // Python builder would make it, or None, and then the Python builders take the chunk. Anything
 // the fast path does not cover (a key beyond the plain event's, a value of another type, an id
-// beyond int64, a \u escape of no character (a lone surrogate), a timestamp with an exponent, a number not
-// its float's exact text, nesting deeper than MAX_DEPTH, invalid JSON anywhere) is None.
+// beyond int64, a \u escape of no character (a lone surrogate), a timestamp with an exponent, a
+// number that is not its float's exact text, nesting deeper than MAX_DEPTH, invalid JSON
+// anywhere) is None.
 // Every value is validated, args included (they are walked, not skipped): a chunk the Python
 // builders would refuse is refused here.
 

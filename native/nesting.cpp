@@ -68,7 +68,7 @@ std::vector<int64_t> start_order(Py_ssize_t n, const int64_t *g, const int64_t *
 // `ends`, and each one's depth (the starts so far, itself included, minus the ends at or before
 // its start) into depth[a..b)
 void depths(const std::vector<int64_t> &iv, Py_ssize_t a, Py_ssize_t b, const int64_t *ts, const int64_t *end,
-            std::vector<int64_t> &ends, std::vector<int64_t> &depth) {
+            std::vector<int64_t> &ends, int64_t *depth) {
   ends.clear();
   for (Py_ssize_t k = a; k < b; ++k) {
     const int64_t i = iv[k];
@@ -123,7 +123,7 @@ PyObject *nesting_around(PyObject *, PyObject *args) {
       a = b;
       continue;
     }
-    depths(iv, a, b, ts, end, ends, depth);
+    depths(iv, a, b, ts, end, ends, depth.data());
     last.assign(b - a + 2, -1);  // depth -> position of the last start at that depth so far
     Py_ssize_t s = a;
     e = 0;
@@ -155,11 +155,12 @@ PyObject *nesting_nest(PyObject *, PyObject *args) {
     return nullptr;
   const int64_t *g = static_cast<const int64_t *>(vg.buf.buf), *ts = static_cast<const int64_t *>(vts.buf.buf),
                 *end = static_cast<const int64_t *>(vend.buf.buf), *idx = static_cast<const int64_t *>(vidx.buf.buf);
-  int64_t *rows = static_cast<int64_t *>(vrows.buf.buf), *parent = static_cast<int64_t *>(vparent.buf.buf);
+  int64_t *rows = static_cast<int64_t *>(vrows.buf.buf), *depth = static_cast<int64_t *>(vdepth.buf.buf),
+          *parent = static_cast<int64_t *>(vparent.buf.buf);
 
   Py_BEGIN_ALLOW_THREADS;
   std::vector<int64_t> iv = start_order(n, g, ts, end, idx, order);
-  std::vector<int64_t> ends, depth(n), last;
+  std::vector<int64_t> ends, last;
   for (Py_ssize_t a = 0; a < n;) {  // one thread: positions [a, b) of the start order
     Py_ssize_t b = a;
     while (b < n && g[iv[b]] == g[iv[a]]) ++b;
@@ -172,7 +173,6 @@ PyObject *nesting_nest(PyObject *, PyObject *args) {
     }
     a = b;
   }
-  std::copy(depth.begin(), depth.end(), static_cast<int64_t *>(vdepth.buf.buf));
   Py_END_ALLOW_THREADS;
   Py_RETURN_NONE;
 }

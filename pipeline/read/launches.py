@@ -59,11 +59,12 @@ def launch_counts_of_parts(events: pa.Table, starts: Sequence[int] | np.ndarray,
     capture = pc.match_substring_regex(names, CAPTURE_BEGIN)
     which = pc.index_in(calls, value_set=names).to_numpy(zero_copy_only=False)
     part = np.searchsorted(np.asarray(starts), rows, side="right") - 1
+    called = np.flatnonzero(np.bincount(part, minlength=parts))  # a part with calls counts both
     for key, hit in (("launches", launch), ("captures", capture)):
         per_part = np.bincount(
             part, weights=pc.fill_null(hit, False).to_numpy(zero_copy_only=False)[which], minlength=parts
         )
-        for k in np.flatnonzero(np.bincount(part, minlength=parts)):  # a part with calls counts both
+        for k in called:
             counts[k][key] += int(per_part[k])
     return counts
 
