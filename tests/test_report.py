@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline import report as rp
@@ -326,8 +327,9 @@ def test_device_sections_alone_sweep_only_the_gpu_ops(tmp_path):
 
 def test_a_trace_file_s_report_needs_no_run_tables(shared_traces, tmp_path):
     """`analyze TRACE.json` flattens into a scratch directory without the run tables (collectives,
-    steps: what whole runs are measured from); its report, every section, is the one of the trace
-    flattened with them. On a real NCCL trace, whose collectives table has rows."""
+    steps: what whole runs are measured from), its Parquet in LZ4 (written for speed: read once);
+    its report, every section, is the one of the trace flattened with them (kept: zstd). On a
+    real NCCL trace, whose collectives table has rows."""
     trace = shared_traces / "hta/a100_nccl.json.gz"
     kept = flatten(trace, tmp_path / "flat")
     assert pl.read_parquet(kept.out_dir / "collectives.parquet").height > 0
@@ -337,9 +339,14 @@ def test_a_trace_file_s_report_needs_no_run_tables(shared_traces, tmp_path):
         doc["trace"].pop("flat_dir", None)
         return doc
 
+    def codecs(d):
+        return {pq.ParquetFile(p).metadata.row_group(0).column(0).compression for p in d.glob("*.parquet")}
+
     with rp.opened(trace) as f:
         assert not (f.path / "collectives.parquet").exists() and not (f.path / "steps.parquet").exists()
+        assert codecs(f.path) == {"LZ4"}
         scratch = document(f)
+    assert codecs(kept.out_dir) == {"ZSTD"}
     assert scratch == document(rp.Flat(kept.out_dir))
 
 

@@ -264,5 +264,6 @@ def opened(
 
     with tempfile.TemporaryDirectory(prefix="tracepipe-report-") as tmp:
         # one trace's reports read no run tables (collectives, steps: whole runs'): not written
-        r = flatten(path, tmp, run_tables=False, **flatten_options)
+        with store.scratch_files():
+            r = flatten(path, tmp, run_tables=False, **flatten_options)
         yield Flat(r.out_dir, flatten_result=r, window=window)
