@@ -223,16 +223,22 @@ def test_queries_read_only_committed_parts(big_ds, tmp_path):
     assert one["n"][0] == rows.filter(pl.col("trace_id") == tid)["n_events"][0]
 
 
-@pytest.mark.parametrize("range_events", [None, 100, 10])  # all in memory; ranges of traces; a trace streamed
-def test_compact_merges_small_parts_and_changes_no_row(tmp_path, monkeypatch, range_events):
+@pytest.mark.parametrize("ranges", ["one", "some", "each"])  # all in memory; ranges of traces; each trace streamed
+def test_compact_merges_small_parts_and_changes_no_row(tmp_path, monkeypatch, ranges):
     import pipeline.dataset.compact as C
 
-    if range_events:
-        monkeypatch.setattr(C, "RANGE_EVENTS", range_events)
     src, ds = tmp_path / "src", tmp_path / "ds"
     many(src, 40)
     r = B.run_batch(src, ds, jobs=2, group_bytes=20_000, compact=False)
     assert r.added == 40 and len(list((ds / "events").iterdir())) > 3
+    rows = layout.manifest(ds)
+    per_event = C._event_bytes(ds, layout.live_parts(rows))
+    assert set(per_event) == set(layout.live_parts(rows)) and all(50 < b < 1000 for b in per_event.values())
+    largest = max(n * per_event[p] for n, p in rows.select("n_events", layout.PART_COLUMN).iter_rows())
+    budget = {"one": C.RANGE_BYTES, "some": 4 * largest, "each": largest / 2}[ranges]
+    monkeypatch.setattr(C, "RANGE_BYTES", budget)
+    cut = len(C._ranges(rows, per_event))
+    assert {"one": cut == 1, "some": 1 < cut < 40, "each": cut == 40}[ranges], cut
     view = {t: lf.collect().sort("trace_id", maintain_order=True) for t, lf in tables(ds).items()}
     res = C.compact(ds)
     assert res.merged > 3 and res.parts_after == 1
