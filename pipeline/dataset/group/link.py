@@ -91,10 +91,11 @@ def _link_and_cost(t: Tables, part: np.ndarray, work: Path, matched: list, formu
     n_events = np.bincount(t.owner["events"], minlength=t.n) * in_part
     offsets = np.concatenate([[0], np.cumsum(n_events)[:-1]])
     work.mkdir(parents=True, exist_ok=True)
-    for name in READ_TABLES:
-        tbl = t.tables[name] if whole else select(t.tables[name], rows[name])
-        owner = t.owner[name][rows[name]]
-        store.write_table(banded(tbl, name, owner, offsets), work / f"{name}.parquet", name, ("flatten",))
+    with store.scratch_files():  # read once, by the link pass below
+        for name in READ_TABLES:
+            tbl = t.tables[name] if whole else select(t.tables[name], rows[name])
+            owner = t.owner[name][rows[name]]
+            store.write_table(banded(tbl, name, owner, offsets), work / f"{name}.parquet", name, ("flatten",))
     spill = work / "links.arrow"
     op_kernels = link_pass(work, spill, None, user=formulas)  # as `enrich` spills its pass 1 (read back whole)
     with store.SpillReader(spill) as reader:
