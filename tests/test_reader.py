@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import random
+import re
 import tempfile
 from decimal import Decimal
 from pathlib import Path
@@ -376,6 +377,28 @@ def test_not_a_trace_inputs_raise_badtrace(tmp_path):
         p.write_bytes(data)
         with pytest.raises(BadTrace):
             read_all(p)
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        (
+            b'{"schemaVersion": 1, "deviceProperties": [{"id": 0, "na',
+            "truncated: the file ends after 55 bytes, before traceEvents",
+        ),
+        (b'{"schemaVersion": 1, "x": oops}', "not JSON: unexpected character, expected a JSON value at line 1 col"),
+        (b'{"schemaVersion": 1,\n "x": [1, 2}', "not JSON: unexpected character, expected ',' or ']' at line 2 column"),
+        (b'{"schemaVersion": NaN, "x": 1}', "valid JSON but not a trace: no traceEvents list"),  # as torch writes NaN
+        (b'{"a": [1, 2]}', "valid JSON but not a trace: no traceEvents list"),
+    ],
+)
+def test_a_document_without_events_says_why(tmp_path, text, said):
+    """A file with no traceEvents list says whether it was cut short before them, is not JSON
+    (what and where), or is JSON of something else."""
+    p = tmp_path / "t.json"
+    p.write_bytes(text)
+    with pytest.raises(BadTrace, match=re.escape(said)):
+        read_all(p)
 
 
 def test_utf8_byte_order_mark_before_the_document_is_accepted(tmp_path):

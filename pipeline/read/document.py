@@ -78,7 +78,7 @@ def _find_events_array(buf: bytes | bytearray) -> tuple[str, int, int] | None:
         elif c in b"}]":
             depth -= 1
             if depth == 0:
-                raise BadTrace("valid JSON but not a trace: no traceEvents list")
+                raise not_a_trace(bytes(buf[: m.end()]))
         elif c == b",":
             pass
     # a scalar value right after "traceEvents": is reported when the next token arrives
@@ -156,11 +156,22 @@ def read_header(stream) -> tuple[Header, str | None]:
         raise BadTrace(f"not a readable trace: {problem}")
     if not bytes(buf).strip():
         raise BadTrace("empty file" if not problem else f"not a readable trace: {problem}")
+    raise not_a_trace(bytes(buf), problem)
+
+
+def not_a_trace(text: bytes, problem: str | None = None) -> BadTrace:
+    """The error for a whole document (`text`, the file's bytes) without a traceEvents list: cut
+    short before it, not JSON (what and where), or JSON of something else."""
+    said = f" ({problem})" if problem else ""
     try:
-        orjson.loads(bytes(buf))
-    except orjson.JSONDecodeError:
-        raise BadTrace("not JSON" + (f" ({problem})" if problem else "")) from None
-    raise BadTrace("valid JSON but not a trace: no traceEvents list")
+        loads_metadata(text)  # NaN and Infinity as torch writes them are JSON here
+    except orjson.JSONDecodeError as e:
+        what, _, where = str(e).partition(": line ")
+        if what == "unexpected end of data":  # cut before its events: nothing to keep
+            return BadTrace(f"truncated: the file ends after {len(text):,} bytes, before traceEvents{said}")
+        at = f" at line {where.split(' (')[0]}" if where and what != "not JSON" else ""
+        return BadTrace("not JSON" + (f": {what}{at}" if at else "") + said)
+    return BadTrace(f"valid JSON but not a trace: no traceEvents list{said}")
 
 
 _PROBE_BYTES = 1 << 16
