@@ -384,7 +384,7 @@ def test_not_a_trace_inputs_raise_badtrace(tmp_path):
     [
         (
             b'{"schemaVersion": 1, "deviceProperties": [{"id": 0, "na',
-            "truncated: the file ends after 55 bytes, before traceEvents",
+            "truncated: the file ends before traceEvents, after 55 bytes of JSON",
         ),
         (b'{"schemaVersion": 1, "x": oops}', "not JSON: unexpected character, expected a JSON value at line 1 col"),
         (b'{"schemaVersion": 1,\n "x": [1, 2}', "not JSON: unexpected character, expected ',' or ']' at line 2 column"),

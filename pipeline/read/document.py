@@ -168,7 +168,7 @@ def not_a_trace(text: bytes, problem: str | None = None) -> BadTrace:
     except orjson.JSONDecodeError as e:
         what, _, where = str(e).partition(": line ")
         if what == "unexpected end of data":  # cut before its events: nothing to keep
-            return BadTrace(f"truncated: the file ends after {len(text):,} bytes, before traceEvents{said}")
+            return BadTrace(f"truncated: the file ends before traceEvents, after {len(text):,} bytes of JSON{said}")
         at = f" at line {where.split(' (')[0]}" if where and what != "not JSON" else ""
         return BadTrace("not JSON" + (f": {what}{at}" if at else "") + said)
     return BadTrace(f"valid JSON but not a trace: no traceEvents list{said}")
