@@ -332,3 +332,29 @@ def test_real_trace_truncated(shared_traces, tmp_path):
     assert cp.returncode == 1, cp.stderr
     assert "truncat" in cp.stderr.lower() and "Traceback" not in cp.stderr
     assert rows(tmp_path / "out" / "truncated", "events") == len(synth.complete_events(cut.decode("utf-8", "ignore")))
+
+
+# ------------------------------------------------------------------ leaving the process
+def test_the_process_leaves_with_its_code_its_output_and_no_scratch(tmp_path):
+    """`tracepipe` ends with `os._exit` (`cli.leave`), skipping the interpreter's teardown: the
+    exit code, all of a long stdout, atexit's work and the temporary directories that atexit
+    removes must all survive that."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    t = synth.make_trace(n_steps=3, gpu_devices=(0,))
+    p = synth.write_trace(t, tmp_path / "t.json", gz=False)
+    cp = run_cli(["analyze", p, "--format", "json"], env={"TMPDIR": str(scratch)})
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)  # the whole document, flushed
+    assert list(scratch.iterdir()) == []  # the scratch flatten is gone
+    cp = run_cli(["analyze", tmp_path / "missing.json"])
+    assert cp.returncode == 2 and cp.stderr.count("\n") == 1
+    code = (
+        "import atexit, sys; from pipeline.cli import main; "
+        "atexit.register(lambda: print('atexit ran')); sys.argv = ['tracepipe', '--version']; main()"
+    )
+    buffered = {k: v for k, v in os.environ.items() if k not in ("PYTHONUNBUFFERED", "TRACEPIPE_DEBUG")}
+    cp = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=PROJECT, env=buffered
+    )
+    assert cp.returncode == 0 and cp.stdout.splitlines() == [f"tracepipe {pipeline.__version__}", "atexit ran"]
