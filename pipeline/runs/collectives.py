@@ -606,7 +606,8 @@ def profiler_steps(flat_dir: Path) -> pl.DataFrame:
 
 
 def with_steps(rows: pl.DataFrame, steps: pl.DataFrame, start: str = "ts_ns") -> pl.DataFrame:
-    """Rows with `step`: the ProfilerStep whose interval holds their start (null outside every step)."""
+    """Rows with `step`: the ProfilerStep whose interval holds their start (null outside every step),
+    and the other columns of `steps` but its times (such as a number for each interval)."""
     if not steps.height:
         return rows.with_columns(step=pl.lit(None, pl.String))
     j = rows.sort(start).join_asof(

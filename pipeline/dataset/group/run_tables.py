@@ -27,8 +27,8 @@ def run_tables(members: list[Member], t: Tables, work: Path) -> tuple[pa.Table, 
     no collectives, and their steps come from one query keyed by member (`runs.steps.steps`)."""
     from pipeline.kineto import ANNOTATION_CATS, STEP_CATS, STEP_NAME
     from pipeline.runs.collectives import GLOO_WORK, NCCL_KERNEL
+    from pipeline.runs.steps import INTERVAL, union_ns
     from pipeline.runs.steps import SCHEMA as STEPS_SCHEMA
-    from pipeline.runs.steps import union_ns
     from pipeline.runs.tables import write_run_tables
 
     ev, gpu = t.tables["events"], t.tables["gpu_ops"]
@@ -70,6 +70,7 @@ def run_tables(members: list[Member], t: Tables, work: Path) -> tuple[pa.Table, 
         )
         .select("_m", step="name", step_ts_ns="ts_ns", step_end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0))
         .sort("_m", "step_ts_ns")
+        .with_row_index(INTERVAL)  # measures are keyed by interval, not by name (`runs.steps`)
     )
     k_rows = kernels.filter(pl.col("_m").is_in(rest) & (pl.col("kind") == "kernel") & pl.col("ts_ns").is_not_null())
     k_rows = k_rows.select(
@@ -80,7 +81,7 @@ def run_tables(members: list[Member], t: Tables, work: Path) -> tuple[pa.Table, 
         comm=pl.col("category").fill_null("") == "communication",
     )
     with_kernels = k_rows["_m"].unique()
-    by = ["_m", "step", "device"]
+    by = ["_m", INTERVAL, "device"]
     k_in = (
         k_rows.sort("ts_ns")
         .join_asof(
@@ -106,7 +107,7 @@ def run_tables(members: list[Member], t: Tables, work: Path) -> tuple[pa.Table, 
     with_k = covered.with_columns(exposed_comm_ns=pl.col("kernel_ns") - pl.col("compute_ns")).collect()
     cpu_only = intervals.filter(~pl.col("_m").is_in(with_kernels.implode())).select(
         "_m",
-        "step",
+        INTERVAL,
         device=pl.lit(None, pl.Int64),
         kernel_ns=pl.lit(None, pl.Int64),
         compute_ns=pl.lit(None, pl.Int64),
@@ -115,7 +116,7 @@ def run_tables(members: list[Member], t: Tables, work: Path) -> tuple[pa.Table, 
     )
     rows = pl.concat([with_k.select(cpu_only.columns), cpu_only], how="vertical_relaxed")
     steps = (
-        intervals.join(rows, on=["_m", "step"], how="left")
+        intervals.join(rows, on=["_m", INTERVAL], how="left")
         .select("_m", *(pl.col(c).cast(dt) for c, dt in STEPS_SCHEMA.items()))
         .sort("_m", "step_ts_ns", "device", nulls_last=True)
     )
