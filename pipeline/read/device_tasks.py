@@ -130,11 +130,12 @@ def _lenient(text: bytes):
     return _TaskArgs(**keep)
 
 
-def device_ids(events: Path, pids: set[int]) -> dict[int, int]:
+def device_ids(events: Path | pl.LazyFrame, pids: set[int]) -> dict[int, int]:
     """pid -> device of the processes holding device tasks, by the pid scheme their
-    `process_sort_index` says (`kineto.task_device`); from the events table (its metadata rows)."""
+    `process_sort_index` says (`kineto.task_device`); from the events table (its metadata rows:
+    its Parquet file, or the table itself)."""
     sort = (
-        pl.scan_parquet(events)
+        (events if isinstance(events, pl.LazyFrame) else pl.scan_parquet(events))
         .filter((pl.col("ph") == "M") & (pl.col("name") == "process_sort_index") & pl.col("pid").is_in(list(pids)))
         .select("pid", index=pl.col("args_json").str.json_path_match("$.sort_index").cast(pl.Int64, strict=False))
         .drop_nulls()

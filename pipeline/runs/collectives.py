@@ -23,7 +23,6 @@ Sources, in order:
 from __future__ import annotations
 
 from dataclasses import astuple
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -63,6 +62,8 @@ from pipeline.kineto import ANNOTATION_CATS, ARG_ALIASES, CPU_OP_CATS, OP_FLOWS,
 from pipeline.link import nesting
 from pipeline.link.links import api_call
 from pipeline.read.device_tasks import device_ids as task_device_ids
+from pipeline.runs import source as trace_source
+from pipeline.runs.source import TraceTables
 
 MESSAGE = tuple(f"m_{c}" for c in MSG_ARGS)  # one source's reading (m_in_nelems, ...), prefixed per source
 KERNEL_ARGS = tuple(dict.fromkeys(a for s in SIZE_SOURCES if s.on == "kernel" for a in s.read.args))
@@ -111,8 +112,8 @@ def _kind(raw: pl.Expr) -> pl.Expr:
     return raw.map_batches(kinds, return_dtype=pl.String)
 
 
-def _events(flat_dir: Path, where: pl.Expr, columns: list) -> pl.DataFrame:
-    return pl.scan_parquet(flat_dir / "events.parquet").filter(where).select(columns).collect(engine="streaming")
+def _events(flat_dir: TraceTables, where: pl.Expr, columns: list) -> pl.DataFrame:
+    return trace_source.collect(flat_dir, trace_source.scan(flat_dir, "events").filter(where).select(columns))
 
 
 # ------------------------------------------------------------------ NCCL / RCCL kernels
@@ -152,7 +153,7 @@ def _read(frame: pl.DataFrame, prefix: str, read: Reading | None, keys: tuple[st
     return frame.join(said, on=["name", *taken], how="left", nulls_equal=True, maintain_order="left").drop(taken)
 
 
-def _comm_ops(flat_dir: Path) -> pl.DataFrame:
+def _comm_ops(flat_dir: TraceTables) -> pl.DataFrame:
     """Communication CPU events (`COMM_OP`: ops and annotations): thread, start, end, kind, pg args
     and what each says about its message (`messages.op_message`, over these few events), in start order."""
     ops = _events(
@@ -235,12 +236,13 @@ def _coalesced(launched: pl.DataFrame, ops: pl.DataFrame, source: SizeSource, pr
     )
 
 
-def _nccl_kernels(flat_dir: Path) -> tuple[pl.DataFrame, list[str]]:
+def _nccl_kernels(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
     """The collective kernels with their args, the CPU events' kind and pg args around their launch,
     and one message reading per source of `SIZE_SOURCES` (columns `<prefix>m_in_nelems`...); and
     the prefixes in the sources' order."""
-    g = (
-        pl.scan_parquet(flat_dir / "gpu_ops.parquet")
+    g = trace_source.collect(
+        flat_dir,
+        trace_source.scan(flat_dir, "gpu_ops")
         .filter((pl.col("kind") == "kernel") & pl.col("name").str.contains(NCCL_KERNEL) & pl.col("ts_ns").is_not_null())
         .select(
             "event_idx",
@@ -251,8 +253,7 @@ def _nccl_kernels(flat_dir: Path) -> tuple[pl.DataFrame, list[str]]:
             pl.col("dur_ns").fill_null(0),
             "launch_event_idx",
             "launch_ts_ns",
-        )
-        .collect(engine="streaming")
+        ),
     )
     if not g.height:
         return g, []
@@ -326,7 +327,7 @@ def _without_cat(keys: tuple[str, ...]) -> pl.Expr:
     return (pl.col("ph") == "X") & pl.col("cat").is_null() & pl.col("ts_ns").is_not_null() & pl.all_horizontal(has)
 
 
-def _hccl_ops(flat_dir: Path) -> tuple[pl.DataFrame, list[str]]:
+def _hccl_ops(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
     """HCCL collectives (`comms.HCCL_OP_ARGS`) with their group (the lane's name), device (from the
     pid, as the device tasks'), message (`messages.HCCL_SIZE`, prefix `s_`), the host op a flow
     from it names (`op_name`) and what their plane tasks say (`_planes`); and the prefixes."""
@@ -353,7 +354,7 @@ def _hccl_ops(flat_dir: Path) -> tuple[pl.DataFrame, list[str]]:
         (pl.col("ph") == "M") & (pl.col("name") == "thread_name") & pl.col("pid").is_in(pids.implode()),
         ["pid", "tid", pl.col("args_json").str.json_path_match("$.name").alias("lane")],
     ).unique(["pid", "tid"], keep="first")
-    devices = task_device_ids(flat_dir / "events.parquet", set(pids.to_list()))
+    devices = task_device_ids(trace_source.scan(flat_dir, "events"), set(pids.to_list()))
     ops = (
         ops.join(lanes, on=["pid", "tid"], how="left")
         .with_columns(
@@ -376,7 +377,7 @@ def _hccl_ops(flat_dir: Path) -> tuple[pl.DataFrame, list[str]]:
     )
 
 
-def _planes(flat_dir: Path, ops: pl.DataFrame, lanes: pl.DataFrame) -> pl.DataFrame:
+def _planes(flat_dir: TraceTables, ops: pl.DataFrame, lanes: pl.DataFrame) -> pl.DataFrame:
     """(event_idx, group_size, link_type, transit_bytes, transit_ns) of HCCL collectives from the
     tasks on their group's `Plane N` lanes (Level1 and above): a task belongs to the collective of
     the nearest group lane before its lane (msprof numbers a group's planes after its lane) that runs
@@ -441,13 +442,13 @@ def _planes(flat_dir: Path, ops: pl.DataFrame, lanes: pl.DataFrame) -> pl.DataFr
     )
 
 
-def _host_ops(flat_dir: Path, ops: pl.DataFrame) -> pl.DataFrame:
+def _host_ops(flat_dir: TraceTables, ops: pl.DataFrame) -> pl.DataFrame:
     """(event_idx, op_name) of HCCL collectives a flow from their host op ends at (`kineto.OP_FLOWS`:
     torch_npu's async_npu): the innermost CPU op around the flow's start that is not the API call
     itself (`kineto.API_OPS`: HcclAllreduce inside c10d::allreduce_)."""
     none = pl.DataFrame(schema={"event_idx": pl.Int64, "op_name": pl.String})
     cats = [cat for cat, _ in OP_FLOWS]
-    flows = pl.scan_parquet(flat_dir / "flows.parquet").filter(pl.col("cat").is_in(cats))
+    flows = trace_source.scan(flat_dir, "flows").filter(pl.col("cat").is_in(cats))
     ends = (
         flows.filter(pl.col("ph") == "f")
         .select("cat", "id", "pid", "tid", "ts_ns")
@@ -484,7 +485,7 @@ def _host_ops(flat_dir: Path, ops: pl.DataFrame) -> pl.DataFrame:
 
 
 # ------------------------------------------------------------------ gloo work on runloop threads
-def _runloop_threads(flat_dir: Path) -> list[tuple[int, int]]:
+def _runloop_threads(flat_dir: TraceTables) -> list[tuple[int, int]]:
     """(pid, tid) of the threads any of whose names says pt_gloo_runloop, in creation (tid) order."""
     names = _events(
         flat_dir,
@@ -505,7 +506,7 @@ def _gloo_pg_of_threads(threads: list[tuple[int, int]], pg_config: list) -> dict
     return {t: groups[i // share] for i, t in enumerate(threads)}
 
 
-def _gloo_works(flat_dir: Path, pg_config: list) -> tuple[pl.DataFrame, list[str], int]:
+def _gloo_works(flat_dir: TraceTables, pg_config: list) -> tuple[pl.DataFrame, list[str], int]:
     """gloo:* annotations as collectives, their message as the annotation says it (the one size
     source of gloo work: `messages.op_message`, prefix `s_`); and how many ran on threads no group
     could be given."""
@@ -590,7 +591,7 @@ def with_message(rows: pl.DataFrame, prefixes: list[str], names: list[str]) -> p
     )
 
 
-def profiler_steps(flat_dir: Path) -> pl.DataFrame:
+def profiler_steps(flat_dir: TraceTables) -> pl.DataFrame:
     """ProfilerStep#N intervals (step, step_ts_ns, step_end_ns) in start order."""
     return _events(
         flat_dir,
@@ -647,10 +648,9 @@ COLUMNS = [
 ]
 
 
-def collectives(flat_dir: Path, rank: int | None, distributed: dict) -> tuple[pl.DataFrame, dict]:
+def collectives(flat_dir: TraceTables, rank: int | None, distributed: dict) -> tuple[pl.DataFrame, dict]:
     """The `collectives` table of one flattened trace (schemas/collectives.toml), and counts of what
     could not be classified, by reason."""
-    flat_dir = Path(flat_dir)
     problems: dict[str, int] = {}
     rows, prefixes = _nccl_kernels(flat_dir)
     names = [source.name for source in SIZE_SOURCES]

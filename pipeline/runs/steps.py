@@ -15,13 +15,13 @@ interval of a name would be joined with every other's measures, rows growing wit
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import polars as pl
 
 from pipeline import store
+from pipeline.runs import source
 from pipeline.runs.collectives import profiler_steps, with_steps
+from pipeline.runs.source import TraceTables
 
 IS_COMM = pl.col("category") == "communication"
 
@@ -47,27 +47,27 @@ KERNELS_AT_ONCE = 1 << 16  # kernels whose steps are measured together (about: s
 _IS_KERNEL = (pl.col("kind") == "kernel") & pl.col("ts_ns").is_not_null()
 
 
-def _kernels(flat_dir: Path, since: int | None = None, until: int | None = None) -> pl.DataFrame:
+def _kernels(flat_dir: TraceTables, since: int | None = None, until: int | None = None) -> pl.DataFrame:
     """The kernels (device, ts_ns, end_ns, comm) starting in [since, until) (None: open)."""
     where = _IS_KERNEL
     if since is not None:
         where &= pl.col("ts_ns") >= since
     if until is not None:
         where &= pl.col("ts_ns") < until
-    return (
-        pl.scan_parquet(flat_dir / "gpu_ops.parquet")
+    return source.collect(
+        flat_dir,
+        source.scan(flat_dir, "gpu_ops")
         .filter(where)
         .select(
             "device",
             "ts_ns",
             end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0),
             comm=pl.col("category").fill_null("") == "communication",
-        )
-        .collect(engine="streaming")
+        ),
     )
 
 
-def _step_ranges(gpu_ops: Path, intervals: pl.DataFrame) -> list[tuple[int, int | None]] | None:
+def _step_ranges(flat_dir: TraceTables, intervals: pl.DataFrame) -> list[tuple[int, int | None]] | None:
     """Time ranges [since, until) (until None: open) of runs of consecutive steps (`intervals`,
     in start order) whose kernels start in them, about KERNELS_AT_ONCE kernels a run; None when
     the trace has no kernel. A kernel belongs to the last step started at or before its start
@@ -77,8 +77,8 @@ def _step_ranges(gpu_ops: Path, intervals: pl.DataFrame) -> list[tuple[int, int 
     same name included (each is measured as an interval of its own)."""
     starts = intervals["step_ts_ns"]
     per_step = np.zeros(starts.len() + 1, dtype=np.int64)  # [0]: kernels before the first step
-    for batch in store.read_batches(gpu_ops, store.BUFFER_ROWS, ["kind", "ts_ns"], use_threads=False):
-        ts = store.frame_from_arrow(batch).filter(_IS_KERNEL)["ts_ns"]
+    for batch in source.batches(flat_dir, "gpu_ops", store.BUFFER_ROWS, ["kind", "ts_ns"]):
+        ts = batch.filter(_IS_KERNEL)["ts_ns"]
         per_step += np.bincount(starts.search_sorted(ts, side="right").to_numpy(), minlength=per_step.size)
     if not per_step.sum():
         return None
@@ -123,14 +123,12 @@ SCHEMA = {
 INTERVAL = "_interval"  # a step interval's number, in start order: what its measures are keyed by
 
 
-def steps(flat_dir: Path, collectives: pl.DataFrame) -> pl.DataFrame:
+def steps(flat_dir: TraceTables, collectives: pl.DataFrame) -> pl.DataFrame:
     """The `steps` table of one flattened trace (schemas/steps.toml)."""
-    flat_dir = Path(flat_dir)
     intervals = profiler_steps(flat_dir).with_row_index(INTERVAL)
     if not intervals.height:
         return pl.DataFrame(schema=SCHEMA)
-    gpu_ops = flat_dir / "gpu_ops.parquet"
-    ranges = _step_ranges(gpu_ops, intervals) if gpu_ops.is_file() else None
+    ranges = _step_ranges(flat_dir, intervals) if source.has(flat_dir, "gpu_ops") else None
     if ranges is not None:  # a run of steps at a time: their kernels, never all of the trace's
         rows = pl.concat(
             [

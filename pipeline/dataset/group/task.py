@@ -88,7 +88,7 @@ def _group(members: list[Member], work: Path, max_inflate: float | None, formula
         if not grouped:
             return None
     t.tables["gpu_ops"] = link_all(grouped, t, work, formulas)
-    coll, coll_owner, steps, steps_owner = run_tables(grouped, t, work)
+    coll, coll_owner, steps, steps_owner = run_tables(grouped, t)
     span_of = spans(t)
     for i, m in enumerate(grouped):
         m.row[KEY] = m.trace_id
