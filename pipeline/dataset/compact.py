@@ -4,8 +4,8 @@ Parts smaller than SMALL_PART_BYTES (all their tables' files together) are packe
 first, into bins of up to TARGET_PART_BYTES; a bin of two parts or more (or holding traces of the
 one-folder-per-trace layout) becomes one new part per table, its rows sorted by trace_id, each
 trace's rows in their order. Traces are merged a range of trace_ids at a time (about RANGE_BYTES
-of events, as their parts' Parquet footers size them decoded), so memory does not grow with the
-parts; every range reads every part (a part's trace_ids are spread over all of them), so the
+of events in polars, as their parts' Parquet footers size them: `_event_bytes`), so memory does
+not grow with the parts; every range reads every part (a part's trace_ids are spread over all of them), so the
 fewer the ranges, the fewer times the parts are decoded.
 
 The switch is one rename: the new parts are written first (no manifest names them yet: readers
@@ -55,12 +55,18 @@ from pipeline.errors import DatasetError
 
 TARGET_PART_BYTES = 256 << 20  # a merged part's files together, about
 SMALL_PART_BYTES = 64 << 20  # parts smaller than this are merged
-# the traces merged in memory together: about this many bytes of events, decoded (a part's row
-# groups' sizes in its footer; real traces take ~1.35x that in polars: ~150 MB). Counted in events
-# (131K), ranges cut small traces' events (~270 B each) into 35 MB pieces, and each piece read
-# every part again: 2,000 small traces, 12 parts, merged in 0.64-0.66 s in four ranges, 0.35 s
-# in one.
-RANGE_BYTES = 112 << 20
+# the traces merged in memory together: about this many bytes of events in polars (`_event_bytes`).
+# Counted in events (131K), ranges cut small traces' events (~270 B each) into 35 MB pieces, and
+# each piece read every part again: 2,000 small traces, 12 parts, merged in 0.64-0.66 s in four
+# ranges, 0.35 s in one.
+RANGE_BYTES = 150 << 20
+# an event's bytes in polars against its part's footer (its row groups' sizes, encoded but not
+# compressed): ~1.35x in parts of distinct traces. Copies of one trace dictionary-encode to far
+# less (7 B an event in a compacted dataset of 2,000 copies of hta/mi250_rocm62_minitoy), and
+# ranges sized by the footer alone would hold millions of events at once. No event is counted
+# below MIN_EVENT_BYTES, what the shared traces' 1.14 M events take each in polars (271 B).
+FOOTER_TO_MEMORY = 1.35
+MIN_EVENT_BYTES = 271
 
 
 @dataclass
@@ -155,8 +161,9 @@ def compact_locked(
 
 
 def _event_bytes(ds: Path, parts: list[str]) -> dict[str, float]:
-    """Decoded bytes per event of each part's events (its Parquet footer's row group sizes); parts
-    without a file of their own (legacy ones) are not named."""
+    """Bytes in polars per event of each part's events: its Parquet footer's row group sizes
+    (FOOTER_TO_MEMORY times them), at least MIN_EVENT_BYTES; parts without a file of their own
+    (legacy ones) are not named."""
     out = {}
     for p in parts:
         f = ds / "events" / p
@@ -164,7 +171,7 @@ def _event_bytes(ds: Path, parts: list[str]) -> dict[str, float]:
             continue
         meta = pq.ParquetFile(f).metadata
         size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-        out[p] = size / max(meta.num_rows, 1)
+        out[p] = max(FOOTER_TO_MEMORY * size / max(meta.num_rows, 1), MIN_EVENT_BYTES)
     return out
 
 
@@ -236,7 +243,8 @@ def _merge(ds: Path, rows: pl.DataFrame, parts: list[str], stage: Path, cid: str
             n = merged.height
             del merged
         else:
-            n = _merge_ranges(lf, table, ranges, path)
+            with store.arrow_memory_returned_promptly():  # each range's Arrow pages gone before the next
+                n = _merge_ranges(lf, table, ranges, path)
         want = lf.select(pl.len()).collect().item()
         if n != want:
             raise DatasetError(f"{ds}: compacting {table} gave {n} rows of {want}: nothing changed")
@@ -259,8 +267,8 @@ def _merge_ranges(lf: pl.LazyFrame, table: str, ranges: list[tuple[str, str]], p
             chunks: Iterable[pl.DataFrame]
             if lo == hi:  # one trace, from one part, in its order: a batch at a time
                 chunks = in_range.collect_batches(chunk_size=PART_ROW_GROUP_ROWS, maintain_order=True)
-            else:
-                chunks = iter([in_range.collect().sort(KEY, maintain_order=True)])
+            else:  # made Arrow a row group at a time: the whole range again in Arrow was +0.9x its size
+                chunks = in_range.collect().sort(KEY, maintain_order=True).iter_slices(PART_ROW_GROUP_ROWS)
             for chunk in chunks:
                 if chunk.height:
                     tbl = conform_part(chunk.to_arrow(), table)
