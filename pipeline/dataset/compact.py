@@ -171,7 +171,7 @@ def _event_bytes(ds: Path, parts: list[str]) -> dict[str, float]:
             continue
         meta = pq.ParquetFile(f).metadata
         size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-        out[p] = max(FOOTER_TO_MEMORY * size / max(meta.num_rows, 1), MIN_EVENT_BYTES)
+        out[p] = float(max(FOOTER_TO_MEMORY * size / max(meta.num_rows, 1), MIN_EVENT_BYTES))
     return out
 
 
@@ -179,7 +179,8 @@ def _ranges(rows: pl.DataFrame, event_bytes: dict[str, float]) -> list[tuple[str
     """Consecutive trace_id ranges of the traces, each of about RANGE_BYTES of events (a trace's
     events times its part's bytes per event, `event_bytes`; 1 KB where not known); a trace of more
     than that is a range of its own (merged a row group at a time)."""
-    per_event = pl.col(PART_COLUMN).replace_strict(event_bytes, default=1024.0, return_dtype=pl.Float64)
+    sizes = {part: float(b) for part, b in event_bytes.items()}  # polars types the mapping by its first value
+    per_event = pl.col(PART_COLUMN).replace_strict(sizes, default=1024.0, return_dtype=pl.Float64)
     ordered = rows.select(KEY, n=(pl.col("n_events").fill_null(0) + 1) * per_event).sort(KEY)
     out: list[tuple[str, str]] = []
     first: str | None = None
