@@ -77,7 +77,3 @@ def run(argv: list[str] | None = None) -> int:
             return 130
 
     return guarded(call)
-
-
-def main():
-    sys.exit(run())

@@ -5,8 +5,8 @@ first, into bins of up to TARGET_PART_BYTES; a bin of two parts or more (or hold
 one-folder-per-trace layout) becomes one new part per table, its rows sorted by trace_id, each
 trace's rows in their order. Traces are merged a range of trace_ids at a time (about RANGE_BYTES
 of events in polars, as their parts' Parquet footers size them: `_event_bytes`), so memory does
-not grow with the parts; every range reads every part (a part's trace_ids are spread over all of them), so the
-fewer the ranges, the fewer times the parts are decoded.
+not grow with the parts; every range reads every part (a part's trace_ids are spread over all of
+them), so the fewer the ranges, the fewer times the parts are decoded.
 
 The switch is one rename: the new parts are written first (no manifest names them yet: readers
 do not see them), then one manifest file holding every committed row, the merged traces naming
@@ -244,8 +244,7 @@ def _merge(ds: Path, rows: pl.DataFrame, parts: list[str], stage: Path, cid: str
             n = merged.height
             del merged
         else:
-            with store.arrow_memory_returned_promptly():  # each range's Arrow pages gone before the next
-                n = _merge_ranges(lf, table, ranges, path)
+            n = _merge_ranges(lf, table, ranges, path)
         want = lf.select(pl.len()).collect().item()
         if n != want:
             raise DatasetError(f"{ds}: compacting {table} gave {n} rows of {want}: nothing changed")

@@ -43,6 +43,7 @@ def union_ns(
     )
 
 
+INTERVAL = "_interval"  # a step interval's number, in start order: what its measures are keyed by
 KERNELS_AT_ONCE = 1 << 16  # kernels whose steps are measured together (about: steps are kept whole)
 _IS_KERNEL = (pl.col("kind") == "kernel") & pl.col("ts_ns").is_not_null()
 
@@ -118,9 +119,6 @@ SCHEMA = {
     "comm_ns": pl.Int64,
     "exposed_comm_ns": pl.Int64,
 }
-
-
-INTERVAL = "_interval"  # a step interval's number, in start order: what its measures are keyed by
 
 
 def steps(flat_dir: TraceTables, collectives: pl.DataFrame) -> pl.DataFrame:
