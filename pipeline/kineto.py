@@ -115,6 +115,7 @@ LINK_FLOW_CATS = tuple(dict.fromkeys(cat for cat, _ in LAUNCH_FLOWS))
 # flows from the CPU op that issued device activity, starting where the op starts: (cat, name)
 OP_FLOWS = tuple((x["cat"], x.get("name")) for x in _LAYOUT_FILE.get("op_flows", ()))
 ARG_ALIASES = {x["alias"]: x["key"] for x in _LAYOUT_FILE["arg_aliases"]}  # alias -> the usual key
+CALL_COUNTERS = tuple(k for x in _LAYOUT_FILE.get("call_counters", ()) for k in x["keys"])
 # CPU ops that are a vendor API's call inside the framework op that made it (torch_npu's `aclnnMm`
 # inside `aten::mm`): not a task's op where an op flow names it: (pattern, except) regexes
 API_OPS = tuple((x["pattern"], x.get("except")) for x in _LAYOUT_FILE.get("api_ops", ()))

@@ -391,3 +391,56 @@ def test_steps_of_one_name_are_measured_apart_in_a_batch(tmp_path):
         got[k] = scan(tmp_path / f"ds{k}", "steps").drop("trace_id").collect().sort("step_ts_ns", "device")
     _steps_twice(got[1], got[2])
     assert got[1]["kernel_ns"].sum() > 0
+
+
+# ------------------------------------------------------------------ a table of millions of collectives
+@pytest.mark.parametrize("kind", ["gloo", "nccl"])
+def test_collectives_are_made_a_slice_at_a_time(tmp_path, kind):
+    """A trace of millions of gloo calls (hta/cpu_only scaled to 1 GB: 2 M) is made whole and
+    written a slice at a time: the slices put together are the whole table, each group numbered
+    on across slices, in start order."""
+    from pipeline.runs.collectives import collective_slices, collectives
+
+    if kind == "gloo":
+        src = RUNS / "gloo4_sub" / "rank-1.json.gz"
+    else:
+        write_run(tmp_path / "run", 2, 24, per_step=4)
+        src = tmp_path / "run" / "rank-0.json.gz"
+    flat = flatten(src, tmp_path / "flat").out_dir
+    written = pl.read_parquet(flat / "collectives.parquet")
+    whole, problems = collectives(flat, written["rank"][0], {})
+    assert whole.height > 20 and whole.equals(collectives(flat, written["rank"][0], {})[0])
+    in_slices: dict = {}
+    parts = list(collective_slices(flat, written["rank"][0], {}, in_slices, rows=7))
+    assert len(parts) == -(-whole.height // 7) and pl.concat(parts).equals(whole) and in_slices == problems
+    groups = whole.group_by("pg_name", "pg_ranks", maintain_order=True).agg("seq", "ts_ns")
+    for seq, ts in groups.select("seq", "ts_ns").iter_rows():
+        assert seq == list(range(len(seq))) and ts == sorted(ts)
+    if kind == "nccl":  # the flattened trace's table is the same, its process groups known to it
+        assert written.drop("pg_size").equals(whole.drop("pg_size"))
+
+
+def test_calls_alike_but_for_their_counters_share_one_reading():
+    """A call's args are read once for all calls whose args differ only in the numbers each call
+    writes anew (`kineto.CALL_COUNTERS`): External id, Ev Idx, record_param_comms' Seq..."""
+    from pipeline.runs.collectives import _arg_texts, _args_key, _with_args
+
+    def args(ext: int, dims: str, idx: int, seq: str = "") -> str:
+        return f'{{"External id": {ext}, "Input Dims": {dims}, {seq}"Ev Idx": {idx}}}'
+
+    texts = [
+        args(1025, "[[321271]]", 0),
+        args(1026, "[[321271]]", 1),
+        args(7, "[[321271]]", 12, '"Seq": 3, '),
+        args(8, "[[321271]]", 13, '"Seq": 4, '),
+        args(1027, "[[2082411]]", 2),
+        None,
+    ]
+    frame = pl.DataFrame({"event_idx": range(6), "args_json": texts})
+    keyed = frame.select("event_idx", _args_key())
+    assert keyed["_args"].n_unique() == 4  # 0 and 1 alike, 2 and 3 (with a Seq) alike
+    assert keyed["_args"][0] == keyed["_args"][1] and keyed["_args"][2] == keyed["_args"][3]
+    got = _with_args(frame.select("event_idx", _args_key()), ("Input Dims", "Ev Idx"))
+    assert got.columns == ["event_idx", "_arg:Input Dims", "_arg:Ev Idx"]
+    assert got["_arg:Input Dims"].to_list() == ["[[321271]]"] * 4 + ["[[2082411]]", None]
+    assert got["_arg:Input Dims"].to_list() == frame.select(_arg_texts(("Input Dims",))).to_series().to_list()

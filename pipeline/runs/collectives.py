@@ -22,6 +22,7 @@ Sources, in order:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import astuple
 from typing import Any
 
@@ -58,7 +59,7 @@ from pipeline.cost.formulas.messages import (
     SizeSource,
     op_message,
 )
-from pipeline.kineto import ANNOTATION_CATS, ARG_ALIASES, CPU_OP_CATS, OP_FLOWS, STEP_CATS, STEP_NAME
+from pipeline.kineto import ANNOTATION_CATS, ARG_ALIASES, CALL_COUNTERS, CPU_OP_CATS, OP_FLOWS, STEP_CATS, STEP_NAME
 from pipeline.link import nesting
 from pipeline.link.links import api_call
 from pipeline.read.device_tasks import device_ids as task_device_ids
@@ -78,19 +79,36 @@ def _arg(key: str) -> pl.Expr:
 
 
 def _arg_texts(keys: tuple[str, ...]) -> list[pl.Expr]:
-    """The texts of the args `keys` (columns `_arg:KEY`, what `_read` reads), taken from `args_json`
-    while an event table is scanned: a collective's args can be kilobytes (the group's rank list),
-    and a trace of hundreds of thousands of collectives must not hold them."""
+    """The texts of the args `keys` of `args_json` (columns `_arg:KEY`, what `_read` reads)."""
     return [_arg_text(k).alias(f"_arg:{k}") for k in keys]
 
 
-def _arg_columns(keys: tuple[str, ...]) -> list[pl.Expr]:
-    """`_arg_texts(keys)` and the collective args (`ARG_KEYS`; the process group's as categoricals)."""
-    pg = [
-        _arg(key).cast(pl.Categorical if name in LONG_PG_KEYS else pl.String).alias(name)
-        for name, key in ARG_KEYS.items()
-    ]
-    return _arg_texts(keys) + pg
+# a call's own numbers (`kineto.CALL_COUNTERS`), set to 0 where calls' args are compared
+_COUNTER = '("(?:' + "|".join(CALL_COUNTERS) + ')":\\s*)-?[0-9][0-9.eE+-]*'
+
+
+def _args_key() -> pl.Expr:
+    """An event's args with its call's own numbers (External id, Ev Idx...) set to 0, as a
+    categorical (`_args`): the events of a collective repeat a few args over thousands of calls, and
+    `_with_args` reads each distinct one once (a trace scaled to 1 GB has 2 M gloo calls: reading 7
+    args of each took 6 s). A collective's args can be kilobytes (the group's rank list); a trace
+    of hundreds of thousands of collectives holds each once."""
+    return pl.col("args_json").str.replace_all(_COUNTER, "${1}0").cast(pl.Categorical).alias("_args")
+
+
+def _with_args(frame: pl.DataFrame, keys: tuple[str, ...], pg: bool = False) -> pl.DataFrame:
+    """`frame` (with `_args_key()`) with `_arg_texts(keys)` and, with `pg`, the collective args
+    (`ARG_KEYS`; the process group's as categoricals), read once per distinct `_args`; without
+    `_args`."""
+    columns = _arg_texts(keys)
+    if pg:
+        columns += [
+            _arg(key).cast(pl.Categorical if name in LONG_PG_KEYS else pl.String).alias(name)
+            for name, key in ARG_KEYS.items()
+        ]
+    said = frame.select(pl.col("_args").unique()).with_columns(args_json=pl.col("_args").cast(pl.String))
+    said = said.with_columns(columns).drop("args_json")
+    return frame.join(said, on="_args", how="left", nulls_equal=True, maintain_order="left").drop("_args")
 
 
 def _kind_from_name(name: pl.Expr) -> pl.Expr:
@@ -105,6 +123,7 @@ def _kind(raw: pl.Expr) -> pl.Expr:
     """The collective kind of each name (`normalize_kind`), worked out once per distinct name."""
 
     def kinds(names: pl.Series) -> pl.Series:
+        names = names.cast(pl.String)
         distinct = names.drop_nulls().unique()
         said = [normalize_kind(n) for n in distinct]
         return names.replace_strict(distinct, said, default=None, return_dtype=pl.String)
@@ -161,11 +180,10 @@ def _comm_ops(flat_dir: TraceTables) -> pl.DataFrame:
         pl.col("cat").str.to_lowercase().is_in([*CPU_OP_CATS, *ANNOTATION_CATS])
         & pl.col("name").str.contains(COMM_OP)
         & pl.col("ts_ns").is_not_null(),
-        ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name"]
-        + _arg_columns(OP_ARGS),
+        ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name", _args_key()],
     )
     return (
-        _read(ops, "", None, COMM_EVENT_ARGS)
+        _read(_with_args(ops, OP_ARGS, pg=True), "", None, COMM_EVENT_ARGS)
         .with_columns(
             op_kind=pl.coalesce(
                 _kind(pl.col("collective")), pl.when(pl.col("name") != "record_param_comms").then(_kind(pl.col("name")))
@@ -257,8 +275,10 @@ def _nccl_kernels(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
     )
     if not g.height:
         return g, []
-    args = _events(
-        flat_dir, pl.col("event_idx").is_in(g["event_idx"].implode()), ["event_idx", *_arg_columns(KERNEL_ARGS)]
+    args = _with_args(
+        _events(flat_dir, pl.col("event_idx").is_in(g["event_idx"].implode()), ["event_idx", _args_key()]),
+        KERNEL_ARGS,
+        pg=True,
     )
     g = g.join(args, on="event_idx", how="left")
     launches = _events(
@@ -343,9 +363,10 @@ def _hccl_ops(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
             "ts_ns",
             pl.col("dur_ns").fill_null(0),
             end,
-            *_arg_texts(HCCL_SIZE.read.args),
+            _args_key(),
         ],
     )
+    ops = _with_args(ops, HCCL_SIZE.read.args)
     if not ops.height:
         return ops, []
     pids = ops["pid"].drop_nulls().unique()
@@ -506,19 +527,22 @@ def _gloo_pg_of_threads(threads: list[tuple[int, int]], pg_config: list) -> dict
     return {t: groups[i // share] for i, t in enumerate(threads)}
 
 
-def _gloo_works(flat_dir: TraceTables, pg_config: list) -> tuple[pl.DataFrame, list[str], int]:
+def _gloo_works(flat_dir: TraceTables, pg_config: list) -> tuple[pl.DataFrame, list[str], int, Finish]:
     """gloo:* annotations as collectives, their message as the annotation says it (the one size
-    source of gloo work: `messages.op_message`, prefix `s_`); and how many ran on threads no group
-    could be given."""
+    source of gloo work: `messages.op_message`, prefix `s_`); how many ran on threads no group
+    could be given. A CPU-only trace can hold millions: the rows come compact (name and args as
+    categoricals) with what makes each slice of them whole (`Finish`: the kind, the group of the
+    thread, what the args say)."""
     works = _events(
         flat_dir,
         pl.col("cat").str.to_lowercase().is_in(ANNOTATION_CATS)
         & pl.col("name").str.contains(GLOO_WORK)
         & pl.col("ts_ns").is_not_null(),
-        ["event_idx", "name", "pid", "tid", "ts_ns", pl.col("dur_ns").fill_null(0), *_arg_texts(COMM_EVENT_ARGS)],
+        ["event_idx", pl.col("name").cast(pl.Categorical), "pid", "tid", "ts_ns", pl.col("dur_ns").fill_null(0)]
+        + [_args_key()],
     )
     if not works.height:
-        return works, [], 0
+        return works, [], 0, _whole
     owner = _gloo_pg_of_threads(_runloop_threads(flat_dir), pg_config)
     # each thread's group joined to its works (a row made in Python for each work took ~0.5 s a
     # million: hta/cpu_only scaled to 1 GB has 2 M)
@@ -526,18 +550,23 @@ def _gloo_works(flat_dir: TraceTables, pg_config: list) -> tuple[pl.DataFrame, l
         [(pid, tid, *_gloo_pg(group)) for (pid, tid), group in owner.items()],
         schema={"pid": works.schema["pid"], "tid": works.schema["tid"], **_GLOO_PG},
         orient="row",
-    ).with_columns(_owned=pl.lit(True))
-    works = works.join(threads, on=["pid", "tid"], how="left", maintain_order="left")
-    unowned = works.filter(pl.col("_owned").is_null()).height
-    out = _read(works.drop("_owned"), "s_", None, COMM_EVENT_ARGS).with_columns(
-        kind=_kind(pl.col("name")),
-        source=pl.lit("gloo_work"),
-        op_name=pl.lit(None, pl.String),
-        device=pl.lit(None, pl.Int64),
-        stream=pl.lit(None, pl.Int64),
-        collective=pl.col("name").str.strip_prefix("gloo:"),
     )
-    return out, ["s_"], unowned
+    per_thread = works.group_by("pid", "tid").len()  # an anti join of every work took 175 MB for 2 M
+    unowned = int(per_thread.join(threads, on=["pid", "tid"], how="anti")["len"].sum())
+
+    def finish(part: pl.DataFrame) -> pl.DataFrame:
+        part = part.with_columns(pl.col("name").cast(pl.String))
+        part = _with_args(part.join(threads, on=["pid", "tid"], how="left", maintain_order="left"), COMM_EVENT_ARGS)
+        return _read(part, "s_", None, COMM_EVENT_ARGS).with_columns(
+            kind=_kind(pl.col("name")),
+            source=pl.lit("gloo_work"),
+            op_name=pl.lit(None, pl.String),
+            device=pl.lit(None, pl.Int64),
+            stream=pl.lit(None, pl.Int64),
+            collective=pl.col("name").str.strip_prefix("gloo:"),
+        )
+
+    return works, ["s_"], unowned, finish
 
 
 _GLOO_PG = {"pg_name": pl.String, "pg_desc": pl.String, "pg_ranks": pl.String, "group_size": pl.Int64}
@@ -654,46 +683,80 @@ COLUMNS = [
 ]
 
 
+SLICE_ROWS = 1 << 16  # collectives made whole and written at a time (`collective_slices`)
+
+
 def collectives(flat_dir: TraceTables, rank: int | None, distributed: dict) -> tuple[pl.DataFrame, dict]:
-    """The `collectives` table of one flattened trace (schemas/collectives.toml), and counts of what
-    could not be classified, by reason."""
+    """The `collectives` table of one flattened trace (schemas/collectives.toml), whole, and counts
+    of what could not be classified, by reason."""
     problems: dict[str, int] = {}
-    rows, prefixes = _nccl_kernels(flat_dir)
+    parts = list(collective_slices(flat_dir, rank, distributed, problems))
+    return (pl.concat(parts) if parts else pl.DataFrame(schema=_schema())), problems
+
+
+def collective_slices(
+    flat_dir: TraceTables, rank: int | None, distributed: dict, problems: dict, rows: int = SLICE_ROWS
+) -> Iterator[pl.DataFrame]:
+    """The `collectives` table of one flattened trace, `rows` at a time in (ts_ns, event_idx) order:
+    a trace scaled to 1 GB of CPU-only work has 2 M gloo calls, whose whole table took 1.6 GB.
+    Counts of what could not be classified go into `problems`, by reason, by the end."""
+    found, prefixes = _nccl_kernels(flat_dir)
     names = [source.name for source in SIZE_SOURCES]
-    if rows.height:
-        rows = _pg_of_stream(rows)
-    if not rows.height:
-        rows, prefixes = _hccl_ops(flat_dir)
+    finish: Finish = _whole
+    if found.height:
+        found = _pg_of_stream(found)
+    if not found.height:
+        found, prefixes = _hccl_ops(flat_dir)
         names = [HCCL_SIZE.name]
-    if not rows.height:
+    if not found.height:
         pg_config = distributed.get("pg_config")
-        rows, prefixes, unowned = _gloo_works(flat_dir, pg_config if isinstance(pg_config, list) else [])
+        found, prefixes, unowned, finish = _gloo_works(flat_dir, pg_config if isinstance(pg_config, list) else [])
         names = ["the gloo: annotation"]
         if unowned:
             problems["gloo_work_without_process_group"] = unowned
-    if not rows.height:
-        return pl.DataFrame(schema=_schema()), problems
-    unknown = rows.filter(pl.col("kind").is_null()).height
+    if not found.height:
+        return
+    world = distributed.get("world_size") if type(distributed.get("world_size")) is int else None
+    steps = profiler_steps(flat_dir)
+    order = found.select(pl.arg_sort_by("ts_ns", "event_idx")).to_series()  # not a sorted copy of every row
+    numbered = pl.DataFrame(schema={"_pg": pl.String, "_ranks": pl.String, "_before": pl.Int64})
+    unknown = 0
+    for start in range(0, found.height, rows):
+        out = finish(found[order.slice(start, rows)])
+        unknown += out.filter(pl.col("kind").is_null()).height
+        listed = out.select("pg_ranks").unique().with_columns(listed=_count_ranks(pl.col("pg_ranks").cast(pl.String)))
+        out = out.join(listed, on="pg_ranks", how="left", nulls_equal=True, maintain_order="left").with_columns(
+            kind=pl.col("kind").cast(pl.String).fill_null("unknown"),
+            rank=pl.lit(rank, pl.Int64),
+            pg_size=pl.coalesce("group_size", "listed", pl.lit(world, pl.Int64)),
+            end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
+        )
+        out = with_message(out, prefixes, names).with_columns(
+            pl.lit(None, t).alias(c) for c, t in HCCL_COLUMNS.items() if c not in out.columns
+        )
+        out, numbered = _numbered(out, numbered)
+        out = with_steps(out, steps)
+        yield out.select(pl.col(c).cast(t) for c, t in _schema().items()).sort("ts_ns", "event_idx")
     if unknown:
         problems["collective_of_unknown_kind"] = unknown
-    world = distributed.get("world_size") if type(distributed.get("world_size")) is int else None
-    listed = rows.select("pg_ranks").unique().with_columns(listed=_count_ranks(pl.col("pg_ranks").cast(pl.String)))
-    out = rows.join(listed, on="pg_ranks", how="left", nulls_equal=True, maintain_order="left").with_columns(
-        kind=pl.col("kind").fill_null("unknown"),
-        rank=pl.lit(rank, pl.Int64),
-        pg_size=pl.coalesce("group_size", "listed", pl.lit(world, pl.Int64)),
-        end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
-    )
-    out = with_message(out, prefixes, names).with_columns(
-        pl.lit(None, t).alias(c) for c, t in HCCL_COLUMNS.items() if c not in out.columns
-    )
-    out = out.sort("ts_ns", "event_idx").with_columns(
-        seq=pl.int_range(pl.len(), dtype=pl.Int64).over(
-            pl.col("pg_name").fill_null(""), pl.col("pg_ranks").fill_null("")
-        )
-    )
-    out = with_steps(out, profiler_steps(flat_dir))
-    return out.select(pl.col(c).cast(t) for c, t in _schema().items()).sort("ts_ns", "event_idx"), problems
+
+
+def _numbered(out: pl.DataFrame, before: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """`out` (a slice, in start order) with `seq`: each group's collectives numbered on from its
+    count in the slices before (`before`: _pg, _ranks, _before); and the counts with this slice's."""
+    group = [pl.col(c).cast(pl.String).fill_null("").alias(a) for c, a in (("pg_name", "_pg"), ("pg_ranks", "_ranks"))]
+    out = out.with_columns(group).join(before, on=["_pg", "_ranks"], how="left", maintain_order="left")
+    first = pl.col("_before").fill_null(0)
+    out = out.with_columns(seq=pl.int_range(pl.len(), dtype=pl.Int64).over("_pg", "_ranks") + first)
+    counted = out.group_by("_pg", "_ranks").agg(_before=pl.len().cast(pl.Int64))
+    return out, pl.concat([before, counted]).group_by("_pg", "_ranks").agg(pl.col("_before").sum())
+
+
+def _whole(part: pl.DataFrame) -> pl.DataFrame:
+    return part
+
+
+Finish = Callable[[pl.DataFrame], pl.DataFrame]  # what makes a slice of a source's rows whole
 
 
 HCCL_COLUMNS = {"link_type": pl.String, "transit_bytes": pl.Int64, "transit_ns": pl.Int64}  # null elsewhere

@@ -8,8 +8,8 @@ from pathlib import Path
 import orjson
 import polars as pl
 
-from pipeline import store
-from pipeline.runs.collectives import collectives
+from pipeline import schema, store
+from pipeline.runs.collectives import SLICE_ROWS, collective_slices, collectives
 from pipeline.runs.source import TraceTables
 from pipeline.runs.steps import steps
 
@@ -17,33 +17,51 @@ RUN_TABLES = ("collectives", "steps")
 
 
 def write_run_tables(flat_dir: Path, row: dict):
-    """Write collectives.parquet and steps.parquet into a linked flattened directory; count what
-    could not be classified in the trace row's problems_json."""
+    """Write collectives.parquet (a slice at a time: `collective_slices`) and steps.parquet into a
+    linked flattened directory; count what could not be classified in the trace row's problems_json."""
     flat_dir = Path(flat_dir)
-    colls, steps_table = run_tables(flat_dir, row)
-    store.write_table(colls.to_arrow(), flat_dir / "collectives.parquet", "collectives")
-    store.write_table(steps_table.to_arrow(), flat_dir / "steps.parquet", "steps")
+    problems: dict[str, int] = {}
+    writer = store.TableWriter(
+        flat_dir / "collectives.parquet", "collectives", schema.ALL_STAGES, buffer_rows=SLICE_ROWS
+    )
+    times = []  # what the steps table needs of the collectives
+    try:
+        for part in collective_slices(flat_dir, row.get("rank"), _distributed(row), problems):
+            writer.write(part.to_arrow())
+            times.append(part.select("ts_ns", "end_ns"))
+    except BaseException:
+        writer.abandon()
+        raise
+    writer.close()
+    _counted(row, problems, writer.rows)
+    colls = pl.concat(times) if times else pl.DataFrame(schema={"ts_ns": pl.Int64, "end_ns": pl.Int64})
+    store.write_table(steps(flat_dir, colls).to_arrow(), flat_dir / "steps.parquet", "steps")
 
 
 def run_tables(tables: TraceTables, row: dict) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The collectives and steps tables of a linked trace (its directory, or its tables in memory:
     `runs.source`); what could not be classified counted in the trace row's problems_json."""
+    colls, problems = collectives(tables, row.get("rank"), _distributed(row))
+    _counted(row, problems, colls.height)
+    return colls, steps(tables, colls)
+
+
+def _distributed(row: dict) -> dict:
     meta = orjson.loads(row.get("metadata_json") or "{}")
-    distributed = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    colls, problems = collectives(tables, row.get("rank"), distributed)
+    return meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+
+
+def _counted(row: dict, problems: dict, n_collectives: int):
     if problems:
         known = orjson.loads(row["problems_json"])
         known.update({f"collectives:{k}": v for k, v in problems.items()})
         row["problems_json"] = orjson.dumps(known).decode()
-    row["n_collectives"] = colls.height
-    return colls, steps(tables, colls)
+    row["n_collectives"] = n_collectives
 
 
 def write_empty_run_tables(flat_dir: Path):
     """The run tables of a trace flattened without linking: empty, with their schema."""
     import pyarrow as pa
-
-    from pipeline import schema
 
     for name in RUN_TABLES:
         store.write_table(
