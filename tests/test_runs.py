@@ -444,3 +444,14 @@ def test_calls_alike_but_for_their_counters_share_one_reading():
     assert got.columns == ["event_idx", "_arg:Input Dims", "_arg:Ev Idx"]
     assert got["_arg:Input Dims"].to_list() == ["[[321271]]"] * 4 + ["[[2082411]]", None]
     assert got["_arg:Input Dims"].to_list() == frame.select(_arg_texts(("Input Dims",))).to_series().to_list()
+
+
+def test_no_arg_the_collectives_read_is_a_call_counter():
+    """A counter is read as 0 once calls share their args (`_args_key`): the args the collectives
+    table reads (sizes, groups, names) must not be among `kineto.CALL_COUNTERS`."""
+    from pipeline.kineto import CALL_COUNTERS
+    from pipeline.runs import collectives as c
+
+    read = {*c.ARG_KEYS.values(), *c.OP_ARGS, *c.KERNEL_ARGS, *c.COMM_EVENT_ARGS, *c.HCCL_SIZE.read.args}
+    assert {"Process Group Ranks", "In msg nelems", "Input Dims"} <= read
+    assert not read & set(CALL_COUNTERS)

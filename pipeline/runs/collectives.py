@@ -22,6 +22,7 @@ Sources, in order:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import astuple
 from typing import Any
@@ -84,7 +85,8 @@ def _arg_texts(keys: tuple[str, ...]) -> list[pl.Expr]:
 
 
 # a call's own numbers (`kineto.CALL_COUNTERS`), set to 0 where calls' args are compared
-_COUNTER = '("(?:' + "|".join(CALL_COUNTERS) + ')":\\s*)-?[0-9][0-9.eE+-]*'
+_ESCAPED = (re.sub(r"([][\\.^$|?*+(){}])", r"\\\1", key) for key in CALL_COUNTERS)
+_COUNTER = '("(?:' + "|".join(_ESCAPED) + ')":\\s*)-?[0-9][0-9.eE+-]*'
 
 
 def _args_key() -> pl.Expr:
