@@ -112,6 +112,15 @@ def test_a_group_gives_each_synthetic_trace_what_flatten_gives_it(tmp_path, monk
     assert_group_equals_alone(synthetic_traces(tmp_path / "src"), tmp_path, monkeypatch)
 
 
+def test_the_ranks_of_a_run_measured_together_as_each_alone(tmp_path, monkeypatch):
+    """NCCL ranks of one run in a group: their collectives are made together (`group.run_tables`),
+    each rank's numbered, stepped and counted as alone, though their clocks, steps and kernels
+    overlap (rank 1 late, clocks apart by less than a step)."""
+    write_run(tmp_path / "run", world=3, collectives=12, straggler=1, delay_us=900, delayed=4,
+              offsets_us=[0.0, 350.0, -200.0], per_step=3)  # fmt: skip
+    assert_group_equals_alone(sorted((tmp_path / "run").glob("*.json.gz")), tmp_path, monkeypatch)
+
+
 def test_traces_that_cannot_be_grouped_go_alone_with_the_same_result(tmp_path, monkeypatch):
     d = tmp_path / "src"
     paths = [write(d / f"ok{i}.json", tiny_trace(i)) for i in range(2)]

@@ -628,28 +628,32 @@ def with_message(rows: pl.DataFrame, prefixes: list[str], names: list[str]) -> p
     )
 
 
+# the events of ProfilerStep#N intervals, and each one's (step, step_ts_ns, step_end_ns)
+PROFILER_STEP = (
+    pl.col("cat").str.to_lowercase().is_in(STEP_CATS)
+    & pl.col("name").str.contains(STEP_NAME)
+    & pl.col("ts_ns").is_not_null()
+)
+STEP_INTERVAL = [
+    pl.col("name").alias("step"),
+    pl.col("ts_ns").alias("step_ts_ns"),
+    (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("step_end_ns"),
+]
+
+
 def profiler_steps(flat_dir: TraceTables) -> pl.DataFrame:
     """ProfilerStep#N intervals (step, step_ts_ns, step_end_ns) in start order."""
-    return _events(
-        flat_dir,
-        pl.col("cat").str.to_lowercase().is_in(STEP_CATS)
-        & pl.col("name").str.contains(STEP_NAME)
-        & pl.col("ts_ns").is_not_null(),
-        [
-            pl.col("name").alias("step"),
-            pl.col("ts_ns").alias("step_ts_ns"),
-            (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("step_end_ns"),
-        ],
-    ).sort("step_ts_ns")
+    return _events(flat_dir, PROFILER_STEP, STEP_INTERVAL).sort("step_ts_ns")
 
 
-def with_steps(rows: pl.DataFrame, steps: pl.DataFrame, start: str = "ts_ns") -> pl.DataFrame:
+def with_steps(rows: pl.DataFrame, steps: pl.DataFrame, start: str = "ts_ns", by: str | None = None) -> pl.DataFrame:
     """Rows with `step`: the ProfilerStep whose interval holds their start (null outside every step),
-    and the other columns of `steps` but its times (such as a number for each interval)."""
+    and the other columns of `steps` but its times (such as a number for each interval); `by`: a
+    column of both whose values keep apart traces measured together."""
     if not steps.height:
         return rows.with_columns(step=pl.lit(None, pl.String))
     j = rows.sort(start).join_asof(
-        steps, left_on=start, right_on="step_ts_ns", strategy="backward", check_sortedness=False
+        steps, left_on=start, right_on="step_ts_ns", by=by, strategy="backward", check_sortedness=False
     )
     return j.with_columns(step=pl.when(pl.col(start) <= pl.col("step_end_ns")).then(pl.col("step"))).drop(
         "step_ts_ns", "step_end_ns"

@@ -45,12 +45,12 @@ def union_ns(
 
 INTERVAL = "_interval"  # a step interval's number, in start order: what its measures are keyed by
 KERNELS_AT_ONCE = 1 << 16  # kernels whose steps are measured together (about: steps are kept whole)
-_IS_KERNEL = (pl.col("kind") == "kernel") & pl.col("ts_ns").is_not_null()
+IS_KERNEL = (pl.col("kind") == "kernel") & pl.col("ts_ns").is_not_null()
 
 
 def _kernels(flat_dir: TraceTables, since: int | None = None, until: int | None = None) -> pl.DataFrame:
     """The kernels (device, ts_ns, end_ns, comm) starting in [since, until) (None: open)."""
-    where = _IS_KERNEL
+    where = IS_KERNEL
     if since is not None:
         where &= pl.col("ts_ns") >= since
     if until is not None:
@@ -79,7 +79,7 @@ def _step_ranges(flat_dir: TraceTables, intervals: pl.DataFrame) -> list[tuple[i
     starts = intervals["step_ts_ns"]
     per_step = np.zeros(starts.len() + 1, dtype=np.int64)  # [0]: kernels before the first step
     for batch in source.batches(flat_dir, "gpu_ops", store.BUFFER_ROWS, ["kind", "ts_ns"]):
-        ts = batch.filter(_IS_KERNEL)["ts_ns"]
+        ts = batch.filter(IS_KERNEL)["ts_ns"]
         per_step += np.bincount(starts.search_sorted(ts, side="right").to_numpy(), minlength=per_step.size)
     if not per_step.sum():
         return None

@@ -26,14 +26,14 @@ def write_run_tables(flat_dir: Path, row: dict):
     )
     times = []  # what the steps table needs of the collectives
     try:
-        for part in collective_slices(flat_dir, row.get("rank"), _distributed(row), problems):
+        for part in collective_slices(flat_dir, row.get("rank"), distributed_info(row), problems):
             writer.write(part.to_arrow())
             times.append(part.select("ts_ns", "end_ns"))
     except BaseException:
         writer.abandon()
         raise
     writer.close()
-    _counted(row, problems, writer.rows)
+    count_problems(row, problems, writer.rows)
     colls = pl.concat(times) if times else pl.DataFrame(schema={"ts_ns": pl.Int64, "end_ns": pl.Int64})
     store.write_table(steps(flat_dir, colls).to_arrow(), flat_dir / "steps.parquet", "steps")
 
@@ -41,17 +41,26 @@ def write_run_tables(flat_dir: Path, row: dict):
 def run_tables(tables: TraceTables, row: dict) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The collectives and steps tables of a linked trace (its directory, or its tables in memory:
     `runs.source`); what could not be classified counted in the trace row's problems_json."""
-    colls, problems = collectives(tables, row.get("rank"), _distributed(row))
-    _counted(row, problems, colls.height)
+    colls = collectives_table(tables, row)
     return colls, steps(tables, colls)
 
 
-def _distributed(row: dict) -> dict:
+def collectives_table(tables: TraceTables, row: dict) -> pl.DataFrame:
+    """`run_tables`' collectives alone (a trace with kernels measures its steps by them only)."""
+    colls, problems = collectives(tables, row.get("rank"), distributed_info(row))
+    count_problems(row, problems, colls.height)
+    return colls
+
+
+def distributed_info(row: dict) -> dict:
+    """The trace's `distributedInfo` (world size, rank, process groups), {} when it has none."""
     meta = orjson.loads(row.get("metadata_json") or "{}")
     return meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
 
 
-def _counted(row: dict, problems: dict, n_collectives: int):
+def count_problems(row: dict, problems: dict, n_collectives: int):
+    """Count what the collectives could not classify (`problems`, by reason) and how many they
+    are in the trace row."""
     if problems:
         known = orjson.loads(row["problems_json"])
         known.update({f"collectives:{k}": v for k, v in problems.items()})

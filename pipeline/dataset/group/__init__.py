@@ -14,8 +14,11 @@ together, and every per-trace result of the single-trace path is kept:
   every GPU op carries a correlation id: `link._link_facts`) splits the group so that each part
   agrees on it;
 * kernels are costed against their own trace's devices (traces with the same devices together);
-* counts (links, costs, problems), facts and the run tables are computed per trace (`steps` by
-  one query keyed by trace; a trace with collectives gets both from `write_run_tables` itself).
+* counts (links, costs, problems), facts and the run tables are computed per trace: `steps` by
+  one query keyed by trace for every trace with kernels; the collectives of NCCL/RCCL kernels by
+  one `runs.collectives` call over the ranks together (their ids moved to their bands, each
+  trace's rank, numbering and steps its own: `run_tables`); a trace of gloo work gets both from
+  `runs.tables` alone.
 
 A trace that is not small after all (a long text, truncated, an oversized value), that fails to
 decode, or a large one (`run_group(small=False)`) is flattened alone by `flatten` into a scratch

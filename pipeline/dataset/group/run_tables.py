@@ -19,13 +19,16 @@ def _empty_stage(name: str) -> pa.Table:
 def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, pa.Table, np.ndarray]:
     """The `collectives` and `steps` tables of the group (and the member of each row), as
     `write_run_tables` writes them per trace: a member with NCCL/RCCL kernels or gloo work gets
-    them from `runs.tables.run_tables` itself, over its rows of the group's tables in memory; the
-    others have no collectives, and their steps come from one query keyed by member
-    (`runs.steps.steps`)."""
+    its collectives from `runs.tables` itself, over its rows of the group's tables in memory; the
+    others have none. Steps are measured by the kernels of a trace that has some, for every such
+    member in one query keyed by member (`runs.steps.steps` per trace: ~14 ms each of the ~50 ms
+    of an NCCL member's run tables); a member without kernels but with collectives (gloo)
+    measures its steps by them, alone."""
     from pipeline.kineto import ANNOTATION_CATS, STEP_CATS, STEP_NAME
     from pipeline.runs.collectives import GLOO_WORK, NCCL_KERNEL
-    from pipeline.runs.steps import INTERVAL, union_ns
+    from pipeline.runs.steps import INTERVAL, IS_KERNEL, union_ns
     from pipeline.runs.steps import SCHEMA as STEPS_SCHEMA
+    from pipeline.runs.tables import collectives_table
     from pipeline.runs.tables import run_tables as member_run_tables
 
     ev, gpu = t.tables["events"], t.tables["gpu_ops"]
@@ -41,21 +44,29 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
         (pl.col("kind") == "kernel") & pl.col("name").str.contains(NCCL_KERNEL) & pl.col("ts_ns").is_not_null()
     )["_m"]
     alone = sorted(set(gloo.to_list()) | set(nccl.to_list()))
+    has_kernels = set(kernels.filter(IS_KERNEL)["_m"].unique().to_list())
     got: dict[str, dict[int, pa.Table]] = {"collectives": {}, "steps": {}}
     stages = {"events": ("flatten",), "gpu_ops": schema.ALL_STAGES, "flows": ("flatten",)}
     starts = {n: t.starts(n) for n in stages}
-    for k in alone:  # each member's own rows, as its files would read (no scratch files: 2-3x slower)
+    for k, frame in _nccl_together(members, t, sorted(set(nccl.to_list()) & has_kernels)).items():
+        got["collectives"][k] = schema.conform(frame.to_arrow(), "collectives", schema.ALL_STAGES)
+    for k in (k for k in alone if k not in got["collectives"]):  # its own rows, as its files would read
         member = {
             name: store.frame_from_arrow(
                 schema.conform(t.tables[name].slice(at[k], at[k + 1] - at[k]), name, stages[name])
             )
             for name, at in starts.items()
         }
+        if k in has_kernels:  # its steps by its kernels, with the others' below
+            got["collectives"][k] = schema.conform(
+                collectives_table(member, members[k].row).to_arrow(), "collectives", schema.ALL_STAGES
+            )
+            continue
         for name, frame in zip(got, member_run_tables(member, members[k].row)):
             got[name][k] = schema.conform(frame.to_arrow(), name, schema.ALL_STAGES)
-    rest = [k for k in range(len(members)) if k not in set(alone)]
-    for k in rest:
+    for k in set(range(len(members))) - set(alone):
         members[k].row["n_collectives"] = 0
+    rest = [k for k in range(len(members)) if k not in got["steps"]]  # steps measured by one query
     intervals = (
         events.filter(
             pl.col("_m").is_in(rest)
@@ -67,7 +78,7 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
         .sort("_m", "step_ts_ns")
         .with_row_index(INTERVAL)  # measures are keyed by interval, not by name (`runs.steps`)
     )
-    k_rows = kernels.filter(pl.col("_m").is_in(rest) & (pl.col("kind") == "kernel") & pl.col("ts_ns").is_not_null())
+    k_rows = kernels.filter(pl.col("_m").is_in(rest) & IS_KERNEL)
     k_rows = k_rows.select(
         "_m",
         "device",
@@ -115,16 +126,80 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
         .select("_m", *(pl.col(c).cast(dt) for c, dt in STEPS_SCHEMA.items()))
         .sort("_m", "step_ts_ns", "device", nulls_last=True)
     )
-    if alone:  # in member order, those of the members run alone in their places
-        steps_parts = [steps.filter(~pl.col("_m").is_in(alone))] + [
+    if got["steps"]:  # in member order, those of the members measured alone in their places
+        steps_parts = [steps.filter(~pl.col("_m").is_in(list(got["steps"])))] + [
             store.frame_from_arrow(tbl).with_columns(_m=pl.lit(k, pl.Int64)) for k, tbl in got["steps"].items()
         ]
         steps = pl.concat([p.select(steps.columns) for p in steps_parts], how="vertical_relaxed").sort(
             "_m", maintain_order=True
         )
-    coll = [(k, tbl) for k, tbl in got["collectives"].items() if tbl.num_rows]
+    coll = [(k, tbl) for k, tbl in sorted(got["collectives"].items()) if tbl.num_rows]  # in member order
     coll_tbl = pa.concat_tables([tbl for _, tbl in coll]) if coll else _empty_stage("collectives")
     coll_owner = (
         np.concatenate([np.full(tbl.num_rows, k, np.int64) for k, tbl in coll]) if coll else np.zeros(0, np.int64)
     )
     return coll_tbl, coll_owner, steps.drop("_m").to_arrow(), steps["_m"].to_numpy()
+
+
+# what the collectives of NCCL/RCCL kernels read of a trace's tables
+_NCCL_READS = {
+    "events": ["event_idx", "ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "args_json"],
+    "gpu_ops": ["event_idx", "kind", "name", "device", "stream", "ts_ns", "dur_ns", "launch_event_idx", "launch_ts_ns"],
+}
+
+
+def _nccl_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int, pl.DataFrame]:
+    """The collectives of the members `ks` (NCCL/RCCL kernels; their steps are measured by their
+    kernels), made by one `runs.collectives` call per world size over their rows together, each
+    as `runs.tables.collectives_table` makes them alone, its row counted as there. Measured one
+    member at a time they took ~37 ms each, a few dozen small queries, most of a group's time.
+
+    Whatever the collectives join on is made the member's own: event_idx, launch_event_idx,
+    pid and device moved to its band (`bands.BAND`: a member whose devices do not fit one is
+    measured alone); the rest depends on one trace's rows and is done again per member: its
+    rank, its collectives' numbers in each group (`seq`), their steps (its own ProfilerSteps)."""
+    from pipeline.dataset.group.bands import BAND, ID_LIMIT
+    from pipeline.runs.collectives import PROFILER_STEP, STEP_INTERVAL, collectives, with_steps
+    from pipeline.runs.tables import count_problems, distributed_info
+
+    gpu_owner = t.owner["gpu_ops"]
+    device = t.tables["gpu_ops"].column("device").to_numpy(zero_copy_only=False).astype(np.float64)
+    far = np.unique(gpu_owner[~np.isnan(device) & (np.abs(device) >= ID_LIMIT)])
+    ks = [k for k in ks if k not in set(far.tolist())]
+    worlds: dict[int | None, list[int]] = {}
+    for k in ks:
+        world = distributed_info(members[k].row).get("world_size")
+        worlds.setdefault(world if type(world) is int else None, []).append(k)
+    out: dict[int, pl.DataFrame] = {}
+    for world, some in worlds.items():
+        chosen = np.zeros(t.n, dtype=bool)
+        chosen[some] = True
+        tables = {}
+        for name, columns in _NCCL_READS.items():
+            rows = np.flatnonzero(chosen[t.owner[name]])
+            stages = ("flatten",) if name == "events" else schema.ALL_STAGES  # as a member's own files
+            frame = store.frame_from_arrow(schema.conform(t.tables[name].take(rows), name, stages))
+            band = pl.Series(t.owner[name][rows] * BAND, dtype=pl.Int64)
+            moved = ["event_idx", *(("launch_event_idx", "device") if name == "gpu_ops" else ("pid",))]
+            tables[name] = frame.select(columns).with_columns(pl.col(c) + band for c in moved)
+        made, _ = collectives(tables, None, {"world_size": world})
+        member, columns = pl.col("event_idx") // BAND, made.columns
+        made = made.with_columns(_m=member).with_columns(
+            *(pl.col(c) - pl.col("_m") * BAND for c in ("event_idx", "pid", "device")),
+            rank=pl.col("_m").replace_strict({k: members[k].row.get("rank") for k in some}, return_dtype=pl.Int64),
+            # numbered in each group of each member, in (ts_ns, event_idx) order as made
+            seq=pl.int_range(pl.len(), dtype=pl.Int64).over(
+                "_m", *(pl.col(c).cast(pl.String).fill_null("") for c in ("pg_name", "pg_ranks"))
+            ),
+        )
+        steps = tables["events"].filter(PROFILER_STEP).select(*STEP_INTERVAL, _m=member).sort("_m", "step_ts_ns")
+        made = with_steps(made.drop("step"), steps, by="_m").sort("_m", "ts_ns", "event_idx")
+        for key, mine in made.partition_by("_m", as_dict=True, include_key=False).items():
+            k, mine = int(key[0]), mine.select(columns)
+            unknown = mine.filter(pl.col("kind") == "unknown").height
+            count_problems(members[k].row, {"collective_of_unknown_kind": unknown} if unknown else {}, mine.height)
+            out[k] = mine
+        for k in set(some) - set(out):  # no collective made of its kernels
+            count_problems(members[k].row, {}, 0)
+            out[k] = made.select(columns).clear()
+    return out
