@@ -162,6 +162,8 @@ def _nccl_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int,
     from pipeline.runs.collectives import PROFILER_STEP, STEP_INTERVAL, collectives, with_steps
     from pipeline.runs.tables import count_problems, distributed_info
 
+    if not ks:
+        return {}
     gpu_owner = t.owner["gpu_ops"]
     device = t.tables["gpu_ops"].column("device").to_numpy(zero_copy_only=False).astype(np.float64)
     far = np.unique(gpu_owner[~np.isnan(device) & (np.abs(device) >= ID_LIMIT)])
