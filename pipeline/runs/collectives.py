@@ -85,7 +85,7 @@ def _arg_texts(keys: tuple[str, ...]) -> list[pl.Expr]:
 
 
 # a call's own numbers (`kineto.CALL_COUNTERS`), set to 0 where calls' args are compared
-_ESCAPED = (re.sub(r"([][\\.^$|?*+(){}])", r"\\\1", key) for key in CALL_COUNTERS)
+_ESCAPED = tuple(re.sub(r"([][\\.^$|?*+(){}])", r"\\\1", key) for key in CALL_COUNTERS)
 _COUNTER = '("(?:' + "|".join(_ESCAPED) + ')":\\s*)-?[0-9][0-9.eE+-]*'
 
 
@@ -722,7 +722,7 @@ def collective_slices(
             problems["gloo_work_without_process_group"] = unowned
     if not found.height:
         return
-    world = distributed.get("world_size") if type(distributed.get("world_size")) is int else None
+    world = world_size(distributed)
     steps = profiler_steps(flat_dir)
     order = found.select(pl.arg_sort_by("ts_ns", "event_idx")).to_series()  # not a sorted copy of every row
     numbered = pl.DataFrame(schema={"_pg": pl.String, "_ranks": pl.String, "_before": pl.Int64})
@@ -744,14 +744,24 @@ def collective_slices(
         out = with_steps(out, steps)
         yield out.select(pl.col(c).cast(t) for c, t in _schema().items()).sort("ts_ns", "event_idx")
     if unknown:
-        problems["collective_of_unknown_kind"] = unknown
+        problems[UNKNOWN_KIND] = unknown
+
+
+UNKNOWN_KIND = "collective_of_unknown_kind"  # the problem of a collective whose kind no source says
+# what `seq` numbers collectives within: their process group, by name and ranks (either may be null)
+SEQ_GROUP = [pl.col(c).cast(pl.String).fill_null("").alias(a) for c, a in (("pg_name", "_pg"), ("pg_ranks", "_ranks"))]
+
+
+def world_size(distributed: dict) -> int | None:
+    """The world size a trace's `distributedInfo` says, if an integer."""
+    world = distributed.get("world_size")
+    return world if type(world) is int else None
 
 
 def _numbered(out: pl.DataFrame, before: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """`out` (a slice, in start order) with `seq`: each group's collectives numbered on from its
     count in the slices before (`before`: _pg, _ranks, _before); and the counts with this slice's."""
-    group = [pl.col(c).cast(pl.String).fill_null("").alias(a) for c, a in (("pg_name", "_pg"), ("pg_ranks", "_ranks"))]
-    out = out.with_columns(group).join(before, on=["_pg", "_ranks"], how="left", maintain_order="left")
+    out = out.with_columns(SEQ_GROUP).join(before, on=["_pg", "_ranks"], how="left", maintain_order="left")
     first = pl.col("_before").fill_null(0)
     out = out.with_columns(seq=pl.int_range(pl.len(), dtype=pl.Int64).over("_pg", "_ranks") + first)
     counted = out.group_by("_pg", "_ranks").agg(_before=pl.len().cast(pl.Int64))

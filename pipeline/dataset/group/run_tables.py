@@ -24,8 +24,8 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
     member in one query keyed by member (`runs.steps.steps` per trace: ~14 ms each of the ~50 ms
     of an NCCL member's run tables); a member without kernels but with collectives (gloo)
     measures its steps by them, alone."""
-    from pipeline.kineto import ANNOTATION_CATS, STEP_CATS, STEP_NAME
-    from pipeline.runs.collectives import GLOO_WORK, NCCL_KERNEL
+    from pipeline.kineto import ANNOTATION_CATS
+    from pipeline.runs.collectives import GLOO_WORK, NCCL_KERNEL, PROFILER_STEP, STEP_INTERVAL
     from pipeline.runs.steps import INTERVAL, IS_KERNEL, union_ns
     from pipeline.runs.steps import SCHEMA as STEPS_SCHEMA
     from pipeline.runs.tables import collectives_table
@@ -68,13 +68,8 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
         members[k].row["n_collectives"] = 0
     rest = [k for k in range(len(members)) if k not in got["steps"]]  # steps measured by one query
     intervals = (
-        events.filter(
-            pl.col("_m").is_in(rest)
-            & pl.col("cat").str.to_lowercase().is_in(STEP_CATS)
-            & pl.col("ts_ns").is_not_null()
-            & pl.col("name").str.contains(STEP_NAME)
-        )
-        .select("_m", step="name", step_ts_ns="ts_ns", step_end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0))
+        events.filter(pl.col("_m").is_in(rest) & PROFILER_STEP)
+        .select("_m", *STEP_INTERVAL)
         .sort("_m", "step_ts_ns")
         .with_row_index(INTERVAL)  # measures are keyed by interval, not by name (`runs.steps`)
     )
@@ -159,7 +154,15 @@ def _nccl_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int,
     measured alone); the rest depends on one trace's rows and is done again per member: its
     rank, its collectives' numbers in each group (`seq`), their steps (its own ProfilerSteps)."""
     from pipeline.dataset.group.bands import BAND, ID_LIMIT
-    from pipeline.runs.collectives import PROFILER_STEP, STEP_INTERVAL, collectives, with_steps
+    from pipeline.runs.collectives import (
+        PROFILER_STEP,
+        SEQ_GROUP,
+        STEP_INTERVAL,
+        UNKNOWN_KIND,
+        collectives,
+        with_steps,
+        world_size,
+    )
     from pipeline.runs.tables import count_problems, distributed_info
 
     if not ks:
@@ -170,8 +173,7 @@ def _nccl_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int,
     ks = [k for k in ks if k not in set(far.tolist())]
     worlds: dict[int | None, list[int]] = {}
     for k in ks:
-        world = distributed_info(members[k].row).get("world_size")
-        worlds.setdefault(world if type(world) is int else None, []).append(k)
+        worlds.setdefault(world_size(distributed_info(members[k].row)), []).append(k)
     out: dict[int, pl.DataFrame] = {}
     for world, some in worlds.items():
         chosen = np.zeros(t.n, dtype=bool)
@@ -190,16 +192,14 @@ def _nccl_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int,
             *(pl.col(c) - pl.col("_m") * BAND for c in ("event_idx", "pid", "device")),
             rank=pl.col("_m").replace_strict({k: members[k].row.get("rank") for k in some}, return_dtype=pl.Int64),
             # numbered in each group of each member, in (ts_ns, event_idx) order as made
-            seq=pl.int_range(pl.len(), dtype=pl.Int64).over(
-                "_m", *(pl.col(c).cast(pl.String).fill_null("") for c in ("pg_name", "pg_ranks"))
-            ),
+            seq=pl.int_range(pl.len(), dtype=pl.Int64).over("_m", *SEQ_GROUP),
         )
         steps = tables["events"].filter(PROFILER_STEP).select(*STEP_INTERVAL, _m=member).sort("_m", "step_ts_ns")
         made = with_steps(made.drop("step"), steps, by="_m").sort("_m", "ts_ns", "event_idx")
         for key, mine in made.partition_by("_m", as_dict=True, include_key=False).items():
             k, mine = int(key[0]), mine.select(columns)
             unknown = mine.filter(pl.col("kind") == "unknown").height
-            count_problems(members[k].row, {"collective_of_unknown_kind": unknown} if unknown else {}, mine.height)
+            count_problems(members[k].row, {UNKNOWN_KIND: unknown} if unknown else {}, mine.height)
             out[k] = mine
         for k in set(some) - set(out):  # no collective made of its kernels
             count_problems(members[k].row, {}, 0)
