@@ -768,3 +768,35 @@ def test_warming_workers_of_a_pool_already_shut_down_is_quiet():
     ex = cf.ProcessPoolExecutor(1)
     ex.shutdown()
     engines._warm(ex, 2)
+
+
+@pytest.mark.parametrize(
+    "argv, starts",
+    [
+        (["src", "-o", "ds"], True),
+        (["src", "-o", "ds", "--engine", "local"], True),
+        (["src", "--engine", "ray", "-o", "ds"], False),
+        (["src", "--engine=dask"], False),
+        (["--help"], False),
+    ],
+)
+def test_a_batch_starts_its_workers_forkserver_before_its_imports(argv, starts):
+    """`tracepipe batch` starts the local workers' forkserver first (`engines.prestart`), and a pool
+    then forks its workers from that one, with tracepipe already imported; not for another engine
+    or for help. In a process of its own: the forkserver is per process."""
+    code = f"""
+import sys
+from multiprocessing import forkserver
+from pipeline.dataset import engines
+engines.prestart({argv!r})
+pid = forkserver._forkserver._forkserver_pid
+assert "polars" not in sys.modules  # the driver's own imports had not begun
+print(pid is not None)
+if pid is not None:
+    pool = engines.Pool("local", 1)
+    print(pool.submit(engines._nothing).result() is None and forkserver._forkserver._forkserver_pid == pid)
+    pool.close()
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == (["True", "True"] if starts else ["False"])

@@ -51,6 +51,10 @@ def main():
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     argv = sys.argv[1:]
     code = None
+    if argv and argv[0] == "batch":  # its workers' forkserver imports beside this process's imports
+        from pipeline.dataset.engines import prestart
+
+        prestart(argv[1:])
     if argv and argv[0] == "ranks":
         from pipeline.cli.ranks import fast
 

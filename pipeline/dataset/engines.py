@@ -30,6 +30,31 @@ PRELOAD = [
 ]
 
 
+def prestart(argv: list[str]) -> None:
+    """For a `batch` command line (`argv` after the command) that will use local workers: start
+    their forkserver now, before the command's own imports. It imports PRELOAD (~0.45 s) on the
+    other core while this process imports the CLI (~0.3 s): they went one after the other, at
+    the start of every batch (2,000 small traces: 4.2 s). `Pool` then finds it running."""
+    if any(a in ("-h", "--help") for a in argv) or _engine_named(argv) not in (None, "local"):
+        return
+    import multiprocessing as mp
+    from multiprocessing import forkserver
+
+    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    forkserver.ensure_running()
+
+
+def _engine_named(argv: list[str]) -> str | None:
+    """The value of the last --engine option of a command line, if any."""
+    named = None
+    for i, a in enumerate(argv):
+        if a == "--engine" and i + 1 < len(argv):
+            named = argv[i + 1]
+        elif a.startswith("--engine="):
+            named = a.split("=", 1)[1]
+    return named
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:  # a killed driver not yet reaped is a zombie: gone too
