@@ -26,6 +26,7 @@ from pipeline.dataset import query as Q
 from pipeline.dataset.inputs import file_hash
 from pipeline.dataset.tables import tables
 from pipeline.flatten import flatten
+from pipeline.runs import tables as run_tables_module
 from pipeline.synthetic.runs import write_run
 
 TABLES = schema.TABLES
@@ -119,6 +120,30 @@ def test_the_ranks_of_a_run_measured_together_as_each_alone(tmp_path, monkeypatc
     write_run(tmp_path / "run", world=3, collectives=12, straggler=1, delay_us=900, delayed=4,
               offsets_us=[0.0, 350.0, -200.0], per_step=3)  # fmt: skip
     assert_group_equals_alone(sorted((tmp_path / "run").glob("*.json.gz")), tmp_path, monkeypatch)
+
+
+def test_gloo_ranks_measured_together_as_each_alone(tmp_path, monkeypatch):
+    """CPU-only gloo ranks in one group (real recorded runs: four ranks of one world, a run with a
+    subgroup, a run with a rank missing): their collectives are made together
+    (`group.run_tables._gloo_together`), each rank's threads given its own process groups, its
+    collectives numbered, stepped and counted as alone, its steps measured by its own work; one
+    rank's process groups left unknown, its work counted unowned as alone."""
+    runs = Path(__file__).parent / "data" / "runs"
+    by_content = {file_hash(str(p))[0]: p for p in sorted(runs.glob("gloo4*/*.json.gz"))}  # runs share ranks
+    paths = sorted(by_content.values())
+    assert len(paths) >= 8
+    text = json.loads(gzip.open(paths[0]).read())
+    text["distributedInfo"].pop("pg_config")  # no group to give its threads: its work unowned
+    paths.append(write(tmp_path / "src" / "no_groups.json.gz", text))
+
+    def one_at_a_time(*_):
+        raise AssertionError("a gloo rank's run tables made alone")
+
+    monkeypatch.setattr(run_tables_module, "run_tables", one_at_a_time)
+    assert_group_equals_alone(paths, tmp_path, monkeypatch)
+    trace = pl.read_parquet(tmp_path / "stage" / "trace.parquet")
+    said = trace.filter(pl.col("trace_id") == tasks_of(paths[-1:])[0][2])["problems_json"].item()
+    assert json.loads(said)["collectives:gloo_work_without_process_group"] > 0
 
 
 def test_traces_that_cannot_be_grouped_go_alone_with_the_same_result(tmp_path, monkeypatch):

@@ -349,6 +349,9 @@ def _without_cat(keys: tuple[str, ...]) -> pl.Expr:
     return (pl.col("ph") == "X") & pl.col("cat").is_null() & pl.col("ts_ns").is_not_null() & pl.all_horizontal(has)
 
 
+HCCL_OP = _without_cat(HCCL_OP_ARGS)  # the events `_hccl_ops` reads: a trace with one has HCCL collectives
+
+
 def _hccl_ops(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
     """HCCL collectives (`comms.HCCL_OP_ARGS`) with their group (the lane's name), device (from the
     pid, as the device tasks'), message (`messages.HCCL_SIZE`, prefix `s_`), the host op a flow
@@ -356,7 +359,7 @@ def _hccl_ops(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
     end = (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns")
     ops = _events(
         flat_dir,
-        _without_cat(HCCL_OP_ARGS),
+        HCCL_OP,
         [
             "event_idx",
             "name",
@@ -508,7 +511,14 @@ def _host_ops(flat_dir: TraceTables, ops: pl.DataFrame) -> pl.DataFrame:
 
 
 # ------------------------------------------------------------------ gloo work on runloop threads
-def _runloop_threads(flat_dir: TraceTables) -> list[tuple[int, int]]:
+IS_GLOO_WORK = (  # the events of gloo's work (`_gloo_works`)
+    pl.col("cat").str.to_lowercase().is_in(ANNOTATION_CATS)
+    & pl.col("name").str.contains(GLOO_WORK)
+    & pl.col("ts_ns").is_not_null()
+)
+
+
+def runloop_threads(flat_dir: TraceTables) -> list[tuple[int, int]]:
     """(pid, tid) of the threads any of whose names says pt_gloo_runloop, in creation (tid) order."""
     names = _events(
         flat_dir,
@@ -519,7 +529,7 @@ def _runloop_threads(flat_dir: TraceTables) -> list[tuple[int, int]]:
     return sorted(runloop.drop_nulls().iter_rows())
 
 
-def _gloo_pg_of_threads(threads: list[tuple[int, int]], pg_config: list) -> dict:
+def gloo_groups_of_threads(threads: list[tuple[int, int]], pg_config: list) -> dict:
     """(pid, tid) -> pg_config entry: the groups' threads in creation order, an equal share each;
     {} when the threads do not divide evenly among the groups."""
     groups = [g for g in pg_config if isinstance(g, dict)]
@@ -529,23 +539,26 @@ def _gloo_pg_of_threads(threads: list[tuple[int, int]], pg_config: list) -> dict
     return {t: groups[i // share] for i, t in enumerate(threads)}
 
 
-def _gloo_works(flat_dir: TraceTables, pg_config: list) -> tuple[pl.DataFrame, list[str], int, Finish]:
+def _gloo_works(
+    flat_dir: TraceTables, pg_config: list, threads_groups: dict | None = None
+) -> tuple[pl.DataFrame, list[str], int, Finish]:
     """gloo:* annotations as collectives, their message as the annotation says it (the one size
     source of gloo work: `messages.op_message`, prefix `s_`); how many ran on threads no group
     could be given. A CPU-only trace can hold millions: the rows come compact (name and args as
     categoricals) with what makes each slice of them whole (`Finish`: the kind, the group of the
-    thread, what the args say)."""
+    thread, what the args say). `threads_groups`: each runloop thread's pg_config entry, where the
+    caller knows them (several traces' rows at once), else `gloo_groups_of_threads` of this one's."""
     works = _events(
         flat_dir,
-        pl.col("cat").str.to_lowercase().is_in(ANNOTATION_CATS)
-        & pl.col("name").str.contains(GLOO_WORK)
-        & pl.col("ts_ns").is_not_null(),
+        IS_GLOO_WORK,
         ["event_idx", pl.col("name").cast(pl.Categorical), "pid", "tid", "ts_ns", pl.col("dur_ns").fill_null(0)]
         + [_args_key()],
     )
     if not works.height:
         return works, [], 0, _whole
-    owner = _gloo_pg_of_threads(_runloop_threads(flat_dir), pg_config)
+    owner = threads_groups
+    if owner is None:
+        owner = gloo_groups_of_threads(runloop_threads(flat_dir), pg_config)
     # each thread's group joined to its works (a row made in Python for each work took ~0.5 s a
     # million: hta/cpu_only scaled to 1 GB has 2 M)
     threads = pl.DataFrame(
@@ -692,20 +705,30 @@ COLUMNS = [
 SLICE_ROWS = 1 << 16  # collectives made whole and written at a time (`collective_slices`)
 
 
-def collectives(flat_dir: TraceTables, rank: int | None, distributed: dict) -> tuple[pl.DataFrame, dict]:
+def collectives(
+    flat_dir: TraceTables, rank: int | None, distributed: dict, threads_groups: dict | None = None
+) -> tuple[pl.DataFrame, dict]:
     """The `collectives` table of one flattened trace (schemas/collectives.toml), whole, and counts
-    of what could not be classified, by reason."""
+    of what could not be classified, by reason. `threads_groups`: as `collective_slices`."""
     problems: dict[str, int] = {}
-    parts = list(collective_slices(flat_dir, rank, distributed, problems))
+    parts = list(collective_slices(flat_dir, rank, distributed, problems, threads_groups=threads_groups))
     return (pl.concat(parts) if parts else pl.DataFrame(schema=_schema())), problems
 
 
 def collective_slices(
-    flat_dir: TraceTables, rank: int | None, distributed: dict, problems: dict, rows: int = SLICE_ROWS
+    flat_dir: TraceTables,
+    rank: int | None,
+    distributed: dict,
+    problems: dict,
+    rows: int = SLICE_ROWS,
+    threads_groups: dict | None = None,
 ) -> Iterator[pl.DataFrame]:
     """The `collectives` table of one flattened trace, `rows` at a time in (ts_ns, event_idx) order:
     a trace scaled to 1 GB of CPU-only work has 2 M gloo calls, whose whole table took 1.6 GB.
-    Counts of what could not be classified go into `problems`, by reason, by the end."""
+    Counts of what could not be classified go into `problems`, by reason, by the end.
+    `threads_groups`: the process group (pg_config entry) of each gloo runloop thread (pid, tid),
+    for rows of several traces at once (`dataset.group.run_tables`); else found from the trace's
+    thread names and `distributed`'s pg_config."""
     found, prefixes = _nccl_kernels(flat_dir)
     names = [source.name for source in SIZE_SOURCES]
     finish: Finish = _whole
@@ -716,10 +739,11 @@ def collective_slices(
         names = [HCCL_SIZE.name]
     if not found.height:
         pg_config = distributed.get("pg_config")
-        found, prefixes, unowned, finish = _gloo_works(flat_dir, pg_config if isinstance(pg_config, list) else [])
+        pg_config = pg_config if isinstance(pg_config, list) else []
+        found, prefixes, unowned, finish = _gloo_works(flat_dir, pg_config, threads_groups)
         names = ["the gloo: annotation"]
         if unowned:
-            problems["gloo_work_without_process_group"] = unowned
+            problems[UNOWNED_GLOO] = unowned
     if not found.height:
         return
     world = world_size(distributed)
@@ -748,6 +772,7 @@ def collective_slices(
 
 
 UNKNOWN_KIND = "collective_of_unknown_kind"  # the problem of a collective whose kind no source says
+UNOWNED_GLOO = "gloo_work_without_process_group"  # ... of gloo work on a thread no group was given
 # what `seq` numbers collectives within: their process group, by name and ranks (either may be null)
 SEQ_GROUP = [pl.col(c).cast(pl.String).fill_null("").alias(a) for c, a in (("pg_name", "_pg"), ("pg_ranks", "_ranks"))]
 

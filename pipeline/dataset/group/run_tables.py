@@ -19,13 +19,12 @@ def _empty_stage(name: str) -> pa.Table:
 def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, pa.Table, np.ndarray]:
     """The `collectives` and `steps` tables of the group (and the member of each row), as
     `write_run_tables` writes them per trace: a member with NCCL/RCCL kernels or gloo work gets
-    its collectives from `runs.tables` itself, over its rows of the group's tables in memory; the
-    others have none. Steps are measured by the kernels of a trace that has some, for every such
-    member in one query keyed by member (`runs.steps.steps` per trace: ~14 ms each of the ~50 ms
-    of an NCCL member's run tables); a member without kernels but with collectives (gloo)
-    measures its steps by them, alone."""
-    from pipeline.kineto import ANNOTATION_CATS
-    from pipeline.runs.collectives import GLOO_WORK, NCCL_KERNEL, PROFILER_STEP, STEP_INTERVAL
+    its collectives made with the other members' of its kind (`_nccl_together`, `_gloo_together`)
+    or, where that cannot be, from `runs.tables` itself over its rows of the group's tables; the
+    others have none. Steps are measured for every member in one query keyed by member
+    (`runs.steps.steps` per trace: ~14 ms each of the ~50 ms of an NCCL member's run tables): by
+    the kernels of a trace that has some, else by its gloo work."""
+    from pipeline.runs.collectives import IS_GLOO_WORK, NCCL_KERNEL, PROFILER_STEP, STEP_INTERVAL, with_steps
     from pipeline.runs.steps import INTERVAL, IS_KERNEL, union_ns
     from pipeline.runs.steps import SCHEMA as STEPS_SCHEMA
     from pipeline.runs.tables import collectives_table
@@ -38,8 +37,7 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
     kernels = store.frame_from_arrow(
         gpu.select(["kind", "name", "device", "ts_ns", "dur_ns", "category"])
     ).with_columns(_m=pl.Series(t.owner["gpu_ops"], dtype=pl.Int64))
-    annotation = pl.col("cat").str.to_lowercase().is_in(ANNOTATION_CATS) & pl.col("ts_ns").is_not_null()
-    gloo = events.filter(annotation & pl.col("name").str.contains(GLOO_WORK))["_m"]
+    gloo = events.filter(IS_GLOO_WORK)["_m"]
     nccl = kernels.filter(
         (pl.col("kind") == "kernel") & pl.col("name").str.contains(NCCL_KERNEL) & pl.col("ts_ns").is_not_null()
     )["_m"]
@@ -48,8 +46,9 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
     got: dict[str, dict[int, pa.Table]] = {"collectives": {}, "steps": {}}
     stages = {"events": ("flatten",), "gpu_ops": schema.ALL_STAGES, "flows": ("flatten",)}
     starts = {n: t.starts(n) for n in stages}
-    for k, frame in _nccl_together(members, t, sorted(set(nccl.to_list()) & has_kernels)).items():
-        got["collectives"][k] = schema.conform(frame.to_arrow(), "collectives", schema.ALL_STAGES)
+    got["collectives"].update(_nccl_together(members, t, sorted(set(nccl.to_list()) & has_kernels)))
+    gloo_only = _gloo_together(members, t, sorted(set(gloo.to_list()) - set(nccl.to_list()) - has_kernels))
+    got["collectives"].update(gloo_only)
     for k in (k for k in alone if k not in got["collectives"]):  # its own rows, as its files would read
         member = {
             name: store.frame_from_arrow(
@@ -106,14 +105,21 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
         covered = covered.join(lf.rename({"covered_ns": name}), on=by, how="left")
     covered = covered.with_columns(pl.col("kernel_ns", "compute_ns", "comm_ns").fill_null(0))
     with_k = covered.with_columns(exposed_comm_ns=pl.col("kernel_ns") - pl.col("compute_ns")).collect()
-    cpu_only = intervals.filter(~pl.col("_m").is_in(with_kernels.implode())).select(
-        "_m",
-        INTERVAL,
-        device=pl.lit(None, pl.Int64),
-        kernel_ns=pl.lit(None, pl.Int64),
-        compute_ns=pl.lit(None, pl.Int64),
-        comm_ns=pl.lit(0, pl.Int64),
-        exposed_comm_ns=pl.lit(None, pl.Int64),
+    work = _work(gloo_only)  # a CPU-only trace's steps are measured by its collectives' work
+    in_steps = with_steps(work, intervals.sort("step_ts_ns"), by="_m").filter(pl.col("step").is_not_null())
+    comm = union_ns(in_steps, ["_m", INTERVAL]).collect().rename({"covered_ns": "comm_ns"})
+    cpu_only = (
+        intervals.filter(~pl.col("_m").is_in(with_kernels.implode()))
+        .join(comm, on=["_m", INTERVAL], how="left")
+        .select(
+            "_m",
+            INTERVAL,
+            device=pl.lit(None, pl.Int64),
+            kernel_ns=pl.lit(None, pl.Int64),
+            compute_ns=pl.lit(None, pl.Int64),
+            comm_ns=pl.col("comm_ns").fill_null(0).cast(pl.Int64),
+            exposed_comm_ns=pl.lit(None, pl.Int64),
+        )
     )
     rows = pl.concat([with_k.select(cpu_only.columns), cpu_only], how="vertical_relaxed")
     steps = (
@@ -136,34 +142,96 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
     return coll_tbl, coll_owner, steps.drop("_m").to_arrow(), steps["_m"].to_numpy()
 
 
-# what the collectives of NCCL/RCCL kernels read of a trace's tables
-_NCCL_READS = {
+def _work(made: dict[int, pa.Table]) -> pl.DataFrame:
+    """(ts_ns, end_ns, _m) of the members' collectives `made` (by member)."""
+    ks = sorted(made)
+    times = [made[k].select(["ts_ns", "end_ns"]) for k in ks] or [
+        _empty_stage("collectives").select(["ts_ns", "end_ns"])
+    ]
+    owner = np.repeat(np.array(ks, dtype=np.int64), [made[k].num_rows for k in ks])
+    return store.frame_from_arrow(pa.concat_tables(times)).with_columns(_m=pl.Series(owner, dtype=pl.Int64))
+
+
+# what the collectives of a group's members read of their tables
+_READS = {
     "events": ["event_idx", "ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "args_json"],
     "gpu_ops": ["event_idx", "kind", "name", "device", "stream", "ts_ns", "dur_ns", "launch_event_idx", "launch_ts_ns"],
 }
 
 
-def _nccl_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int, pl.DataFrame]:
+def _worlds(members: list[Member], ks: list[int]) -> dict[int | None, list[int]]:
+    """The members `ks` by the world size their trace says (the group size of a collective whose
+    group says none): each world's made in one call."""
+    from pipeline.runs.collectives import world_size
+    from pipeline.runs.tables import distributed_info
+
+    worlds: dict[int | None, list[int]] = {}
+    for k in ks:
+        worlds.setdefault(world_size(distributed_info(members[k].row)), []).append(k)
+    return worlds
+
+
+def _banded(t: Tables, some: list[int]) -> dict[str, pl.DataFrame]:
+    """The rows of the members `some`, as their own files read (`_READS`), with whatever the
+    collectives join on moved to each member's band (`bands.BAND`): event_idx, launch_event_idx,
+    pid and device."""
+    from pipeline.dataset.group.bands import BAND
+
+    chosen = np.zeros(t.n, dtype=bool)
+    chosen[some] = True
+    tables = {}
+    for name, columns in _READS.items():
+        rows = np.flatnonzero(chosen[t.owner[name]])
+        stages = ("flatten",) if name == "events" else schema.ALL_STAGES  # as a member's own files
+        frame = store.frame_from_arrow(schema.conform(t.tables[name].take(rows), name, stages))
+        band = pl.Series(t.owner[name][rows] * BAND, dtype=pl.Int64)
+        moved = ["event_idx", *(("launch_event_idx", "device") if name == "gpu_ops" else ("pid",))]
+        tables[name] = frame.select(columns).with_columns(pl.col(c) + band for c in moved)
+    return tables
+
+
+def _as_members(
+    made: pl.DataFrame, tables: dict, members: list[Member], some: list[int], problems: dict[int, dict]
+) -> dict[int, pa.Table]:
+    """The collectives `made` of the members `some` together, each member's as it makes them alone:
+    ids back from its band, its rank, its numbers in each group (`seq`), its steps (its own
+    ProfilerSteps); its problems counted in its row (`problems`: any found per member before, in
+    the order its trace would count them). Each member's rows are a slice of one table."""
+    from pipeline.dataset.group.bands import BAND
+    from pipeline.runs.collectives import PROFILER_STEP, SEQ_GROUP, STEP_INTERVAL, UNKNOWN_KIND, with_steps
+    from pipeline.runs.tables import count_problems
+
+    member, columns = pl.col("event_idx") // BAND, made.columns
+    made = made.with_columns(_m=member).with_columns(
+        *(pl.col(c) - pl.col("_m") * BAND for c in ("event_idx", "pid", "device")),
+        rank=pl.col("_m").replace_strict({k: members[k].row.get("rank") for k in some}, return_dtype=pl.Int64),
+        # numbered in each group of each member, in (ts_ns, event_idx) order as made
+        seq=pl.int_range(pl.len(), dtype=pl.Int64).over("_m", *SEQ_GROUP),
+    )
+    steps = tables["events"].filter(PROFILER_STEP).select(*STEP_INTERVAL, _m=member).sort("_m", "step_ts_ns")
+    made = with_steps(made.drop("step"), steps, by="_m").sort("_m", "ts_ns", "event_idx")
+    unknown = dict(made.group_by("_m").agg((pl.col("kind") == "unknown").sum()).iter_rows())
+    at = np.searchsorted(made["_m"].to_numpy(), [*some, max(some, default=0) + 1])  # `some` ascending
+    whole = schema.conform(made.select(columns).to_arrow(), "collectives", schema.ALL_STAGES)
+    out: dict[int, pa.Table] = {}
+    for i, k in enumerate(some):
+        n = unknown.get(k, 0)
+        count_problems(members[k].row, {**problems.get(k, {}), **({UNKNOWN_KIND: n} if n else {})}, at[i + 1] - at[i])
+        out[k] = whole.slice(at[i], at[i + 1] - at[i])
+    return out
+
+
+def _nccl_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int, pa.Table]:
     """The collectives of the members `ks` (NCCL/RCCL kernels; their steps are measured by their
     kernels), made by one `runs.collectives` call per world size over their rows together, each
     as `runs.tables.collectives_table` makes them alone, its row counted as there. Measured one
     member at a time they took ~37 ms each, a few dozen small queries, most of a group's time.
 
-    Whatever the collectives join on is made the member's own: event_idx, launch_event_idx,
-    pid and device moved to its band (`bands.BAND`: a member whose devices do not fit one is
-    measured alone); the rest depends on one trace's rows and is done again per member: its
-    rank, its collectives' numbers in each group (`seq`), their steps (its own ProfilerSteps)."""
-    from pipeline.dataset.group.bands import BAND, ID_LIMIT
-    from pipeline.runs.collectives import (
-        PROFILER_STEP,
-        SEQ_GROUP,
-        STEP_INTERVAL,
-        UNKNOWN_KIND,
-        collectives,
-        with_steps,
-        world_size,
-    )
-    from pipeline.runs.tables import count_problems, distributed_info
+    Whatever the collectives join on is made the member's own (`_banded`: a member whose devices
+    do not fit a band is measured alone); the rest depends on one trace's rows and is done again
+    per member (`_as_members`)."""
+    from pipeline.dataset.group.bands import ID_LIMIT
+    from pipeline.runs.collectives import collectives
 
     if not ks:
         return {}
@@ -171,37 +239,55 @@ def _nccl_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int,
     device = t.tables["gpu_ops"].column("device").to_numpy(zero_copy_only=False).astype(np.float64)
     far = np.unique(gpu_owner[~np.isnan(device) & (np.abs(device) >= ID_LIMIT)])
     ks = [k for k in ks if k not in set(far.tolist())]
-    worlds: dict[int | None, list[int]] = {}
-    for k in ks:
-        worlds.setdefault(world_size(distributed_info(members[k].row)), []).append(k)
-    out: dict[int, pl.DataFrame] = {}
-    for world, some in worlds.items():
-        chosen = np.zeros(t.n, dtype=bool)
-        chosen[some] = True
-        tables = {}
-        for name, columns in _NCCL_READS.items():
-            rows = np.flatnonzero(chosen[t.owner[name]])
-            stages = ("flatten",) if name == "events" else schema.ALL_STAGES  # as a member's own files
-            frame = store.frame_from_arrow(schema.conform(t.tables[name].take(rows), name, stages))
-            band = pl.Series(t.owner[name][rows] * BAND, dtype=pl.Int64)
-            moved = ["event_idx", *(("launch_event_idx", "device") if name == "gpu_ops" else ("pid",))]
-            tables[name] = frame.select(columns).with_columns(pl.col(c) + band for c in moved)
+    out: dict[int, pa.Table] = {}
+    for world, some in _worlds(members, ks).items():
+        tables = _banded(t, some)
         made, _ = collectives(tables, None, {"world_size": world})
-        member, columns = pl.col("event_idx") // BAND, made.columns
-        made = made.with_columns(_m=member).with_columns(
-            *(pl.col(c) - pl.col("_m") * BAND for c in ("event_idx", "pid", "device")),
-            rank=pl.col("_m").replace_strict({k: members[k].row.get("rank") for k in some}, return_dtype=pl.Int64),
-            # numbered in each group of each member, in (ts_ns, event_idx) order as made
-            seq=pl.int_range(pl.len(), dtype=pl.Int64).over("_m", *SEQ_GROUP),
+        out.update(_as_members(made, tables, members, some, {}))
+    return out
+
+
+def _gloo_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int, pa.Table]:
+    """The collectives of the members `ks` (gloo work, no kernels: their steps are measured by
+    these), made together as `_nccl_together` makes NCCL's. What is one trace's own: which process
+    group each of its runloop threads serves (its threads in creation order, shared out among its
+    pg_config's groups) and how many of its works ran on a thread no group was given. One at a
+    time, a small CPU-only trace's collectives and steps took ~26 ms: 15 ms a trace of a batch.
+    A member with HCCL collectives (which come before gloo's) is left out, to be made alone."""
+    from pipeline.dataset.group.bands import BAND, ID_LIMIT
+    from pipeline.runs.collectives import (
+        HCCL_OP,
+        IS_GLOO_WORK,
+        UNOWNED_GLOO,
+        collectives,
+        gloo_groups_of_threads,
+        runloop_threads,
+    )
+    from pipeline.runs.tables import distributed_info
+
+    out: dict[int, pa.Table] = {}
+    for world, some in _worlds(members, ks).items():
+        tables = _banded(t, some)
+        hccl = set((tables["events"].filter(HCCL_OP)["event_idx"] // BAND).to_list())
+        if hccl:
+            some = [k for k in some if k not in hccl]
+            tables = _banded(t, some)
+        threads: dict[int, list] = {}
+        for pid, tid in runloop_threads(tables):  # pids within +-ID_LIMIT of their band (`bands.fits`)
+            threads.setdefault((pid + ID_LIMIT) // BAND, []).append((pid, tid))
+        groups: dict = {}
+        for k, mine in threads.items():
+            pg_config = distributed_info(members[k].row).get("pg_config")
+            groups.update(gloo_groups_of_threads(mine, pg_config if isinstance(pg_config, list) else []))
+        owned = pl.DataFrame(list(groups), schema={"pid": pl.Int64, "tid": pl.Int64}, orient="row")
+        unowned = (
+            tables["events"]
+            .filter(IS_GLOO_WORK)
+            .join(owned, on=["pid", "tid"], how="anti")
+            .group_by(_m=pl.col("event_idx") // BAND)
+            .len()
         )
-        steps = tables["events"].filter(PROFILER_STEP).select(*STEP_INTERVAL, _m=member).sort("_m", "step_ts_ns")
-        made = with_steps(made.drop("step"), steps, by="_m").sort("_m", "ts_ns", "event_idx")
-        for key, mine in made.partition_by("_m", as_dict=True, include_key=False).items():
-            k, mine = int(key[0]), mine.select(columns)
-            unknown = mine.filter(pl.col("kind") == "unknown").height
-            count_problems(members[k].row, {UNKNOWN_KIND: unknown} if unknown else {}, mine.height)
-            out[k] = mine
-        for k in set(some) - set(out):  # no collective made of its kernels
-            count_problems(members[k].row, {}, 0)
-            out[k] = made.select(columns).clear()
+        problems = {k: {UNOWNED_GLOO: n} for k, n in unowned.iter_rows()}
+        made, _ = collectives(tables, None, {"world_size": world}, threads_groups=groups)
+        out.update(_as_members(made, tables, members, some, problems))
     return out
