@@ -38,6 +38,26 @@ def test_version():
     assert cp.stdout.strip() == f"tracepipe {pipeline.__version__}"
 
 
+@pytest.mark.parametrize("given, backend", [(None, "system"), ("mimalloc", "mimalloc")])
+def test_the_command_allocates_arrow_memory_from_the_c_library(given, backend):
+    """The `tracepipe` process has Arrow's C++ code allocate from the C library's heap, not from
+    mimalloc, which kept ~40 MB of freed pages through a read; a choice the user made stands."""
+    code = (
+        "import sys\n"
+        "from pipeline.cli import main\n"
+        "assert 'pyarrow' not in sys.modules\n"
+        "import pipeline.cli.entry as e\n"
+        "e.run = lambda argv=None: print(__import__('pyarrow').default_memory_pool().backend_name) or 0\n"
+        "sys.argv = ['tracepipe', '--version']\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if given:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = given
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT, env=env, timeout=60)
+    assert p.returncode == 0 and p.stdout.split() == [backend], p.stderr
+
+
 def test_good_trace_exit_0(tmp_path):
     t = synth.make_trace(n_steps=3, gpu_devices=(0, 1))
     p = synth.write_trace(t, tmp_path / "good.json.gz", gz=True, indent=2)
