@@ -3,6 +3,7 @@ replaced before anything is written that people share: the tables, augmented and
 
 from __future__ import annotations
 
+import functools
 import re
 
 SECRET_KEY = re.compile(
@@ -15,11 +16,17 @@ REDACTED = "<redacted>"
 _PLAIN = frozenset((int, float, bool, type(None)))  # values that are never secrets nor hold one
 
 
+@functools.lru_cache(maxsize=4096)
+def _secret_key(key: str) -> bool:
+    """Whether a key looks like a secret's: the same few keys come in every trace of a batch."""
+    return SECRET_KEY.search(key) is not None
+
+
 def redact(obj):
     """A copy of trace metadata with values under secret-looking keys (and token-like values) replaced."""
     if isinstance(obj, dict):
         return {
-            k: (REDACTED if SECRET_KEY.search(str(k)) and obj[k] not in (None, "") else redact(v))
+            k: (REDACTED if _secret_key(str(k)) and v not in (None, "") else v if type(v) in _PLAIN else redact(v))
             for k, v in obj.items()
         }
     if isinstance(obj, list):

@@ -800,3 +800,29 @@ if pid is not None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == (["True", "True"] if starts else ["False"])
+
+
+@pytest.mark.parametrize(
+    "total, each, jobs, tasks",
+    [
+        (2000, 67_000, 2, 6),  # check.py scale's default: 134 MB in 6 tasks of 22 MB, not 12 shrinking ones
+        (2000, 25_000, 2, 4),  # 50 MB, but at most GROUP_TRACES traces a task
+        (5, 1_000, 2, 1),  # a few small traces: one task, none of less than MIN_GROUP_BYTES for the workers
+        (30, 200_000, 2, 2),  # 6 MB: two tasks of at least MIN_GROUP_BYTES
+        (100, 1_000_000, 3, 6),  # 100 MB over 3 workers: 5 tasks by size, made 6
+    ],
+)
+def test_a_batch_of_known_size_is_cut_into_equal_tasks_for_its_workers(total, each, jobs, tasks):
+    """The inputs' total known, the tasks are as few as GROUP_BYTES and GROUP_TRACES allow, a
+    multiple of the workers, and equal: each costs ~0.2 s whatever its size. Unknown: the limits."""
+    sizes, cut = [], []
+    for n_seen in range(1, total + 1):
+        sizes.append(each)
+        limit, most = B.group_limits(total, n_seen, n_seen * each, jobs)
+        if sum(sizes) >= limit or len(sizes) >= most:
+            cut.append(len(sizes))
+            sizes = []
+    if sizes:
+        cut.append(len(sizes))
+    assert len(cut) == tasks and max(cut) - min(cut) <= max(2, 0.05 * total / tasks), cut
+    assert B.group_limits(None, 10, 10 * each, jobs) == (B.GROUP_BYTES, B.GROUP_TRACES)

@@ -24,6 +24,7 @@ from pipeline.dataset import batch as B
 from pipeline.dataset import layout
 from pipeline.dataset import query as Q
 from pipeline.dataset.inputs import file_hash
+from pipeline.dataset.parts import part_schema
 from pipeline.dataset.tables import tables
 from pipeline.flatten import flatten
 from pipeline.runs import tables as run_tables_module
@@ -278,6 +279,9 @@ def test_compact_merges_small_parts_and_changes_no_row(tmp_path, monkeypatch, ra
     res = C.compact(ds)
     assert res.merged > 3 and res.parts_after == 1
     assert all(len(list((ds / t).iterdir())) == 1 for t in (*TABLES, "traces"))
+    for t in TABLES:  # the merged part has the part's declared types, whichever way it was merged
+        (f,) = (ds / t).iterdir()
+        assert pq.read_schema(f) == part_schema(t), t
     after = {t: lf.collect().sort("trace_id", maintain_order=True) for t, lf in tables(ds).items()}
     for t in TABLES:
         assert after[t].equals(view[t], null_equal=True), t

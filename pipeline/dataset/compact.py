@@ -236,12 +236,15 @@ def _merge(ds: Path, rows: pl.DataFrame, parts: list[str], stage: Path, cid: str
     for table in TABLES:
         lf = scan_parts(ds, table, parts)
         path = stage / f"{table}.parquet"
-        if len(ranges) == 1 and ranges[0][0] != ranges[0][1]:  # in memory at once: polars reads, sorts, writes fastest
-            merged = lf.collect().sort(KEY, maintain_order=True)
-            merged.write_parquet(
-                path, compression="zstd", compression_level=1, statistics=True, row_group_size=PART_ROW_GROUP_ROWS
+        if len(ranges) == 1 and ranges[0][0] != ranges[0][1]:  # in memory at once: polars reads and sorts fastest
+            merged = conform_part(lf.collect().sort(KEY, maintain_order=True).to_arrow(), table)
+            # written with the part's own types (polars' writer declares its strings large_string, and
+            # a dataset's files would then disagree on them) and a dictionary tried on every column
+            # (2,000 small traces: the events 0.14 s and 238 KB; polars' writer 0.10-0.13 s and 132 KB)
+            pq.write_table(
+                merged, path, row_group_size=PART_ROW_GROUP_ROWS, **dict(store.PARQUET_OPTIONS, use_dictionary=True)
             )
-            n = merged.height
+            n = merged.num_rows
             del merged
         else:
             n = _merge_ranges(lf, table, ranges, path)
