@@ -215,9 +215,9 @@ def _as_members(
     whole = schema.conform(made.select(columns).to_arrow(), "collectives", schema.ALL_STAGES)
     out: dict[int, pa.Table] = {}
     for i, k in enumerate(some):
-        n = unknown.get(k, 0)
-        count_problems(members[k].row, {**problems.get(k, {}), **({UNKNOWN_KIND: n} if n else {})}, at[i + 1] - at[i])
-        out[k] = whole.slice(at[i], at[i + 1] - at[i])
+        lo, rows, n = int(at[i]), int(at[i + 1] - at[i]), unknown.get(k, 0)
+        count_problems(members[k].row, {**problems.get(k, {}), **({UNKNOWN_KIND: n} if n else {})}, rows)
+        out[k] = whole.slice(lo, rows)
     return out
 
 
