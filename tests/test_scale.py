@@ -147,6 +147,24 @@ def test_gloo_ranks_measured_together_as_each_alone(tmp_path, monkeypatch):
     assert json.loads(said)["collectives:gloo_work_without_process_group"] > 0
 
 
+def test_a_gloo_rank_with_hccl_ops_is_measured_alone_in_its_group(tmp_path, monkeypatch):
+    """HCCL collectives come before gloo work in a trace's collectives: a gloo rank that also holds
+    an HCCL op (an event without a cat holding `count` and `data_type`) is left out of the gloo
+    ranks made together, and measured alone, as flatten would."""
+    runs = Path(__file__).parent / "data" / "runs"
+    paths = sorted(runs.glob("gloo4/*.json.gz"))
+    text = json.loads(gzip.open(paths[0]).read())
+    first = next(e for e in text["traceEvents"] if e.get("ph") == "X")
+    hccl = {"ph": "X", "name": "hcom_allReduce_", "pid": first["pid"], "tid": 999, "ts": first["ts"], "dur": 5}
+    text["traceEvents"].append({**hccl, "args": {"count": 8, "data_type": "fp32"}})
+    paths.append(write(tmp_path / "src" / "with_hccl.json.gz", text))
+    alone = []
+    real = run_tables_module.run_tables
+    monkeypatch.setattr(run_tables_module, "run_tables", lambda tables, row: (alone.append(row), real(tables, row))[1])
+    assert_group_equals_alone(paths, tmp_path, monkeypatch)
+    assert len(alone) == 1
+
+
 def test_traces_that_cannot_be_grouped_go_alone_with_the_same_result(tmp_path, monkeypatch):
     d = tmp_path / "src"
     paths = [write(d / f"ok{i}.json", tiny_trace(i)) for i in range(2)]

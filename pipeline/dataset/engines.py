@@ -37,11 +37,20 @@ def prestart(argv: list[str]) -> None:
     the start of every batch (2,000 small traces: 4.2 s). `Pool` then finds it running."""
     if any(a in ("-h", "--help") for a in argv) or _engine_named(argv) not in (None, "local"):
         return
-    import multiprocessing as mp
     from multiprocessing import forkserver
 
-    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    _forkserver()
     forkserver.ensure_running()
+
+
+def _forkserver():
+    """The context the local workers start in: forked by a forkserver (a fresh process: workers
+    inherit no lock fd) that has imported PRELOAD."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def _engine_named(argv: list[str]) -> str | None:
@@ -191,12 +200,8 @@ class Pool:
             elif self.engine == "dask":
                 self.ex = _DaskExecutor(self.jobs)
             else:
-                import multiprocessing as mp
-
-                ctx = mp.get_context("forkserver")  # a fresh process: workers inherit no lock fd
-                ctx.set_forkserver_preload(PRELOAD)
                 self.ex = cf.ProcessPoolExecutor(
-                    self.jobs, mp_context=ctx, initializer=_watch_driver, initargs=(os.getpid(),)
+                    self.jobs, mp_context=_forkserver(), initializer=_watch_driver, initargs=(os.getpid(),)
                 )
 
     def close(self):

@@ -17,8 +17,10 @@ together, and every per-trace result of the single-trace path is kept:
 * counts (links, costs, problems), facts and the run tables are computed per trace: `steps` by
   one query keyed by trace for every trace with kernels; the collectives of NCCL/RCCL kernels by
   one `runs.collectives` call over the ranks together (their ids moved to their bands, each
-  trace's rank, numbering and steps its own: `run_tables`); a trace of gloo work gets both from
-  `runs.tables` alone.
+  trace's rank, numbering and steps its own: `run_tables`); those of CPU-only gloo ranks the same
+  way (each trace's runloop threads given its own process groups), their steps measured by them
+  in the one steps query; a trace these cannot take (a gloo trace with kernels or HCCL ops) gets
+  its run tables from `runs.tables` alone.
 
 A trace that is not small after all (a long text, truncated, an oversized value), that fails to
 decode, or a large one (`run_group(small=False)`) is flattened alone by `flatten` into a scratch

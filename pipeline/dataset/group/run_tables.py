@@ -37,17 +37,19 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
     kernels = store.frame_from_arrow(
         gpu.select(["kind", "name", "device", "ts_ns", "dur_ns", "category"])
     ).with_columns(_m=pl.Series(t.owner["gpu_ops"], dtype=pl.Int64))
-    gloo = events.filter(IS_GLOO_WORK)["_m"]
-    nccl = kernels.filter(
-        (pl.col("kind") == "kernel") & pl.col("name").str.contains(NCCL_KERNEL) & pl.col("ts_ns").is_not_null()
-    )["_m"]
-    alone = sorted(set(gloo.to_list()) | set(nccl.to_list()))
+    gloo = set(events.filter(IS_GLOO_WORK)["_m"].to_list())
+    nccl = set(
+        kernels.filter(
+            (pl.col("kind") == "kernel") & pl.col("name").str.contains(NCCL_KERNEL) & pl.col("ts_ns").is_not_null()
+        )["_m"].to_list()
+    )
+    alone = sorted(gloo | nccl)
     has_kernels = set(kernels.filter(IS_KERNEL)["_m"].unique().to_list())
     got: dict[str, dict[int, pa.Table]] = {"collectives": {}, "steps": {}}
     stages = {"events": ("flatten",), "gpu_ops": schema.ALL_STAGES, "flows": ("flatten",)}
     starts = {n: t.starts(n) for n in stages}
-    got["collectives"].update(_nccl_together(members, t, sorted(set(nccl.to_list()) & has_kernels)))
-    gloo_only = _gloo_together(members, t, sorted(set(gloo.to_list()) - set(nccl.to_list()) - has_kernels))
+    got["collectives"].update(_nccl_together(members, t, sorted(nccl & has_kernels)))
+    gloo_only = _gloo_together(members, t, sorted(gloo - nccl - has_kernels))
     got["collectives"].update(gloo_only)
     for k in (k for k in alone if k not in got["collectives"]):  # its own rows, as its files would read
         member = {
@@ -159,15 +161,14 @@ _READS = {
 }
 
 
-def _worlds(members: list[Member], ks: list[int]) -> dict[int | None, list[int]]:
-    """The members `ks` by the world size their trace says (the group size of a collective whose
-    group says none): each world's made in one call."""
+def _worlds(infos: dict[int, dict]) -> dict[int | None, list[int]]:
+    """The members by the world size their trace's `distributedInfo` (`infos`, by member) says (the
+    group size of a collective whose group says none): each world's made in one call."""
     from pipeline.runs.collectives import world_size
-    from pipeline.runs.tables import distributed_info
 
     worlds: dict[int | None, list[int]] = {}
-    for k in ks:
-        worlds.setdefault(world_size(distributed_info(members[k].row)), []).append(k)
+    for k, info in infos.items():
+        worlds.setdefault(world_size(info), []).append(k)
     return worlds
 
 
@@ -232,6 +233,7 @@ def _nccl_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int,
     per member (`_as_members`)."""
     from pipeline.dataset.group.bands import ID_LIMIT
     from pipeline.runs.collectives import collectives
+    from pipeline.runs.tables import distributed_info
 
     if not ks:
         return {}
@@ -240,7 +242,7 @@ def _nccl_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int,
     far = np.unique(gpu_owner[~np.isnan(device) & (np.abs(device) >= ID_LIMIT)])
     ks = [k for k in ks if k not in set(far.tolist())]
     out: dict[int, pa.Table] = {}
-    for world, some in _worlds(members, ks).items():
+    for world, some in _worlds({k: distributed_info(members[k].row) for k in ks}).items():
         tables = _banded(t, some)
         made, _ = collectives(tables, None, {"world_size": world})
         out.update(_as_members(made, tables, members, some, {}))
@@ -265,19 +267,20 @@ def _gloo_together(members: list[Member], t: Tables, ks: list[int]) -> dict[int,
     )
     from pipeline.runs.tables import distributed_info
 
+    infos = {k: distributed_info(members[k].row) for k in ks}
     out: dict[int, pa.Table] = {}
-    for world, some in _worlds(members, ks).items():
+    for world, some in _worlds(infos).items():
         tables = _banded(t, some)
         hccl = set((tables["events"].filter(HCCL_OP)["event_idx"] // BAND).to_list())
-        if hccl:
+        if hccl:  # their rows left out
             some = [k for k in some if k not in hccl]
-            tables = _banded(t, some)
+            tables = {n: f.filter(~(pl.col("event_idx") // BAND).is_in(list(hccl))) for n, f in tables.items()}
         threads: dict[int, list] = {}
         for pid, tid in runloop_threads(tables):  # pids within +-ID_LIMIT of their band (`bands.fits`)
             threads.setdefault((pid + ID_LIMIT) // BAND, []).append((pid, tid))
         groups: dict = {}
         for k, mine in threads.items():
-            pg_config = distributed_info(members[k].row).get("pg_config")
+            pg_config = infos[k].get("pg_config")
             groups.update(gloo_groups_of_threads(mine, pg_config if isinstance(pg_config, list) else []))
         owned = pl.DataFrame(list(groups), schema={"pid": pl.Int64, "tid": pl.Int64}, orient="row")
         unowned = (
