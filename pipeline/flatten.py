@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from multiprocessing.pool import Pool
 from pathlib import Path
 
 import orjson
@@ -24,6 +25,7 @@ import pyarrow.parquet as pq
 from pipeline import schema, store
 from pipeline.errors import BadTrace, TracepipeError, UsageError
 from pipeline.kineto import trace_stem
+from pipeline.read import head_start
 from pipeline.read.by_native import available as native_available
 from pipeline.read.chunks import ordered_results
 from pipeline.read.decode import build_chunk, build_from_text
@@ -123,10 +125,14 @@ def flatten_into(
     With workers, chunks go to them as file positions where the file is uncompressed (they read
     the bytes themselves) and come back as Arrow files in shared memory (see `read.workers.Slots`).
     """
-    workers = default_workers(path) if workers is None else max(1, workers)
-    parallel_native = workers > 1 and native_available()  # larger chunks pay there (`NATIVE_CHUNK_BYTES`)
-    chunk_bytes = chunk_bytes or (NATIVE_CHUNK_BYTES if parallel_native else DEFAULT_CHUNK_BYTES)
-    src = TraceSource(path, chunk_bytes, max_inflate=max_inflate)
+    started = head_start.take(path, workers, chunk_bytes, max_inflate)  # begun before the imports?
+    if started:
+        workers, chunk_bytes, src = started.workers, started.chunk_bytes, started.src
+    else:
+        workers = default_workers(path) if workers is None else max(1, workers)
+        parallel_native = workers > 1 and native_available()  # larger chunks pay there (`NATIVE_CHUNK_BYTES`)
+        chunk_bytes = chunk_bytes or (NATIVE_CHUNK_BYTES if parallel_native else DEFAULT_CHUNK_BYTES)
+        src = TraceSource(path, chunk_bytes, max_inflate=max_inflate)
     problems = Problems()
     corrupt: list[str] = []
     device_ids: set = set()
@@ -135,12 +141,17 @@ def flatten_into(
     with ExitStack() as cleanup:  # undone in reverse, whatever happens (a full disk included)
         cleanup.callback(src.close)
         in_flight = 4 * workers
-        spill_dir = tempfile.mkdtemp(prefix="tracepipe-", dir=slots_home(tmp, in_flight + 1, chunk_bytes))
+        pool: Pool | None
+        if started:
+            spill_dir, pool = started.spill_dir, started.pool
+        else:
+            spill_dir = tempfile.mkdtemp(prefix="tracepipe-", dir=slots_home(tmp, in_flight + 1, chunk_bytes))
         cleanup.callback(shutil.rmtree, spill_dir, True)
         if gc.isenabled():
             gc.disable()
             cleanup.callback(gc.enable)
-        pool = start_pool(workers) if workers > 1 else None  # before the outputs are open: workers inherit none
+        if not started:
+            pool = start_pool(workers) if workers > 1 else None  # before the outputs are open: workers inherit none
         if pool:
             cleanup.callback(stop_forkserver)
             cleanup.callback(pool.terminate)
@@ -150,9 +161,14 @@ def flatten_into(
         }
         for w in writers.values():
             cleanup.callback(w.abandon)  # a no-op once closed
-        submit = _submitter(pool, spill_dir, in_flight + 1) if pool else None
+        submit: Callable | None
+        if started:
+            submit, pieces = started.submit, started.all_pieces()
+        else:
+            submit = _submitter(pool, spill_dir, in_flight + 1) if pool else None
+            pieces = src.pieces(spans=pool is not None)
         results: Iterator[ChunkTables | SpilledChunk] = ordered_results(  # spilled by the workers
-            src.pieces(spans=pool is not None),
+            pieces,
             build_from_text,
             build_chunk,
             submit=submit,

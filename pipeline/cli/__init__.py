@@ -56,6 +56,10 @@ def main():
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     argv = sys.argv[1:]
     code = None
+    if argv and argv[0] in ("analyze", "flatten"):  # a large trace's reading begins beside the imports
+        from pipeline.read.head_start import begin
+
+        begin(argv)
     if argv and argv[0] == "batch":  # its workers' forkserver imports beside this process's imports
         from pipeline.dataset.engines import prestart
 

@@ -13,15 +13,16 @@ older scheme wrote (`host pid * 10000 + sort index * 100 + device`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import msgspec
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import store
+if TYPE_CHECKING:
+    import polars as pl
+
 from pipeline.kineto import DEVICE_PIDS, DEVICE_TASKS, task_device, task_kind
 
 # the args of a device task that gpu_ops reads: the stream (every spelling), the task type, and what
@@ -134,6 +135,8 @@ def device_ids(events: Path | pl.LazyFrame, pids: set[int]) -> dict[int, int]:
     """pid -> device of the processes holding device tasks, by the pid scheme their
     `process_sort_index` says (`kineto.task_device`); from the events table (its metadata rows:
     its Parquet file, or the table itself)."""
+    import polars as pl  # not at the top: the reading workers import this module (`read.head_start`)
+
     sort = (
         (events if isinstance(events, pl.LazyFrame) else pl.scan_parquet(events))
         .filter((pl.col("ph") == "M") & (pl.col("name") == "process_sort_index") & pl.col("pid").is_in(list(pids)))
@@ -149,6 +152,8 @@ def device_ids(events: Path | pl.LazyFrame, pids: set[int]) -> dict[int, int]:
 def rewrite_devices(gpu_ops: Path, fix: dict[int, int]):
     """gpu_ops.parquet with the device of the device tasks of the pids `fix` names set to theirs,
     batch by batch (rows of other pids, and rows with a cat, as they were)."""
+    from pipeline import store  # polars, which the reading workers do without (`read.head_start`)
+
     keys, values = pa.array(list(fix), pa.int64()), pa.array(list(fix.values()), pa.int64())
     with store.atomic_file(gpu_ops) as tmp:
         writer = store.TableWriter(tmp, "gpu_ops")

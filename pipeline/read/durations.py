@@ -18,15 +18,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 BEGIN, END = "B", "E"
-SLICE = (pl.col("ph") == "X") | ((pl.col("ph") == BEGIN) & pl.col("dur_ns").is_not_null())
-"""Rows of an events table that are slices: complete events (`X`), and `B`s their `E` gave a
-duration; every reader of slices (link, analyses, findings, rewrite) takes both alike."""
+
+
+def __getattr__(name: str):
+    """SLICE, a polars expression: rows of an events table that are slices, complete events (`X`)
+    and `B`s their `E` gave a duration; every reader of slices (link, analyses, findings, rewrite)
+    takes both alike. Made on first use: the reading workers import this module, and polars is
+    not theirs to import (`read.head_start` forks them before it is)."""
+    if name != "SLICE":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import polars as pl
+
+    globals()["SLICE"] = slice_rows = (pl.col("ph") == "X") | ((pl.col("ph") == BEGIN) & pl.col("dur_ns").is_not_null())
+    return slice_rows
+
+
 _PHASES = pa.array([BEGIN, END], pa.string())
 _THREAD = ("pid", "pid_str", "tid", "tid_str")
 # why a B or an E was left without its duration (problems_json: `unmatched:<reason>`)

@@ -109,7 +109,7 @@ _CHUNK_TABLES = ("events", "gpu_ops", "flows")
 SLOT_ROOM = 3  # chunk_bytes a slot may hold: a chunk's text, and its tables (~1.3x the text)
 
 
-def slots_home(fallback: Path, slots: int, chunk_bytes: int) -> Path | str:
+def slots_home(fallback: Path | None, slots: int, chunk_bytes: int) -> Path | str | None:
     """Where a flatten's slot files (`Slots`) go: shared memory when it is writable and has room
     for them, else `fallback` (the output's temporary directory: on disk, the page cache serves
     the reused files the same way). A container's /dev/shm is often 64 MB (Docker's default),
