@@ -1,7 +1,7 @@
 """head_start: a large trace's reading begun before the command has imported what comes after it.
 
-`tracepipe analyze TRACE` and `tracepipe flatten TRACE` spend their first ~0.2 s importing
-polars, the link and cost stages and the analyses, on one core, before reading starts. `begin`,
+`tracepipe analyze TRACE` and `tracepipe flatten TRACE` spent their first 0.3-0.4 s importing
+polars, the link and cost stages and the analyses, on one core, before reading started. `begin`,
 called first thing by the command line, starts the reading workers (`read.workers`) and hands them
 the trace's first chunks while those imports run; `flatten_into` then `take`s what was begun and
 reads on from there, exactly as if it had begun it itself (the same pool, slots and chunks).
@@ -62,7 +62,8 @@ class Started:
         yield from self.pieces
 
     def stop(self):
-        """Workers, slots and file given up (`flatten_into` registers this for its own end)."""
+        """Workers, slots and file given up: a head start `take` found read with other settings,
+        or one nobody took by the exit (`flatten_into` cleans up one it took with its own)."""
         with contextlib.suppress(Exception):
             self.pool.terminate()
         self.src.close()
