@@ -38,15 +38,14 @@ from pipeline.read.tables import ChunkTables
 from pipeline.read.tame import BAD_UNICODE, TOO_LARGE, scrub
 from pipeline.read.values import Problems
 from pipeline.read.workers import (
-    TABLE_FILES,
-    Slots,
     SpilledChunk,
     default_workers,
     give_back_freed_memory,
-    run_chunk,
+    in_flight,
     slots_home,
     start_pool,
     stop_forkserver,
+    submitter,
     unspill,
 )
 from pipeline.runs.tables import write_empty_run_tables, write_run_tables
@@ -102,14 +101,6 @@ def _write_chunk(writers: dict, ct: ChunkTables, offset: int):
 READ_BUFFER_ROWS = 1 << 15
 
 
-def _submitter(pool, spill_dir: str, slots: int):
-    """Hands a chunk to the workers: its text through a slot file when it comes as bytes (of
-    compressed input), its tables back through another (`read.workers.Slots`). Made only with
-    workers: a flatten in one process has no slot files to create."""
-    texts, tables = Slots(spill_dir, "chunk", slots), Slots(spill_dir, "tables", slots, TABLE_FILES)
-    return lambda piece: pool.apply_async(run_chunk, (texts.put(piece), tables.take()))
-
-
 def flatten_into(
     path: str,
     tmp: Path,
@@ -140,12 +131,12 @@ def flatten_into(
     cats: set = set()  # the event categories held, which tell the layout
     with ExitStack() as cleanup:  # undone in reverse, whatever happens (a full disk included)
         cleanup.callback(src.close)
-        in_flight = 4 * workers
+        ahead = in_flight(workers)
         pool: Pool | None
         if started:
             spill_dir, pool = started.spill_dir, started.pool
         else:
-            spill_dir = tempfile.mkdtemp(prefix="tracepipe-", dir=slots_home(tmp, in_flight + 1, chunk_bytes))
+            spill_dir = tempfile.mkdtemp(prefix="tracepipe-", dir=slots_home(tmp, ahead + 1, chunk_bytes))
         cleanup.callback(shutil.rmtree, spill_dir, True)
         if gc.isenabled():
             gc.disable()
@@ -165,14 +156,14 @@ def flatten_into(
         if started:
             submit, pieces = started.submit, started.all_pieces()
         else:
-            submit = _submitter(pool, spill_dir, in_flight + 1) if pool else None
+            submit = submitter(pool, spill_dir, ahead + 1) if pool else None
             pieces = src.pieces(spans=pool is not None)
         results: Iterator[ChunkTables | SpilledChunk] = ordered_results(  # spilled by the workers
             pieces,
             build_from_text,
             build_chunk,
             submit=submit,
-            max_inflight=in_flight,
+            max_inflight=ahead,
             on_corrupt=corrupt.append,
         )
         offset, rows = 0, []

@@ -15,7 +15,7 @@ from pipeline import synthetic as synth
 from pipeline.flatten import flatten
 from pipeline.read import head_start
 from pipeline.read.by_native import available as native_available
-from pipeline.read.workers import PARALLEL_MIN_BYTES
+from pipeline.read.workers import PARALLEL_MIN_BYTES, in_flight
 
 needs_native = pytest.mark.skipif(not native_available(), reason="the head start reads with the native builder")
 
@@ -41,7 +41,7 @@ def _tables(d):
 def test_a_head_start_is_taken_and_reads_the_same_tables(big_trace, tmp_path):
     head_start.begin(["flatten", str(big_trace), "-o", "x", "-j", "2"])
     started = head_start._started
-    assert started is not None and started.workers == 2 and len(started.submitted) == started.in_flight
+    assert started is not None and started.workers == 2 and len(started.submitted) == in_flight(2)
     first = flatten(big_trace, tmp_path / "a", workers=2)
     assert head_start._started is None, "the flatten of its trace takes it"
     assert not os.path.exists(started.spill_dir)

@@ -21,6 +21,8 @@ import os
 import shutil
 import tempfile
 from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from itertools import islice
 from multiprocessing.pool import Pool
@@ -28,33 +30,34 @@ from multiprocessing.pool import Pool
 from pipeline.read.by_native import available as native_available
 from pipeline.read.source import NATIVE_CHUNK_BYTES, TraceSource
 from pipeline.read.stream import json_bytes_estimate
-from pipeline.read.workers import TABLE_FILES, Slots, default_workers, run_chunk, slots_home, start_pool
+from pipeline.read.workers import default_workers, in_flight, slots_home, start_pool, submitter
 
 COMMANDS = ("analyze", "flatten")  # whose first argument, a trace file, is read first
 
 
 @dataclass
 class Started:
-    """A trace's reading as `begin` left it: the pool, the slots and chunks `flatten_into` reads
+    """A trace's reading as `begin` left it: the pool, slot files and chunks `flatten_into` reads
     on with, and the chunks submitted already with their results to come (`submit`)."""
 
     path: str
     workers: int
-    chunk_bytes: int
     pool: Pool
     spill_dir: str
     src: TraceSource
-    texts: Slots
-    tables: Slots
-    in_flight: int
-    pieces: object  # the rest of src.pieces(spans=True)
+    hand_over: Callable  # a chunk to the workers (`workers.submitter`)
+    pieces: Iterator  # the rest of src.pieces(spans=True)
     submitted: deque = field(default_factory=deque)  # (piece, async result) in order
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.src.chunk_bytes
 
     def submit(self, piece):
         """`piece` to the workers: its result already on its way if `begin` submitted it."""
         if self.submitted and self.submitted[0][0] is piece:
             return self.submitted.popleft()[1]
-        return self.pool.apply_async(run_chunk, (self.texts.put(piece), self.tables.take()))
+        return self.hand_over(piece)
 
     def all_pieces(self):
         """Every chunk of the trace in order: those submitted, then the rest."""
@@ -111,32 +114,23 @@ def _workers_option(args: list[str]) -> int | None:
 
 
 def _start(path: str, workers: int) -> Started | None:
-    in_flight = 4 * workers  # as flatten_into's: its slots are reused round robin
-    home = slots_home(None, in_flight + 1, NATIVE_CHUNK_BYTES)
+    ahead = in_flight(workers)  # as flatten_into's: its slots are reused round robin
+    home = slots_home(None, ahead + 1, NATIVE_CHUNK_BYTES)
     if home is None:  # no room in shared memory: flatten_into puts the slots beside its output
         return None
-    src = TraceSource(path, NATIVE_CHUNK_BYTES)
-    try:
+    with ExitStack() as undo:  # what is made so far, undone if the start fails
+        src = TraceSource(path, NATIVE_CHUNK_BYTES)
+        undo.callback(src.close)
         spill_dir = tempfile.mkdtemp(prefix="tracepipe-", dir=home)
-    except BaseException:
-        src.close()
-        raise
-    try:
-        texts = Slots(spill_dir, "chunk", in_flight + 1)
-        tables = Slots(spill_dir, "tables", in_flight + 1, TABLE_FILES)
+        undo.callback(shutil.rmtree, spill_dir, True)
         pool = start_pool(workers)
-    except BaseException:
-        src.close()
-        shutil.rmtree(spill_dir, True)
-        raise
-    started = Started(path, workers, src.chunk_bytes, pool, spill_dir, src, texts, tables, in_flight, None)
-    try:
-        started.pieces = src.pieces(spans=True)
-        for piece in islice(started.pieces, in_flight):
+        undo.callback(pool.terminate)
+        started = Started(
+            path, workers, pool, spill_dir, src, submitter(pool, spill_dir, ahead + 1), src.pieces(spans=True)
+        )
+        for piece in islice(started.pieces, ahead):
             started.submitted.append((piece, started.submit(piece)))
-    except BaseException:
-        started.stop()
-        raise
+        undo.pop_all()
     return started
 
 

@@ -217,6 +217,23 @@ def unspill(ct: ChunkTables | SpilledChunk) -> ChunkTables:
     return ChunkTables(*tables_, ct.problems, ct.device_ids, ct.task_pids, ct.open_ends, ct.launches, ct.cats)
 
 
+IN_FLIGHT_PER_WORKER = 4  # chunks submitted ahead of the one being settled, per worker
+
+
+def in_flight(workers: int) -> int:
+    """Chunks a read with `workers` keeps submitted ahead (`chunks.ordered_results`'s
+    max_inflight); its `Slots` are one more of each kind."""
+    return IN_FLIGHT_PER_WORKER * workers
+
+
+def submitter(pool, spill_dir: str, slots: int):
+    """Hands a chunk to the workers: its text through a slot file when it comes as bytes (of
+    compressed input), its tables back through another (`Slots`). Made only with workers: a
+    flatten in one process has no slot files to create."""
+    texts, tables = Slots(spill_dir, "chunk", slots), Slots(spill_dir, "tables", slots, TABLE_FILES)
+    return lambda piece: pool.apply_async(run_chunk, (texts.put(piece), tables.take()))
+
+
 def run_chunk(piece, slot: str):
     """A chunk's tables built in a worker, written to `slot` (a `Slots` path with TABLE_FILES)."""
     ok, value = run_local(build_from_text, text_of(piece))
