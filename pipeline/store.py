@@ -89,6 +89,13 @@ def delta_columns(arrow_schema: pa.Schema, dictionary: list[str]) -> dict[str, s
     }
 
 
+def statistics_columns(arrow_schema: pa.Schema) -> list[str]:
+    """The columns given statistics: all but JSON text (`*_json`). Its bounds rule out no row group
+    for any filter (a `str.contains` cannot use them), and finding them in long strings was most of
+    the statistics' cost: the 209 MB trace's events.parquet encoded in 0.293 -> 0.269 CPU-s."""
+    return [f.name for f in arrow_schema if not f.name.endswith("_json")]
+
+
 class TableWriter:
     """Append tables of one kind to a Parquet file, conforming to its schema, in large row groups.
 
@@ -112,7 +119,7 @@ class TableWriter:
             self._schema,
             use_dictionary=encoded,
             column_encoding=delta_columns(self._schema, encoded),
-            **parquet_options(),
+            **{**parquet_options(), "write_statistics": statistics_columns(self._schema)},
             **({"store_schema": False} if dictionaries else {}),
         )
         self._pending: list[pa.Table] = []
@@ -250,7 +257,7 @@ def write_table(tbl: pa.Table, path: Path, name: str, stages=schema.ALL_STAGES):
         str(path),
         row_group_size=ROW_GROUP_ROWS,
         use_dictionary=_dictionary_columns(name, stages),
-        **parquet_options(),
+        **{**parquet_options(), "write_statistics": statistics_columns(tbl.schema)},
     )
 
 

@@ -56,6 +56,27 @@ def test_integer_columns_are_delta_encoded_and_read_alike(tmp_path):
     assert by_arrow.equals(by_duckdb)
 
 
+@pytest.mark.parametrize("link", [False, True])
+def test_outputs_are_zstd_with_statistics_but_on_json_text(tmp_path, link):
+    """Every table a flatten leaves is zstd (gpu_ops also once link and cost wrote it again); every
+    column has min/max statistics (the link's reads skip row groups by them) but JSON text, whose
+    bounds rule out no row group."""
+    p = synth.write_trace(synth.make_trace(n_steps=3), tmp_path / "t.json")
+    r = flatten(p, tmp_path / "out", link=link, workers=1)
+    for name in ("events", "gpu_ops", "flows"):
+        meta = pq.ParquetFile(r.out_dir / f"{name}.parquet").metadata
+        assert meta.num_rows > 0, name
+        group = meta.row_group(0)
+        for i in range(group.num_columns):
+            column = group.column(i)
+            assert column.compression == "ZSTD", (name, column.path_in_schema)
+            has_bounds = column.statistics is not None and column.statistics.has_min_max
+            json_text = column.path_in_schema.endswith("_json")
+            non_null = column.statistics is None or column.statistics.null_count < group.num_rows
+            if non_null:
+                assert has_bounds != json_text, (name, column.path_in_schema)
+
+
 # ------------------------------------------------------------------ events
 @pytest.mark.parametrize("layout", ["new", "old", "oldest", "2021"])
 def test_events_rows_and_event_idx(tmp_path, layout):
