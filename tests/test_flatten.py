@@ -616,18 +616,23 @@ def test_whole_flatten_memory_does_not_grow_with_the_trace(tmp_path):
 
     The smaller trace must already fill the link pass's batches: a 40 MB one (31k GPU ops, under
     one batch) peaked 40-67 MB lower than a 160 MB one, a warm-up and not growth (160 -> 320 MB
-    added 0-12 MB). From 80 to 320 MB the peak rose by 22-32 MB."""
+    added 0-12 MB). From 80 to 320 MB the peak rose by 22-39 MB alone on the machine.
+
+    Each size is flattened twice, alternately, and the lower peak kept: under the whole suite's
+    load one run of the larger trace peaked 35-40 MB above its usual (329 against 285-294 MB),
+    a spike of the moment rather than of the trace."""
     from pipeline.link.links import BATCH_ROWS
 
     small, big = tmp_path / "small.json", tmp_path / "big.json"
     synth.write_big_trace(small, 80 << 20)
     synth.write_big_trace(big, 320 << 20)
-    peaks = {}
-    for p in (small, big):
-        rc, peaks[p.name] = _peak_summed_pss(
+    peaks: dict[str, float] = {}
+    for p in (small, big, small, big):
+        rc, peak = _peak_summed_pss(
             [sys.executable, "-m", "pipeline", "flatten", str(p), "-o", str(tmp_path / "out"), "-j", "2", "-q"]
         )
         assert rc == 0
+        peaks[p.name] = min(peaks.get(p.name, peak), peak)
     small_ops = pq.ParquetFile(tmp_path / "out" / "small" / "gpu_ops.parquet").metadata.num_rows
     assert small_ops > BATCH_ROWS, "the smaller trace must fill at least one link batch"
     grew = peaks["big.json"] - peaks["small.json"]
