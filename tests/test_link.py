@@ -210,6 +210,25 @@ def test_time_cells_hold_about_the_asked_count():
     assert 9 <= counts.len() <= 11 and counts.max() <= 110
 
 
+@pytest.mark.parametrize(
+    ("starts", "cells"), [(1040, 10), (1060, 11), (1000, 10), (120, 1), (149, 1), (150, 2), (30, 1)]
+)
+def test_time_cells_whole_tail_joins_a_small_last_cell(starts, cells):
+    """With `whole_tail` (the analyses' windows, each of which costs ~100 small queries), a last
+    cell of under half `per_cell` joins the one before: 1,040 starts make 10 cells of 100 and 140
+    rather than 11 (the last of 40); 1,060 still make 11 (the last of 60, over half). Every cell
+    holds 50 to 150, and no start is lost."""
+    bins = TimeBins.over((0, starts * 10))
+    ts = pl.DataFrame({"ts_ns": list(range(0, starts * 10, 10))})
+    histogram = ts.group_by(bin=bins.of(pl.col("ts_ns"))).agg(n=pl.len())
+    plain = TimeCells.of(histogram, bins, per_cell=100)
+    whole = TimeCells.of(histogram, bins, per_cell=100, whole_tail=True)
+    counts = ts.group_by(cell=whole.cell(ts["ts_ns"])).len()["len"]
+    assert counts.len() == cells and counts.sum() == starts
+    assert counts.max() <= 150 and (cells == 1 or counts.min() >= 50)
+    assert whole.cuts.to_list() == plain.cuts.to_list()[: cells - 1]  # the same cuts, but a last one
+
+
 def test_spill_hands_rows_back_in_slices_of_any_length(tmp_path):
     fields = [pa.field("event_idx", pa.int64()), pa.field("name", pa.string())]
     with store.spill_file(tmp_path, "test") as path:

@@ -26,7 +26,10 @@ Window = tuple[int | None, int | None]  # [a, b) of time; None: open
 def time_windows(path: Path, where: pl.Expr, per_window: int | None = None) -> list[Window]:
     """Consecutive windows [a, b) of `ts_ns` (the first open below, the last open above), each
     holding about `per_window` (default PER_WINDOW) of the rows `where` selects: one streaming read
-    of the columns `where` uses and `ts_ns`, counted per time bin."""
+    of the columns `where` uses and `ts_ns`, counted per time bin. A last window of under half
+    that joins the one before (up to 1.5x): each window costs ~100 small queries, so the 209 MB
+    trace's 70K GPU ops in windows of 64K and 6K took 218 (0.19-0.21 s), in one 130 (0.14-0.16 s);
+    `analyze` of the 1 GB trace, every section, peaked at 395-406 MB against 393-394."""
     per_window = per_window or PER_WINDOW
     bins = TimeBins.over(EventReach.of(path).span)
     starts = (
@@ -36,7 +39,7 @@ def time_windows(path: Path, where: pl.Expr, per_window: int | None = None) -> l
         .agg(n=pl.len())
         .collect(engine="streaming")
     )
-    cuts = TimeCells.of(starts, bins, per_window).cuts.to_list() if starts.height else []
+    cuts = TimeCells.of(starts, bins, per_window, whole_tail=True).cuts.to_list() if starts.height else []
     return list(zip([None, *cuts], [*cuts, None], strict=False))
 
 

@@ -99,12 +99,17 @@ class TimeCells:
     cuts: pl.Series
 
     @classmethod
-    def of(cls, histogram: pl.DataFrame, bins: TimeBins, per_cell: int) -> TimeCells:
+    def of(cls, histogram: pl.DataFrame, bins: TimeBins, per_cell: int, whole_tail: bool = False) -> TimeCells:
         """Cells of about `per_cell` counts each (more where one bin holds more) from a histogram
-        (bin, n) over `bins`."""
+        (bin, n) over `bins`. `whole_tail`: a last cell of less than half `per_cell` joins the one
+        before (cells of up to 1.5x `per_cell`), for work whose every cell has a fixed cost."""
         histogram = histogram.sort("bin")
         before = histogram["n"].cum_sum() - histogram["n"]  # counted before each bin
-        cell = before // max(1, per_cell)
+        per_cell = max(1, per_cell)
+        cell = before // per_cell
+        if whole_tail:
+            total = int(histogram["n"].sum())
+            cell = cell.clip(upper_bound=max(0, (total + per_cell // 2) // per_cell - 1))
         first_of_cell = histogram.filter(cell.diff().fill_null(0) > 0)["bin"]
         return cls((first_of_cell * bins.width + bins.t0).cast(pl.Int64).alias("cuts"))
 
