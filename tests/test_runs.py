@@ -334,6 +334,31 @@ def test_steps_are_measured_the_same_a_few_steps_at_a_time(tmp_path, monkeypatch
         assert steps_mod.steps(flat, colls).equals(whole), at_once
 
 
+def test_step_cover_without_communication_is_all_compute():
+    """A step's kernels without communication: kernel and compute time are the union of their
+    intervals (worked out once), communication and exposed communication 0; the same measures
+    as the general path gives once a communication kernel, in another step, is among them."""
+    from pipeline.runs.steps import INTERVAL, _covered
+
+    k = pl.DataFrame(
+        {
+            INTERVAL: [0, 0, 0, 1, 1],
+            "device": [0, 0, 1, 0, 0],
+            "ts_ns": [0, 50, 0, 1000, 1500],
+            "end_ns": [100, 300, 40, 1200, 1600],  # step 0, device 0: [0, 300) overlapped
+            "comm": [False] * 5,
+        }
+    ).with_columns(pl.col(INTERVAL).cast(pl.UInt32))
+    alone = _covered(k).sort(INTERVAL, "device")
+    assert alone.rows() == [(0, 0, 300, 300, 0, 0), (0, 1, 40, 40, 0, 0), (1, 0, 300, 300, 0, 0)]
+    comm = pl.DataFrame({INTERVAL: [2], "device": [0], "ts_ns": [5000], "end_ns": [5100], "comm": [True]}).with_columns(
+        pl.col(INTERVAL).cast(pl.UInt32)
+    )
+    general = _covered(pl.concat([k, comm])).sort(INTERVAL, "device")
+    assert general.head(3).equals(alone)
+    assert general.row(3) == (2, 0, 100, 0, 100, 100)
+
+
 # ------------------------------------------------------------------ steps of the same name
 def _doubled(src: Path, out: Path) -> Path:
     """The trace `src` twice on one timeline: every timed event again, after the last one ends, so

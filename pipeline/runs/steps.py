@@ -95,8 +95,16 @@ def _step_ranges(flat_dir: TraceTables, intervals: pl.DataFrame) -> list[tuple[i
 
 def _covered(k: pl.DataFrame) -> pl.DataFrame:
     """(INTERVAL, device, kernel_ns, compute_ns, comm_ns, exposed_comm_ns) of kernels with their
-    step's INTERVAL."""
+    step's INTERVAL. Without communication kernels compute is all of it, and its union is not
+    worked out twice (the 1 GB v100 trace's 411K kernels: 0.15-0.17 -> 0.07 s)."""
     by = [INTERVAL, "device"]
+    if not k["comm"].any():
+        return (
+            union_ns(k, by)
+            .select(*by, kernel_ns="covered_ns", compute_ns="covered_ns")
+            .with_columns(comm_ns=pl.lit(0, pl.Int64), exposed_comm_ns=pl.lit(0, pl.Int64))
+            .collect()
+        )
     cover = {
         "kernel_ns": union_ns(k, by),
         "compute_ns": union_ns(k.filter(~pl.col("comm")), by),
