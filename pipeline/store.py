@@ -252,8 +252,9 @@ class WriteBehind:
 
 
 def write_table(tbl: pa.Table, path: Path, name: str, stages=schema.ALL_STAGES):
+    tbl = schema.conform(tbl, name, stages)
     pq.write_table(
-        schema.conform(tbl, name, stages),
+        tbl,
         str(path),
         row_group_size=ROW_GROUP_ROWS,
         use_dictionary=_dictionary_columns(name, stages),

@@ -63,7 +63,7 @@ def test_outputs_are_zstd_with_statistics_but_on_json_text(tmp_path, link):
     bounds rule out no row group."""
     p = synth.write_trace(synth.make_trace(n_steps=3), tmp_path / "t.json")
     r = flatten(p, tmp_path / "out", link=link, workers=1)
-    for name in ("events", "gpu_ops", "flows"):
+    for name in ("events", "gpu_ops", "flows", "devices", "trace"):  # by the reader's writers, and `write_table`
         meta = pq.ParquetFile(r.out_dir / f"{name}.parquet").metadata
         assert meta.num_rows > 0, name
         group = meta.row_group(0)
