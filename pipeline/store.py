@@ -29,9 +29,11 @@ SCRATCH_OPTIONS = dict(PARQUET_OPTIONS, compression="lz4", compression_level=Non
 _OPTIONS: ContextVar[dict] = ContextVar("parquet_options", default=PARQUET_OPTIONS)
 
 
-def parquet_options() -> dict:
-    """The Parquet writer options of the files written here (`scratch_files` changes them)."""
-    return {k: v for k, v in _OPTIONS.get().items() if v is not None}
+def parquet_options(arrow_schema: pa.Schema) -> dict:
+    """The Parquet writer options of a file of this schema written here (`scratch_files` changes
+    them): statistics on `statistics_columns` only."""
+    options = {k: v for k, v in _OPTIONS.get().items() if v is not None}
+    return {**options, "write_statistics": statistics_columns(arrow_schema)}
 
 
 @contextmanager
@@ -119,7 +121,7 @@ class TableWriter:
             self._schema,
             use_dictionary=encoded,
             column_encoding=delta_columns(self._schema, encoded),
-            **{**parquet_options(), "write_statistics": statistics_columns(self._schema)},
+            **parquet_options(self._schema),
             **({"store_schema": False} if dictionaries else {}),
         )
         self._pending: list[pa.Table] = []
@@ -258,7 +260,7 @@ def write_table(tbl: pa.Table, path: Path, name: str, stages=schema.ALL_STAGES):
         str(path),
         row_group_size=ROW_GROUP_ROWS,
         use_dictionary=_dictionary_columns(name, stages),
-        **{**parquet_options(), "write_statistics": statistics_columns(tbl.schema)},
+        **parquet_options(tbl.schema),
     )
 
 
