@@ -65,3 +65,35 @@ def test_above_the_dram_roof_is_labelled_cache(costed):
         assert g.filter(~above & (pl.col("roofline_bound") == "cache")).is_empty(), t
         cached += g.filter(above).height
     assert cached  # memsets into the L2 (param/rtx2080_resnet), small elementwise kernels (a100_old_format)
+
+
+def test_op_kernel_counts_of_a_range_are_those_of_every_batch():
+    """An op's kernel counts sum its kernels of every link batch (`OpKernels.of` reads only the
+    batches whose ops overlap the asked range): an op split over two batches, graph replays'
+    negative instances, and ranges inside, across and outside the batches."""
+    from pipeline.cost.enrich import OP_INSTANCE, OpKernels
+
+    batches = [
+        pl.DataFrame({OP_INSTANCE: [10, 10, 11, 12, -5, None], "dur_ns": [1, 2, 3, 4, 5, 6]}),
+        pl.DataFrame({OP_INSTANCE: [12, 13, 20, -7, -5], "dur_ns": [10, 20, 30, 40, 50]}),
+        pl.DataFrame({OP_INSTANCE: [30, 31], "dur_ns": [100, 200]}),
+    ]
+    counts = OpKernels()
+    for b in batches:
+        counts.add(b.with_columns(kind=pl.lit("kernel"), kernel_role=pl.lit("math")))
+    every = pl.concat(batches).drop_nulls(OP_INSTANCE)
+    for asked in ([12], [11, 13], [-5], [-7, 20], [14, 19], [31, 99], [-100, 100], [40]):
+        ops = pl.Series(asked, dtype=pl.Int64)
+        got = counts.of(ops).sort(OP_INSTANCE)
+        # negative instances (graph replays) and the others are ranges of their own
+        ranges = [
+            (min(side), max(side)) for side in ([a for a in asked if a < 0], [a for a in asked if a >= 0]) if side
+        ]
+        want = pl.concat(
+            [
+                every.filter(pl.col(OP_INSTANCE).is_between(lo, hi) & ((pl.col(OP_INSTANCE) < 0) == (lo < 0)))
+                for lo, hi in ranges
+            ]
+        )
+        want = want.group_by(OP_INSTANCE).agg(op_kernels=pl.len(), op_dur_ns=pl.col("dur_ns").sum()).sort(OP_INSTANCE)
+        assert got.select(OP_INSTANCE, "op_kernels", "op_dur_ns").cast(want.schema).equals(want), asked
