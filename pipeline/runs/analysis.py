@@ -149,7 +149,7 @@ def analyze(extracts: list, run_by: str | None = None, align: bool = True) -> Ru
         collectives=_rows(parts["coll"], COLL_COLUMNS),
         by_kind=_rows(parts["by_kind"], BY_KIND_COLUMNS),
         stragglers=_rows(parts["strag"], ["run", "rank", "wait_caused_ns", "times_last"]),
-        steps=_blocks(parts["steps"], STEPS_COLUMNS),
+        steps=_blocks(parts.pop("steps"), STEPS_COLUMNS),
         desyncs=_rows(
             parts["desync"], ["run", "rank", "pg", "seq", "kind", "bytes", "expected_kind", "expected_bytes"]
         ),
@@ -222,10 +222,12 @@ BY_KIND_COLUMNS = [
 
 
 def _blocks(blocks: list[dict], columns: list[str]) -> Rows:
-    """Rows of numpy column blocks (one per rank), joined."""
+    """Rows of numpy column blocks (one per rank), joined; the blocks are emptied as their columns
+    are joined, so that a run's rows are held about once, not twice (1,024 ranks x 1,250 steps:
+    ~90 MB less at the peak)."""
     if not blocks:
         return _rows([], columns)
-    return Rows({c: np.concatenate([b[c] for b in blocks]) for c in columns}, _numeric(columns, []))
+    return Rows({c: np.concatenate([b.pop(c) for b in blocks]) for c in columns}, _numeric(columns, []))
 
 
 def _rows(rows: list[dict], columns: list[str]) -> Rows:
