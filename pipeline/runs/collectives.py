@@ -712,7 +712,8 @@ def collectives(
     of what could not be classified, by reason. `threads_groups`: as `collective_slices`."""
     problems: dict[str, int] = {}
     parts = list(collective_slices(flat_dir, rank, distributed, problems, threads_groups=threads_groups))
-    return (pl.concat(parts) if parts else pl.DataFrame(schema=_schema())), problems
+    whole = pl.concat(parts) if parts else pl.DataFrame(schema=_schema())
+    return whole.cast(_schema()), problems  # the declared types: strings
 
 
 def collective_slices(
@@ -724,7 +725,8 @@ def collective_slices(
     threads_groups: dict | None = None,
 ) -> Iterator[pl.DataFrame]:
     """The `collectives` table of one flattened trace, `rows` at a time in (ts_ns, event_idx) order:
-    a trace scaled to 1 GB of CPU-only work has 2 M gloo calls, whose whole table took 1.6 GB.
+    a trace scaled to 1 GB of CPU-only work has 2 M gloo calls, whose whole table took 1.6 GB. Its
+    `dict` columns come as categoricals (`collectives` gives the whole table with strings).
     Counts of what could not be classified go into `problems`, by reason, by the end.
     `threads_groups`: the process group (pg_config entry) of each gloo runloop thread (pid, tid),
     for rows of several traces at once (`dataset.group.run_tables`); else found from the trace's
@@ -766,7 +768,7 @@ def collective_slices(
         )
         out, numbered = _numbered(out, numbered)
         out = with_steps(out, steps)
-        yield out.select(pl.col(c).cast(t) for c, t in _schema().items()).sort("ts_ns", "event_idx")
+        yield out.select(pl.col(c).cast(t) for c, t in _schema(pl.Categorical).items()).sort("ts_ns", "event_idx")
     if unknown:
         problems[UNKNOWN_KIND] = unknown
 
@@ -814,10 +816,11 @@ def _count_ranks(text: pl.Expr) -> pl.Expr:
     return pl.when(found > 0).then(found)
 
 
-def _schema() -> dict:
+def _schema(repeated: type[pl.DataType] = pl.String) -> dict:
+    """The collectives table's polars types; its `dict` columns (repeated strings) as `repeated`."""
     from pipeline import schema
 
     return {
-        c.name: {"int64": pl.Int64, "string": pl.String, "dict": pl.String, "float64": pl.Float64}[c.type]
+        c.name: {"int64": pl.Int64, "string": pl.String, "dict": repeated, "float64": pl.Float64}[c.type]
         for c in schema.table("collectives").columns
     }

@@ -21,8 +21,10 @@ def write_run_tables(flat_dir: Path, row: dict):
     linked flattened directory; count what could not be classified in the trace row's problems_json."""
     flat_dir = Path(flat_dir)
     problems: dict[str, int] = {}
+    # slices come with their repeated strings as categoricals (`collective_slices`), written as the
+    # dictionaries they are: a 256-rank group's rank list is ~1.2 KB, 75 MB a slice as strings
     writer = store.TableWriter(
-        flat_dir / "collectives.parquet", "collectives", schema.ALL_STAGES, buffer_rows=SLICE_ROWS
+        flat_dir / "collectives.parquet", "collectives", schema.ALL_STAGES, buffer_rows=SLICE_ROWS, dictionaries=True
     )
     times = []  # what the steps table needs of the collectives
     try:
