@@ -83,7 +83,7 @@ bench: install   ## flatten speed/memory vs orjson.loads on generated 1 GB and 2
 	$(PY) bench/bench_runs.py -j $(J)
 	$(PY) bench/bench_compare.py -j $(J)
 
-bench-runs:      ## ranks of 256 and 1,024 generated ranks x 10,000 collectives (first look, cached, dataset) and batch of 256
+bench-runs:      ## ranks of 256 generated ranks x 10,000 collectives (first look, cached, dataset), of 256 and 1,024 from Extracts; batch of 256
 	$(PY) bench/bench_runs.py -j $(J)
 
 bench-peers:     ## tracepipe beside TraceLens and HTA on the same runs and traces (peers: sh scripts/peers_venvs.sh)
