@@ -374,7 +374,6 @@ class OpKernels:
 
     def __init__(self) -> None:
         self._parts: list[pl.DataFrame] = []
-        self._bounds: list[tuple[int, int]] = []  # each part's first and last op_instance
         self.shapes_recorded = False  # whether any op the kernels link to recorded Input Dims
         self.launches_recorded = False  # whether any GPU op links to its launch
 
@@ -395,13 +394,10 @@ class OpKernels:
         )
         if part.height:
             self._parts.append(part.cast(self._EMPTY))  # type: ignore[arg-type]
-            ops = part[OP_INSTANCE]
-            self._bounds.append((ops[0], ops[-1]))
 
     def merge(self, other: OpKernels):
         """Add the counts of another part of the trace's GPU ops (`link_pass`)."""
         self._parts += other._parts
-        self._bounds += other._bounds
         self.shapes_recorded |= other.shapes_recorded
         self.launches_recorded |= other.launches_recorded
 
@@ -416,10 +412,10 @@ class OpKernels:
                 continue
             first, last = some.min(), some.max()
             assert isinstance(first, int) and isinstance(last, int)  # int64 keys, nulls dropped
-            for part, (low, high) in zip(self._parts, self._bounds, strict=True):
-                if high < first or low > last:  # most parts: another stretch of the trace's ops
+            for part in self._parts:
+                idx = part[OP_INSTANCE]  # sorted: its first and last say whether to search it
+                if idx[-1] < first or idx[0] > last:  # most parts: another stretch of the trace's ops
                     continue
-                idx = part[OP_INSTANCE]
                 start, end = idx.search_sorted(first, side="left"), idx.search_sorted(last, side="right")
                 if end > start:
                     pieces.append(part.slice(start, end - start))
