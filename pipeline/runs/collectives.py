@@ -778,9 +778,9 @@ UNOWNED_GLOO = "gloo_work_without_process_group"  # ... of gloo work on a thread
 # what `seq` numbers collectives within: their process group, by name and ranks (either may be null,
 # as ""). Categoricals: a rank list is ~1.2 KB at 256 ranks, and as strings a slice's keys were 75 MB
 # to copy and hash (a 1.1 GB trace of 320K collectives peaked at 766 MB)
-_EMPTY = pl.lit("", pl.Categorical)
 SEQ_GROUP = [
-    pl.col(c).cast(pl.Categorical).fill_null(_EMPTY).alias(a) for c, a in (("pg_name", "_pg"), ("pg_ranks", "_ranks"))
+    pl.col(c).cast(pl.Categorical).fill_null(pl.lit("", pl.Categorical)).alias(a)
+    for c, a in (("pg_name", "_pg"), ("pg_ranks", "_ranks"))
 ]
 
 

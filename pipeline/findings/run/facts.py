@@ -126,16 +126,12 @@ def per_rank_of(steps, run: str) -> dict[int, dict]:
     cuts = np.flatnonzero(np.r_[True, ranks[order][1:] != ranks[order][:-1], True])
     segments = sorted(zip(cuts[:-1], cuts[1:]), key=lambda c: order[c[0]])  # ranks in the order they come
     out: dict[int, dict] = {int(ranks[order[a]]): {"steps": int(b - a)} for a, b in segments}
-    device = None
     for k in SUMMED:  # a column at a time: a run of 1,024 ranks holds 1.3 M rows of each
         v = of_run(k[:-3] + "_ns").astype(np.float64)[order] / 1e3
-        null = np.isnan(v)
-        if k == "compute_us":
-            device = ~null
-        v[null] = 0.0
+        v[np.isnan(v)] = 0.0
         for (a, b), d in zip(segments, out.values(), strict=True):
             d[k] = float(np.cumsum(v[a:b])[-1])
-    assert device is not None
+    device = ~np.isnan(of_run("compute_ns").astype(np.float64)[order])  # a step with compute
     for (a, b), d in zip(segments, out.values(), strict=True):
         d["device"] = bool(device[a:b].any())
     return out
