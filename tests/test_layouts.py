@@ -144,6 +144,15 @@ def test_string_thread_ids_naming_a_number_become_tids():
     assert got == [1890023232, 7, None, 5, None, None, None]
 
 
+def test_thread_names_repeated_over_a_chunk_become_each_rows_tid():
+    """Each distinct name is matched once and its number given back to every row naming it, in
+    the rows' order (first seen is not sorted order here)."""
+    text = pa.array(["stream 7", "12", "stream 7", None, "12", "main", "stream 7", "12"])
+    tid = pa.array([None, None, 3, 5, None, None, None, 4], pa.int64())
+    got = numbered_tids({"tid": tid, "tid_str": pa.chunked_array([text[:3], text[3:]])}).to_pylist()
+    assert got == [7, 12, 3, 5, 12, None, 7, 4]
+
+
 def test_older_arg_names_are_read_as_todays():
     assert kineto.canonical_args({"Input dims": [[2, 3]], "x": 1}) == {"Input Dims": [[2, 3]], "x": 1}
     both = {"Input dims": [[1]], "Input Dims": [[2]]}
