@@ -20,17 +20,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.kineto import CAPTURE_BEGIN, DEVICE_LAUNCH, LAUNCH_CATS, NOT_DEVICE_LAUNCH
+from pipeline.kineto import CAPTURE_BEGIN, DEVICE_LAUNCH, GRAPH_LAUNCH, LAUNCH_CATS, NOT_DEVICE_LAUNCH
 
 LOST_SHARE = 0.5  # fewer device ops than this share of the launches: lost (each launch makes one or more)
 MIN_LAUNCHES = 20  # below this many launches, only a trace with no device op at all is judged
 LAUNCHES, WITHOUT = "lost:launches", "lost:launches_without_device_activity"  # problems_json keys
 _LAUNCH_CAT_SET = frozenset(LAUNCH_CATS)  # lower case
+# graph launch calls, complete or begun (`B`: a slice once paired): none, and linking need not look
+# for graph replays (a scan of every event's name: 0.25 s of a 1 GB trace's flatten)
+GRAPH = "graph_launches"
+_CALL_PHASES = pa.array(["X", "B"], pa.string())
 
 
 def launch_counts(events: pa.Table, cats: set) -> Counter:
-    """The launches and graph capture calls of a chunk's events table (as the worker that built
-    it counts them); `cats`: the categories it holds."""
+    """The launches, graph capture calls and graph launch calls (`GRAPH`) of a chunk's events
+    table (as the worker that built it counts them); `cats`: the categories it holds."""
     return launch_counts_of_parts(events, [0, events.num_rows], cats)[0]
 
 
@@ -44,10 +48,12 @@ def launch_counts_of_parts(events: pa.Table, starts: Sequence[int] | np.ndarray,
     if not runtime_cats or not parts:
         return counts
     runtime = pc.is_in(events.column("cat"), pa.array(runtime_cats, pa.string()))
-    is_call = pc.fill_null(pc.and_(pc.equal(events.column("ph"), "X"), runtime), False)
+    phase = events.column("ph")
+    is_call = pc.fill_null(pc.and_(pc.is_in(phase, _CALL_PHASES), runtime), False)
     rows = np.flatnonzero(is_call.to_numpy(zero_copy_only=False))
     if not rows.size:
         return counts
+    complete = pc.equal(phase.take(pa.array(rows)), "X").to_numpy(zero_copy_only=False)
     calls = events.column("name").take(pa.array(rows))
     if pa.types.is_dictionary(calls.type):
         calls = calls.cast(pa.string())
@@ -57,13 +63,13 @@ def launch_counts_of_parts(events: pa.Table, starts: Sequence[int] | np.ndarray,
         pc.match_substring_regex(names, DEVICE_LAUNCH), pc.invert(pc.match_substring_regex(names, NOT_DEVICE_LAUNCH))
     )
     capture = pc.match_substring_regex(names, CAPTURE_BEGIN)
+    graph = pc.match_substring_regex(names, GRAPH_LAUNCH)
     which = pc.index_in(calls, value_set=names).to_numpy(zero_copy_only=False)
     part = np.searchsorted(np.asarray(starts), rows, side="right") - 1
     called = np.flatnonzero(np.bincount(part, minlength=parts))  # a part with calls counts both
-    for key, hit in (("launches", launch), ("captures", capture)):
-        per_part = np.bincount(
-            part, weights=pc.fill_null(hit, False).to_numpy(zero_copy_only=False)[which], minlength=parts
-        )
+    for key, hit, of_rows in (("launches", launch, complete), ("captures", capture, complete), (GRAPH, graph, None)):
+        weights = pc.fill_null(hit, False).to_numpy(zero_copy_only=False)[which]
+        per_part = np.bincount(part, weights=weights if of_rows is None else weights & of_rows, minlength=parts)
         for k in called:
             counts[k][key] += int(per_part[k])
     return counts
