@@ -98,9 +98,10 @@ def conform(tbl: pa.Table, name: str, stages=ALL_STAGES) -> pa.Table:
 def cast_to(tbl: pa.Table, schema: pa.Schema) -> pa.Table:
     """`tbl` with the columns of `schema` in its order, each cast to its type, missing ones null."""
     arrays = []
+    at = {n: i for i, n in enumerate(tbl.column_names)}  # a name's lookup in a table is a linear search
     for f in schema:
-        if f.name in tbl.column_names:
-            col = tbl.column(f.name)
+        if f.name in at:
+            col = tbl.column(at[f.name])
             arrays.append(col if col.type == f.type else col.cast(f.type))
         else:
             arrays.append(pa.nulls(tbl.num_rows, f.type))

@@ -36,7 +36,7 @@ def raw_texts(raws: list) -> pa.Array:
     return pa.StringArray.from_buffers(len(raws), offsets.buffers()[1], pa.py_buffer(data))
 
 
-_INT64_MIN = -(2**63)
+INT64_MIN = -(2**63)
 
 
 def int_column(values: list, typed: bool = False) -> pa.Array | None:
@@ -53,7 +53,7 @@ def int_column(values: list, typed: bool = False) -> pa.Array | None:
 
 def no_int64_min(arr: pa.Array) -> pa.Array | None:
     """The int64 array, or None if it holds -2**63 (outside the ±INT64_MAX the columns take)."""
-    return None if pc.min(arr).as_py() == _INT64_MIN else arr
+    return None if pc.min(arr).as_py() == INT64_MIN else arr
 
 
 def int_or_str_columns(values: list, typed: bool = False) -> tuple[pa.Array, pa.Array] | None:

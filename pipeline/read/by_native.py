@@ -14,7 +14,15 @@ import pyarrow as pa
 from pipeline import native
 from pipeline.read.arrays import plain_strings
 from pipeline.read.by_struct import ALIAS_FIELDS, GPU_ARG_FIELDS, extra_json_of_struct_keys
-from pipeline.read.tables import EVENT_COLUMNS, ChunkTables, events_table, flows_of, gpu_and_flow_rows, gpu_ops_of
+from pipeline.read.tables import (
+    EVENT_COLUMNS,
+    ChunkTables,
+    events_table,
+    flows_of,
+    gpu_and_flow_rows,
+    gpu_ops_of,
+    typed_gpu_ops,
+)
 from pipeline.read.values import Problems
 
 try:
@@ -97,17 +105,21 @@ def tables_by_native(text: bytes) -> ChunkTables | None:
     problems = Problems()
     if out["ts_strings"]:  # torch_npu's decimal strings, as `timestamps.ts_column` counts them
         problems.coerced["ts_string_to_number"] += out["ts_strings"]
-    gpu_table, device_ids, task_pids = gpu_ops_of(
-        gpu_rows,
-        ev_table.column("cat").take(rows).to_pylist(),
-        [
-            s if s is not None else i
-            for i, s in zip(cols["pid"].take(rows).to_pylist(), cols["pid_str"].take(rows).to_pylist())
-        ],
-        _gpu_arg_columns(n, out["gpu"], rows),
-        ev_table,
-        problems,
-    )
+    arg_cols = _gpu_arg_columns(n, out["gpu"], rows)
+    made = typed_gpu_ops(rows, arg_cols, ev_table)
+    if made is None:  # a row for gpu_ops_of's rules: the ids as the Python values it takes
+        made = gpu_ops_of(
+            gpu_rows,
+            ev_table.column("cat").take(rows).to_pylist(),
+            [
+                s if s is not None else i
+                for i, s in zip(cols["pid"].take(rows).to_pylist(), cols["pid_str"].take(rows).to_pylist())
+            ],
+            arg_cols | {k: arg_cols[k].to_pylist() for k in ("device", "stream")},
+            ev_table,
+            problems,
+        )
+    gpu_table, device_ids, task_pids = made
     flows = pa.array(flow_rows, pa.int64())
     bp = plain_strings(extras["bp"].take(flows)) if "bp" in extras else pa.nulls(len(flows), pa.string())
     return ChunkTables(ev_table, gpu_table, flows_of(flows, bp, ev_table), problems, device_ids, task_pids)
@@ -123,8 +135,6 @@ def _gpu_arg_columns(n: int, fields: list, rows: pa.Array) -> dict:
                 out[f"{name}_{d}"] = _numbers(n, p, buffer=_view).take(rows)
         elif kind == _FLOAT:
             out[name] = _numbers(n, parts, pa.float64(), buffer=_view).take(rows)
-        elif name in ("device", "stream"):
-            out[name] = _numbers(n, parts, buffer=_view).take(rows).to_pylist()
         else:
             out[name] = _numbers(n, parts, buffer=_view).take(rows)
     return {k: out[k] for k in _ARG_COLUMN_ORDER}

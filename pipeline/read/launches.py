@@ -58,18 +58,29 @@ def launch_counts_of_parts(events: pa.Table, starts: Sequence[int] | np.ndarray,
     if pa.types.is_dictionary(calls.type):
         calls = calls.cast(pa.string())
     # the calls have a few distinct names: the patterns are matched once per name
-    names = pc.unique(calls)
+    if isinstance(calls, pa.ChunkedArray):
+        calls = calls.combine_chunks()
+    coded = pc.dictionary_encode(calls, null_encoding="encode")
+    names, which = coded.dictionary, coded.indices.to_numpy(zero_copy_only=False)
+
+    def of_calls(hit: pa.Array) -> np.ndarray:
+        return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)[which]
+
     launch = pc.and_(
         pc.match_substring_regex(names, DEVICE_LAUNCH), pc.invert(pc.match_substring_regex(names, NOT_DEVICE_LAUNCH))
     )
-    capture = pc.match_substring_regex(names, CAPTURE_BEGIN)
-    graph = pc.match_substring_regex(names, GRAPH_LAUNCH)
-    which = pc.index_in(calls, value_set=names).to_numpy(zero_copy_only=False)
+    hits = {
+        "launches": of_calls(launch) & complete,
+        "captures": of_calls(pc.match_substring_regex(names, CAPTURE_BEGIN)) & complete,
+        GRAPH: of_calls(pc.match_substring_regex(names, GRAPH_LAUNCH)),
+    }
+    if parts == 1:  # a chunk's table
+        counts[0].update({key: int(np.count_nonzero(h)) for key, h in hits.items()})
+        return counts
     part = np.searchsorted(np.asarray(starts), rows, side="right") - 1
     called = np.flatnonzero(np.bincount(part, minlength=parts))  # a part with calls counts both
-    for key, hit, of_rows in (("launches", launch, complete), ("captures", capture, complete), (GRAPH, graph, None)):
-        weights = pc.fill_null(hit, False).to_numpy(zero_copy_only=False)[which]
-        per_part = np.bincount(part, weights=weights if of_rows is None else weights & of_rows, minlength=parts)
+    for key, h in hits.items():
+        per_part = np.bincount(part, weights=h, minlength=parts)
         for k in called:
             counts[k][key] += int(per_part[k])
     return counts

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from pipeline import schema
 from pipeline.kineto import DEVICE_FROM_PID, FLOW_PHASES, GPU_KINDS, THREAD_ID_FORMS
-from pipeline.read.arrays import coerced_ints
+from pipeline.read.arrays import INT64_MIN, coerced_ints
 from pipeline.read.device_tasks import task_columns, task_rows
 from pipeline.read.durations import OpenEnds
 from pipeline.read.values import Problems
@@ -101,6 +101,38 @@ EVENT_COLUMNS = (
 
 _GPU_EVENT_COLUMNS = ("cat", "name", "pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")
 _TASK_EVENT_COLUMNS = ("args_json",)  # what `device_tasks.task_columns` reads besides
+
+
+def typed_gpu_ops(rows: pa.Array, arg_cols: dict, ev: pa.Table):
+    """`gpu_ops_of` for GPU rows whose args came typed (`arg_cols`' device and stream int64 arrays:
+    the native pass), made a column at a time: the same table, device ids and task pids; None when
+    a row needs `gpu_ops_of`'s rules for one row at a time (a device task without a cat, a device
+    read from the pid, an id `coerced_ints` would count)."""
+    take = ev.select(_GPU_EVENT_COLUMNS).take(rows)
+    cat, device, stream = take.column("cat"), arg_cols["device"], arg_cols["stream"]
+    if cat.null_count or (_FROM_PID_CATS and pc.any(pc.is_in(cat, _FROM_PID_CATS)).as_py()):
+        return None
+    if any(len(a) > a.null_count and pc.min(a).as_py() == INT64_MIN for a in (device, stream)):
+        return None
+    cols = {
+        "event_idx": rows,
+        "kind": pc.take(_KINDS, pc.index_in(cat, _KIND_CATS)),
+        **{k: take.column(k) for k in ("cat", "name")},
+        "device": device,
+        "stream": stream,
+        **{k: take.column(k) for k in ("pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")},
+        **{k: v for k, v in arg_cols.items() if k not in ("device", "stream")},
+    }
+    return (
+        schema.conform(pa.table(cols), "gpu_ops", ("flatten",)),
+        set(pc.unique(device.drop_null()).to_pylist()),
+        set(),
+    )
+
+
+_FROM_PID_CATS = pa.array(sorted(DEVICE_FROM_PID), pa.string())
+_KIND_CATS = pa.array(list(GPU_KINDS), pa.string())
+_KINDS = pa.array(list(GPU_KINDS.values()), pa.string())
 
 
 def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table, problems: Problems):
