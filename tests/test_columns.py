@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.kineto import GPU_KINDS
+from pipeline.kineto import DEVICE_FROM_PID, GPU_KINDS
 from pipeline.read.by_struct import raw_args_of, tables_by_struct
 from pipeline.read.chunks import NeedsExactParse, parse_chunk, parse_chunk_exact
 from pipeline.read.decode import build_chunk, build_from_text
@@ -400,3 +400,55 @@ def test_epoch_timestamps_with_three_decimals_and_int64_edges():
     texts = ["1712195495519695.812", "-1712195495519695.8125", "999999999999.99999995", "-0.9223372036854775808", "7"]
     got = ns_of_decimal_texts(pa.array(texts)).to_pylist()
     assert got == [int((Decimal(t) * 1000).to_integral_value()) for t in texts]
+
+
+def _gpu_case(cats: list, devices: list, pids: list | None = None):
+    """An events table of GPU rows (cats, devices) and the typed arg columns the native pass gives."""
+    from pipeline.read.by_native import _ARG_COLUMN_ORDER
+
+    n = len(cats)
+    pids = pids if pids is not None else [7] * n
+    ev = pa.table(
+        {
+            "event_idx": pa.array(range(n), pa.int64()),
+            "cat": pa.array(cats, pa.string()),
+            "name": pa.array([f"k{i % 3}" for i in range(n)], pa.string()),
+            "pid": pa.array(pids, pa.int64()),
+            "tid": pa.array([i % 2 for i in range(n)], pa.int64()),
+            "correlation": pa.array([100 + i for i in range(n)], pa.int64()),
+            "external_id": pa.array([None] * n, pa.int64()),
+            "ts_ns": pa.array([1000 * i for i in range(n)], pa.int64()),
+            "dur_ns": pa.array([500] * n, pa.int64()),
+        }
+    )
+    floats = {"warps_per_sm", "occupancy_pct", "copy_bw_gbps"}
+    args = {
+        k: pa.array([float(i) if k in floats else i for i in range(n)], pa.float64() if k in floats else pa.int64())
+        for k in _ARG_COLUMN_ORDER
+    }
+    args["device"] = pa.array(devices, pa.int64())
+    args["stream"] = pa.array([7, None, 20, 7, 7][:n], pa.int64())
+    return ev, args
+
+
+def test_gpu_ops_made_by_column_are_those_made_row_by_row():
+    """`typed_gpu_ops` (the native pass's ids, typed already) gives `gpu_ops_of`'s table, device
+    ids and task pids; a chunk with a row needing a per-row rule is left to `gpu_ops_of`."""
+    from pipeline.read.tables import gpu_ops_of, typed_gpu_ops
+    from pipeline.read.values import Problems
+
+    cats = ["kernel", "gpu_memcpy", "Kernel", "gpu_memset", "kernel"]
+    ev, args = _gpu_case(cats, [0, 1, None, 0, 3])
+    rows = pa.array(range(len(cats)), pa.int64())
+    typed = typed_gpu_ops(rows, args, ev)
+    lists = args | {k: args[k].to_pylist() for k in ("device", "stream")}
+    by_row = gpu_ops_of(list(range(len(cats))), cats, [7] * len(cats), lists, ev, Problems())
+    assert typed is not None
+    assert typed[0].equals(by_row[0]) and typed[1:] == by_row[1:] == ({0, 1, 3}, set())
+    assert typed[0].column("kind").to_pylist() == ["kernel", "memcpy", "kernel", "memset", "kernel"]
+    ev2, args2 = _gpu_case(["kernel", sorted(DEVICE_FROM_PID)[0]], [0, None])  # a device read from the pid
+    assert typed_gpu_ops(pa.array([0, 1], pa.int64()), args2, ev2) is None
+    ev3, args3 = _gpu_case(["kernel", None], [0, 1])  # a device task without a cat
+    assert typed_gpu_ops(pa.array([0, 1], pa.int64()), args3, ev3) is None
+    ev4, args4 = _gpu_case(["kernel", "kernel"], [0, -(2**63)])  # an id gpu_ops_of coerces and counts
+    assert typed_gpu_ops(pa.array([0, 1], pa.int64()), args4, ev4) is None
