@@ -120,9 +120,8 @@ def tables_by_native(text: bytes) -> ChunkTables | None:
             problems,
         )
     gpu_table, device_ids, task_pids = made
-    flows = pa.array(flow_rows, pa.int64())
-    bp = plain_strings(extras["bp"].take(flows)) if "bp" in extras else pa.nulls(len(flows), pa.string())
-    return ChunkTables(ev_table, gpu_table, flows_of(flows, bp, ev_table), problems, device_ids, task_pids)
+    bp = plain_strings(extras["bp"].take(flow_rows)) if "bp" in extras else pa.nulls(len(flow_rows), pa.string())
+    return ChunkTables(ev_table, gpu_table, flows_of(flow_rows, bp, ev_table), problems, device_ids, task_pids)
 
 
 def _gpu_arg_columns(n: int, fields: list, rows: pa.Array) -> dict:

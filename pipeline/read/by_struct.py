@@ -126,9 +126,8 @@ def tables_by_struct(text: bytes) -> ChunkTables | None:
         ev_table,
         problems,
     )
-    rows = pa.array(flow_rows, pa.int64())
-    bp = plain_strings(extras["bp"].take(rows)) if "bp" in extras else pa.nulls(len(rows), pa.string())
-    return ChunkTables(ev_table, gpu_table, flows_of(rows, bp, ev_table), problems, device_ids, task_pids)
+    bp = plain_strings(extras["bp"].take(flow_rows)) if "bp" in extras else pa.nulls(len(flow_rows), pa.string())
+    return ChunkTables(ev_table, gpu_table, flows_of(flow_rows, bp, ev_table), problems, device_ids, task_pids)
 
 
 def _event_columns_by_struct(fields: dict, extras: dict, text: bytes, problems: Problems) -> dict | None:

@@ -114,6 +114,7 @@ def _build_chunk(events: list, text: bytes | None = None, raw_args: list | None 
         ev_table,
         problems,
     )
-    bp = pa.array([v if type(v) is str else None for v in (events[i].get("bp") for i in flow_rows)], pa.string())
-    flows_table = flows_of(pa.array(flow_rows, pa.int64()), bp, ev_table)
+    bps = (events[i].get("bp") for i in flow_rows.to_pylist())
+    bp = pa.array([v if type(v) is str else None for v in bps], pa.string())
+    flows_table = flows_of(flow_rows, bp, ev_table)
     return ChunkTables(ev_table, gpu_table, flows_table, problems, device_ids, task_pids)
