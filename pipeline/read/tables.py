@@ -111,7 +111,7 @@ def typed_gpu_ops(rows: pa.Array, arg_cols: dict, ev: pa.Table):
     read from the pid, an id `coerced_ints` would count)."""
     take = ev.select(_GPU_EVENT_COLUMNS).take(rows)
     cat, device, stream = take.column("cat"), arg_cols["device"], arg_cols["stream"]
-    if cat.null_count or (_FROM_PID_CATS and pc.any(pc.is_in(cat, _FROM_PID_CATS)).as_py()):
+    if cat.null_count or (len(_FROM_PID_CATS) and pc.any(pc.is_in(cat, _FROM_PID_CATS)).as_py()):
         return None
     if any(len(a) > a.null_count and pc.min(a).as_py() == INT64_MIN for a in (device, stream)):
         return None
