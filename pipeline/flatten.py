@@ -30,7 +30,7 @@ from pipeline.read.by_native import available as native_available
 from pipeline.read.chunks import ordered_results
 from pipeline.read.decode import build_chunk, build_from_text
 from pipeline.read.durations import Durations
-from pipeline.read.launches import GRAPH, LaunchCount
+from pipeline.read.launches import LaunchCount
 from pipeline.read.limits import not_regular
 from pipeline.read.metadata import devices_table, sampled_content_id, trace_row
 from pipeline.read.source import ARRAY_NOT_CLOSED, DEFAULT_CHUNK_BYTES, NATIVE_CHUNK_BYTES, TraceSource
@@ -214,7 +214,7 @@ def flatten_into(
     row = trace_row(path, src.metadata, counts, problems, tail, cats, launches.problems(counts["n_gpu_ops"]))
     whole = not (tail.truncated or corrupt or src.values_cut)  # else chunks were merged or salvaged
     chunking = Chunking(pool is not None, src.chunk_bytes, tuple(rows)) if whole else None
-    return row, problems, tail, chunking, launches.counts[GRAPH]
+    return row, problems, tail, chunking
 
 
 def _task_devices(tmp: Path, task_pids: set, device_ids: set) -> set:
@@ -335,9 +335,7 @@ def flatten(
         t0 = time.perf_counter()
         say_stage("read")
         try:
-            row, problems, tail, chunking, graph_launches = flatten_into(
-                path, tmp, workers, chunk_bytes, progress, max_inflate
-            )
+            row, problems, tail, chunking = flatten_into(path, tmp, workers, chunk_bytes, progress, max_inflate)
         except BadTrace as e:  # every input error names its file
             if path in str(e):
                 raise
@@ -356,7 +354,6 @@ def flatten(
                 dtype=dtype,
                 formulas=formulas,
                 captures=captures,
-                graph_launches=graph_launches,
             )
             if run_tables:
                 write_run_tables(tmp, row)

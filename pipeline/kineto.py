@@ -245,7 +245,7 @@ FRAME_CAT = cat_regex(*CPU_OP_CATS, *ANNOTATION_CATS, *MODULE_CATS)  # what a st
 # hip(Ext)(Module)LaunchKernel carrying `kernel`, `grid`, `block` in its args); the CUDA names are
 # the same calls of the CUDA runtime and driver APIs (cudaLaunchKernel carries no kernel name).
 _API = r"^(?:cuda|hip|cu)"
-_VERSION = r"(?:_v[0-9]+|_ptsz|_ptds|_spt)*$"  # [0-9]: the same in re and in Arrow's RE2
+_VERSION = r"(?:_v\d+|_ptsz|_ptds|_spt)*$"
 GRAPH_LAUNCH = _API + r"GraphLaunch" + _VERSION  # cudaGraphLaunch, hipGraphLaunch, cuGraphLaunch
 CAPTURE_BEGIN = _API + r"StreamBeginCapture(?:ToGraph)?" + _VERSION  # cudaStreamBeginCapture, hip..., cu...
 CAPTURE_END = _API + r"StreamEndCapture" + _VERSION

@@ -76,9 +76,9 @@ def test_every_replay_of_a_graph_gets_the_ops_that_captured_it(tmp_path):
         assert ev.row(idx, named=True)["name"] == name and ev.row(idx, named=True)["args_json"] == args
 
 
-def test_a_graph_launch_written_as_a_begin_end_pair_is_still_looked_for(tmp_path):
-    """Reading counts the graph launch calls, and linking looks for replays only when it counted
-    some: a launch written as a B/E pair (a slice once paired) counts too."""
+def test_a_graph_launch_written_as_a_begin_end_pair_is_paired_too(tmp_path):
+    """A graph launch written as a B/E pair (a slice once paired) has its replays paired as one
+    written as a complete event."""
     case = GraphCase([LAYER], replays=[0, 0, 0])
     rep, _ = replay_trace(case)
     events = []
@@ -93,21 +93,6 @@ def test_a_graph_launch_written_as_a_begin_end_pair_is_still_looked_for(tmp_path
     caps = [write_trace(capture_trace(case), tmp_path / "capture.json")]
     r = flatten(tmp_path / "replay.json", tmp_path / "out", graph_captures=caps)
     assert r.problems["graphs:replays_paired"] == 3 and r.problems["link:cpu_op_by_graph_capture"] == 9
-
-
-def test_a_trace_without_graph_launches_is_not_searched_for_them(tmp_path, monkeypatch):
-    import pipeline.link.graphs as graphs
-
-    def searched(*_):
-        raise AssertionError("the events were searched for graph launches")
-
-    monkeypatch.setattr(graphs, "_graph_launches", searched)
-    case = GraphCase([LAYER], replays=[])
-    write_trace(replay_trace(case)[0], tmp_path / "plain.json")
-    r = flatten(tmp_path / "plain.json", tmp_path / "out")
-    assert r.n_gpu_ops > 0 and "graphs:replays" not in r.problems
-    with pytest.raises(AssertionError, match="searched"):  # as it is when reading did not count them
-        graphs.GraphLinks.of(r.out_dir, [], tmp_path / "spill.parquet")
 
 
 def test_pairing_in_small_batches_gives_the_same_pairs(tmp_path, monkeypatch):

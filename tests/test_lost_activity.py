@@ -67,30 +67,6 @@ def test_launches_counted_per_member_in_one_pass():
     assert [(c["launches"], c["captures"]) for c in got] == [(2, 0), (0, 0), (1, 1)]
 
 
-def test_graph_launch_calls_are_counted_complete_or_begun():
-    """Graph launches (`kineto.GRAPH_LAUNCH`) among the runtime calls, `X` or `B`; the launches
-    counted against the device ops stay the complete calls alone."""
-    import pyarrow as pa
-
-    from pipeline.read.launches import GRAPH, launch_counts
-
-    rows = [
-        ("X", "cuda_runtime", "cudaGraphLaunch"),
-        ("B", "cuda_runtime", "hipGraphLaunch_v2"),  # a slice once its E is found
-        ("X", "CUDA_Runtime", "cuGraphLaunch_ptsz"),
-        ("E", "cuda_runtime", "hipGraphLaunch"),  # an end: not a call
-        ("i", "cuda_runtime", "cudaGraphLaunch"),
-        ("X", "cpu_op", "cudaGraphLaunch"),  # not a runtime call
-        ("X", "cuda_runtime", "cudaGraphLaunchX"),  # another call
-        ("X", "cuda_runtime", "cudaLaunchKernel"),
-    ]
-    events = pa.table({k: [r[i] for r in rows] for i, k in enumerate(("ph", "cat", "name"))})
-    got = launch_counts(events, set(events.column("cat").to_pylist()))
-    assert (got[GRAPH], got["launches"], got["captures"]) == (3, 4, 0)
-    none = launch_counts(events.slice(3, 5), set(events.column("cat").to_pylist()))
-    assert none[GRAPH] == 0 and none["launches"] == 2
-
-
 @pytest.mark.real
 def test_launches_without_device_activity_exit_1_and_say_so(shared_traces, tmp_path):
     lost = _without_device_activity(shared_traces / "hta/mi250_rocm62_minitoy.json.gz", tmp_path / "lost.json")

@@ -676,11 +676,9 @@ def enrich(
     dtype: str | None = None,
     formulas: UserFormulas | None = None,
     captures: list[CapturedGraphs] | None = None,
-    graph_launches: int | None = None,
 ) -> list[str]:
     """Link and cost a freshly flattened directory in place; update the trace row. Returns warnings
-    (devices without specs, formula-file entries that failed on this trace's ops). `graph_launches`:
-    the graph launch calls reading counted (`read.launches.GRAPH`; None: not counted, looked for).
+    (devices without specs, formula-file entries that failed on this trace's ops).
 
     Two passes over the GPU ops, batch by batch, so that memory does not grow with the trace:
     1. link them (`link.link_batches`) and cost their CPU ops (`op_costs`) into a temporary Arrow
@@ -701,7 +699,7 @@ def enrich(
         store.spill_file(flat_dir, LINK_SPILL) as spill,
         store.spill_file(flat_dir, GRAPH_SPILL) as graph_spill,
     ):
-        replays = graphs.GraphLinks.of(flat_dir, captures or [], graph_spill, graph_launches)
+        replays = graphs.GraphLinks.of(flat_dir, captures or [], graph_spill)
         if replays is not None:
             tally.links.update(replays.problems)
         op_kernels = link_pass(flat_dir, spill, dtype, tally, formulas, replays, GraphIds.of(gpu_ops), parts=LINK_PARTS)

@@ -253,13 +253,8 @@ class GraphLinks:
     problems: Counter
 
     @classmethod
-    def of(
-        cls, flat_dir: Path, captures: list[CapturedGraphs], spill: Path, counted: int | None = None
-    ) -> GraphLinks | None:
-        """Pair the graph replays of a flattened trace (None: it has no graph launch). `counted`:
-        its graph launch calls, as reading counted them (0: the events are not searched for them)."""
-        if counted == 0:
-            return None
+    def of(cls, flat_dir: Path, captures: list[CapturedGraphs], spill: Path) -> GraphLinks | None:
+        """Pair the graph replays of a flattened trace (None: it has no graph launch)."""
         flat_dir = Path(flat_dir)
         launches = _graph_launches(flat_dir / "events.parquet")
         if launches.is_empty():

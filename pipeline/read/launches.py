@@ -20,21 +20,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.kineto import CAPTURE_BEGIN, DEVICE_LAUNCH, GRAPH_LAUNCH, LAUNCH_CATS, NOT_DEVICE_LAUNCH
+from pipeline.kineto import CAPTURE_BEGIN, DEVICE_LAUNCH, LAUNCH_CATS, NOT_DEVICE_LAUNCH
 
 LOST_SHARE = 0.5  # fewer device ops than this share of the launches: lost (each launch makes one or more)
 MIN_LAUNCHES = 20  # below this many launches, only a trace with no device op at all is judged
 LAUNCHES, WITHOUT = "lost:launches", "lost:launches_without_device_activity"  # problems_json keys
 _LAUNCH_CAT_SET = frozenset(LAUNCH_CATS)  # lower case
-# graph launch calls, complete or begun (`B`: a slice once paired): none, and linking need not look
-# for graph replays (a scan of every event's name: 0.25 s of a 1 GB trace's flatten)
-GRAPH = "graph_launches"
-_CALL_PHASES = pa.array(["X", "B"], pa.string())
 
 
 def launch_counts(events: pa.Table, cats: set) -> Counter:
-    """The launches, graph capture calls and graph launch calls (`GRAPH`) of a chunk's events
-    table (as the worker that built it counts them); `cats`: the categories it holds."""
+    """The launches and graph capture calls of a chunk's events table (as the worker that built
+    it counts them); `cats`: the categories it holds."""
     return launch_counts_of_parts(events, [0, events.num_rows], cats)[0]
 
 
@@ -48,12 +44,10 @@ def launch_counts_of_parts(events: pa.Table, starts: Sequence[int] | np.ndarray,
     if not runtime_cats or not parts:
         return counts
     runtime = pc.is_in(events.column("cat"), pa.array(runtime_cats, pa.string()))
-    phase = events.column("ph")
-    is_call = pc.fill_null(pc.and_(pc.is_in(phase, _CALL_PHASES), runtime), False)
+    is_call = pc.fill_null(pc.and_(pc.equal(events.column("ph"), "X"), runtime), False)
     rows = np.flatnonzero(is_call.to_numpy(zero_copy_only=False))
     if not rows.size:
         return counts
-    complete = pc.equal(phase.take(pa.array(rows)), "X").to_numpy(zero_copy_only=False)
     calls = events.column("name").take(pa.array(rows))
     if pa.types.is_dictionary(calls.type):
         calls = calls.cast(pa.string())
@@ -69,11 +63,7 @@ def launch_counts_of_parts(events: pa.Table, starts: Sequence[int] | np.ndarray,
     launch = pc.and_(
         pc.match_substring_regex(names, DEVICE_LAUNCH), pc.invert(pc.match_substring_regex(names, NOT_DEVICE_LAUNCH))
     )
-    hits = {
-        "launches": of_calls(launch) & complete,
-        "captures": of_calls(pc.match_substring_regex(names, CAPTURE_BEGIN)) & complete,
-        GRAPH: of_calls(pc.match_substring_regex(names, GRAPH_LAUNCH)),
-    }
+    hits = {"launches": of_calls(launch), "captures": of_calls(pc.match_substring_regex(names, CAPTURE_BEGIN))}
     if parts == 1:  # a chunk's table
         counts[0].update({key: int(np.count_nonzero(h)) for key, h in hits.items()})
         return counts
