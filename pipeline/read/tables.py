@@ -115,20 +115,8 @@ def typed_gpu_ops(rows: pa.Array, arg_cols: dict, ev: pa.Table):
         return None
     if any(len(a) > a.null_count and pc.min(a).as_py() == INT64_MIN for a in (device, stream)):
         return None
-    cols = {
-        "event_idx": rows,
-        "kind": pc.take(_KINDS, pc.index_in(cat, _KIND_CATS)),
-        **{k: take.column(k) for k in ("cat", "name")},
-        "device": device,
-        "stream": stream,
-        **{k: take.column(k) for k in ("pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")},
-        **{k: v for k, v in arg_cols.items() if k not in ("device", "stream")},
-    }
-    return (
-        schema.conform(pa.table(cols), "gpu_ops", ("flatten",)),
-        set(pc.unique(device.drop_null()).to_pylist()),
-        set(),
-    )
+    kind = pc.take(_KINDS, pc.index_in(cat, _KIND_CATS))
+    return _gpu_ops(_gpu_columns(rows, kind, device, stream, take, arg_cols), set())
 
 
 _FROM_PID_CATS = pa.array(sorted(DEVICE_FROM_PID), pa.string())
@@ -149,15 +137,9 @@ def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table,
     idx = pa.array(rows, pa.int64())
     tasks = [j for j, c in enumerate(cats) if c is None]
     take = ev.select([*_GPU_EVENT_COLUMNS, *(_TASK_EVENT_COLUMNS if tasks else ())]).take(idx)  # no other column
-    cols = {
-        "event_idx": idx,
-        "kind": pa.array([GPU_KINDS.get(c) for c in cats], pa.string()),
-        **{k: take.column(k) for k in ("cat", "name")},
-        "device": device,
-        "stream": coerced_ints(arg_cols["stream"], "stream", problems),
-        **{k: take.column(k) for k in ("pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")},
-        **{k: v for k, v in arg_cols.items() if k not in ("device", "stream")},
-    }
+    kind = pa.array([GPU_KINDS.get(c) for c in cats], pa.string())
+    stream = coerced_ints(arg_cols["stream"], "stream", problems)
+    cols = _gpu_columns(idx, kind, device, stream, take, arg_cols)
     task_pids: set = set()
     if tasks:
         at = pa.array(tasks, pa.int64())
@@ -167,11 +149,28 @@ def gpu_ops_of(rows: list, cats: list, pids: list, arg_cols: dict, ev: pa.Table,
         for k, v in found.items():
             cols[k] = pc.replace_with_mask(pc.cast(cols[k], v.type), mask, v)
         task_pids = set(pc.unique(pid.drop_null()).to_pylist())
-        device = cols["device"]
-    table = pa.table(cols)
+    return _gpu_ops(cols, task_pids)
+
+
+def _gpu_columns(idx, kind, device, stream, take: pa.Table, arg_cols: dict) -> dict:
+    """A chunk's gpu_ops columns, in the table's order: its rows' event indexes, kinds, device and
+    stream ids, their events' columns (`take`: _GPU_EVENT_COLUMNS of the rows) and the other args."""
+    return {
+        "event_idx": idx,
+        "kind": kind,
+        **{k: take.column(k) for k in ("cat", "name")},
+        "device": device,
+        "stream": stream,
+        **{k: take.column(k) for k in ("pid", "tid", "correlation", "external_id", "ts_ns", "dur_ns")},
+        **{k: v for k, v in arg_cols.items() if k not in ("device", "stream")},
+    }
+
+
+def _gpu_ops(cols: dict, task_pids: set) -> tuple[pa.Table, set, set]:
+    """(`gpu_ops_of`'s result) the table of `_gpu_columns`, the device ids it holds, `task_pids`."""
     return (
-        schema.conform(table, "gpu_ops", ("flatten",)),
-        set(pc.unique(device.drop_null()).to_pylist()),
+        schema.conform(pa.table(cols), "gpu_ops", ("flatten",)),
+        set(pc.unique(cols["device"].drop_null()).to_pylist()),
         task_pids,
     )
 
