@@ -51,9 +51,9 @@ def launch_counts_of_parts(events: pa.Table, starts: Sequence[int] | np.ndarray,
     calls = events.column("name").take(pa.array(rows))
     if pa.types.is_dictionary(calls.type):
         calls = calls.cast(pa.string())
-    # the calls have a few distinct names: the patterns are matched once per name
     if isinstance(calls, pa.ChunkedArray):
         calls = calls.combine_chunks()
+    # the calls have a few distinct names: the patterns are matched once per name
     coded = pc.dictionary_encode(calls, null_encoding="encode")
     names, which = coded.dictionary, coded.indices.to_numpy(zero_copy_only=False)
 
