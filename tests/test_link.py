@@ -311,8 +311,8 @@ def test_running_slices_give_what_a_fresh_read_of_each_window_gives(tmp_path):
 
 
 def test_op_shapes_share_costs_only_with_the_same_signature():
-    """`_shape` drops the members whose values are scalars (per-op ids), except when a signature
-    member is a scalar; ops with one shape have one signature."""
+    """`_shape` drops the members whose values are scalars (per-op ids) but for signature members;
+    ops with one shape have one signature, and collectives alike but for their ids share one."""
     args = pl.Series(
         "args",
         [
@@ -321,6 +321,8 @@ def test_op_shapes_share_costs_only_with_the_same_signature():
             '{"External id": 9, "Ev Idx": 8, "Input Dims": [[4, 8], [8, 3]], "Input type": ["float", "float"]}',
             '{"External id": 1, "Group size": 8, "dtype": "Float", "In msg nelems": 1024}',
             '{"External id": 2, "Group size": 4, "dtype": "Float", "In msg nelems": 1024}',
+            '{"External id": 3, "Group size": 4, "dtype": "Float", "In msg nelems": 1024}',
+            '{"External id": 4, "Group size": 4, "dtype": "Float", "In msg nelems": 2048}',
             '{"Record function id": 3, "Concrete Inputs": ["", "2.5"], "Input Dims": [[2], []], "x": true, "y": 1e-3}',
             '{"Record function id": 7, "Concrete Inputs": ["", "3.5"], "Input Dims": [[2], []], "x": false, "y": 2}',
             '{"Sequence number": 1, "Input Dims": [[2]], "note": "a\\": 5, \\"b"}',
@@ -332,8 +334,9 @@ def test_op_shapes_share_costs_only_with_the_same_signature():
     assert signatures.unique().height == signatures.select("shape").unique().height  # one signature per shape
     shapes = frame["shape"].to_list()
     assert shapes[0] == shapes[1] != shapes[2]
-    assert shapes[3] == args[3] and shapes[4] == args[4]  # a scalar signature member: the whole args
-    assert shapes[5] != shapes[6] and '"Concrete Inputs": ["", "2.5"]' in shapes[5]
+    assert shapes[3] != shapes[4] == shapes[5] != shapes[6]  # scalar signature members kept, ids not
+    assert "External id" not in shapes[4] and '"Group size"=4' in shapes[4]
+    assert shapes[7] != shapes[8] and '"Concrete Inputs": ["", "2.5"]' in shapes[7]
 
 
 def test_batches_read_back_in_the_asked_sizes_across_row_groups(tmp_path):
