@@ -480,3 +480,25 @@ def test_no_arg_the_collectives_read_is_a_call_counter():
     read = {*c.ARG_KEYS.values(), *c.OP_ARGS, *c.KERNEL_ARGS, *c.COMM_EVENT_ARGS, *c.HCCL_SIZE.read.args}
     assert {"Process Group Ranks", "In msg nelems", "Input Dims"} <= read
     assert not read & set(CALL_COUNTERS)
+
+
+def test_a_query_run_by_slices_gives_what_it_gives_whole(tmp_path):
+    """`runs.source.collect_by_slices` (how the collectives read the args of every call) runs a
+    filter and select on slices of a file that cross its row groups, and on a table in memory."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.runs import source
+
+    n = 1_000
+    table = pa.table({"event_idx": range(n), "name": [f"op_{i % 7}" for i in range(n)]})
+    pq.write_table(table, tmp_path / "events.parquet", row_group_size=130)
+
+    def query(frame: pl.LazyFrame) -> pl.LazyFrame:
+        return frame.filter(pl.col("name") != "op_3").select("event_idx", tail=pl.col("name").str.slice(3))
+
+    whole = query(pl.scan_parquet(tmp_path / "events.parquet")).collect()
+    assert whole.height == n - len(range(3, n, 7))
+    for rows in (7, 300, 999, 1_000, 5_000):
+        assert source.collect_by_slices(tmp_path, "events", query, rows).equals(whole), rows
+    assert source.collect_by_slices({"events": pl.from_arrow(table)}, "events", query, 300).equals(whole)

@@ -80,8 +80,10 @@ def _arg(key: str) -> pl.Expr:
 
 
 def _arg_texts(keys: tuple[str, ...]) -> list[pl.Expr]:
-    """The texts of the args `keys` of `args_json` (columns `_arg:KEY`, what `_read` reads)."""
-    return [_arg_text(k).alias(f"_arg:{k}") for k in keys]
+    """The texts of the args `keys` of `args_json` (columns `_arg:KEY`, what `_read` reads), as
+    categoricals: they are joined onto every call and kernel of a trace, and repeat a few values
+    (as strings, those of a 1.1 GB trace's 320K calls were ~60 MB more at its peak)."""
+    return [_arg_text(k).cast(pl.Categorical).alias(f"_arg:{k}") for k in keys]
 
 
 # a call's own numbers (`kineto.CALL_COUNTERS`), set to 0 where calls' args are compared
@@ -137,6 +139,19 @@ def _events(flat_dir: TraceTables, where: pl.Expr, columns: list) -> pl.DataFram
     return trace_source.collect(flat_dir, trace_source.scan(flat_dir, "events").filter(where).select(columns))
 
 
+ARGS_SLICE_ROWS = 1 << 17  # events whose args are read at a time (`_events_with_args`)
+
+
+def _events_with_args(flat_dir: TraceTables, where: pl.Expr, columns: list) -> pl.DataFrame:
+    """`_events` with `_args_key()`, read `ARGS_SLICE_ROWS` events at a time. The args are most of
+    a collective trace's text (a 256-rank group's list, ~1.2 KB on every call and kernel): read
+    whole by the streaming engine, which decodes several row groups at once, the comm ops' args
+    of a 1.1 GB trace took ~200 MB more than what the read gives back."""
+    return trace_source.collect_by_slices(
+        flat_dir, "events", lambda events: events.filter(where).select(*columns, _args_key()), ARGS_SLICE_ROWS
+    )
+
+
 # ------------------------------------------------------------------ NCCL / RCCL kernels
 def _json(text: str | None) -> Any:
     """An arg's value from json_path_match's text (JSON for lists and numbers, bare for strings)."""
@@ -168,7 +183,7 @@ def _read(frame: pl.DataFrame, prefix: str, read: Reading | None, keys: tuple[st
         args = {k: _json(v) for k, v in zip(keys, values, strict=True) if v is not None}
         m = read(name, args) if read is not None else op_message(name, args)
         rows.append((name, *values, *(astuple(m) if m is not None else (None,) * len(MESSAGE))))
-    schema: dict[str, Any] = {"name": pl.String, **{t: pl.String for t in taken}}
+    schema: dict[str, Any] = {"name": pl.String, **{t: frame.schema[t] for t in taken}}
     schema |= {f"{prefix}{c}": pl.String if c == "m_dtype" else pl.Int64 for c in MESSAGE}
     said = pl.DataFrame(rows, schema=schema, orient="row")
     return frame.join(said, on=["name", *taken], how="left", nulls_equal=True, maintain_order="left").drop(taken)
@@ -177,12 +192,12 @@ def _read(frame: pl.DataFrame, prefix: str, read: Reading | None, keys: tuple[st
 def _comm_ops(flat_dir: TraceTables) -> pl.DataFrame:
     """Communication CPU events (`COMM_OP`: ops and annotations): thread, start, end, kind, pg args
     and what each says about its message (`messages.op_message`, over these few events), in start order."""
-    ops = _events(
+    ops = _events_with_args(
         flat_dir,
         pl.col("cat").str.to_lowercase().is_in([*CPU_OP_CATS, *ANNOTATION_CATS])
         & pl.col("name").str.contains(COMM_OP)
         & pl.col("ts_ns").is_not_null(),
-        ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name", _args_key()],
+        ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name"],
     )
     return (
         _read(_with_args(ops, OP_ARGS, pg=True), "", None, COMM_EVENT_ARGS)
@@ -278,7 +293,7 @@ def _nccl_kernels(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
     if not g.height:
         return g, []
     args = _with_args(
-        _events(flat_dir, pl.col("event_idx").is_in(g["event_idx"].implode()), ["event_idx", _args_key()]),
+        _events_with_args(flat_dir, pl.col("event_idx").is_in(g["event_idx"].implode()), ["event_idx"]),
         KERNEL_ARGS,
         pg=True,
     )

@@ -4,11 +4,12 @@ Parquet files of its flattened directory, or frames already in memory (a batch g
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Union
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from pipeline import store
 
@@ -26,6 +27,21 @@ def scan(tables: TraceTables, name: str) -> pl.LazyFrame:
 def collect(tables: TraceTables, query: pl.LazyFrame) -> pl.DataFrame:
     """A query of `scan`s: streamed from files (the memory stays that of a batch), at once in memory."""
     return query.collect() if isinstance(tables, Mapping) else query.collect(engine="streaming")
+
+
+def collect_by_slices(
+    tables: TraceTables, name: str, query: Callable[[pl.LazyFrame], pl.LazyFrame], rows: int
+) -> pl.DataFrame:
+    """`query` of table `name`, run on `rows` of its rows at a time and the results put together
+    (the query must be one of rows alone, as a filter and a select are): the memory of a read of
+    long texts stays that of a slice of them. At once for tables in memory."""
+    if isinstance(tables, Mapping):
+        return query(tables[name].lazy()).collect()
+    path = Path(tables) / f"{name}.parquet"
+    table = pl.scan_parquet(path)
+    total = pq.ParquetFile(path).metadata.num_rows
+    parts = [query(table.slice(start, rows)).collect(engine="streaming") for start in range(0, total, rows)]
+    return pl.concat(parts) if parts else query(table).collect()
 
 
 def has(tables: TraceTables, name: str) -> bool:
