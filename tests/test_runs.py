@@ -482,9 +482,9 @@ def test_no_arg_the_collectives_read_is_a_call_counter():
     assert not read & set(CALL_COUNTERS)
 
 
-def test_a_query_run_by_slices_gives_what_it_gives_whole(tmp_path):
-    """`runs.source.collect_by_slices` (how the collectives read the args of every call) runs a
-    filter and select on slices of a file that cross its row groups, and on a table in memory."""
+def test_rows_read_some_at_a_time_are_those_read_at_once(tmp_path):
+    """`runs.source.collect_rows` (how the collectives read the args of calls and kernels) reads
+    the rows `row_ids` found a few at a time across row groups; on a table in memory at once."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -493,12 +493,17 @@ def test_a_query_run_by_slices_gives_what_it_gives_whole(tmp_path):
     n = 1_000
     table = pa.table({"event_idx": range(n), "name": [f"op_{i % 7}" for i in range(n)]})
     pq.write_table(table, tmp_path / "events.parquet", row_group_size=130)
-
-    def query(frame: pl.LazyFrame) -> pl.LazyFrame:
-        return frame.filter(pl.col("name") != "op_3").select("event_idx", tail=pl.col("name").str.slice(3))
-
-    whole = query(pl.scan_parquet(tmp_path / "events.parquet")).collect()
+    where = pl.col("name") != "op_3"
+    columns = ["event_idx", pl.col("name").str.slice(3).alias("tail")]
+    whole = pl.scan_parquet(tmp_path / "events.parquet").filter(where).select(columns).collect()
     assert whole.height == n - len(range(3, n, 7))
-    for rows in (7, 300, 999, 1_000, 5_000):
-        assert source.collect_by_slices(tmp_path, "events", query, rows).equals(whole), rows
-    assert source.collect_by_slices({"events": pl.from_arrow(table)}, "events", query, 300).equals(whole)
+    ids = source.row_ids(tmp_path, "events", where)
+    assert ids.to_list() == whole["event_idx"].to_list()
+    for rows in (7, 300, 856, 857, 5_000):
+        assert source.collect_rows(tmp_path, "events", ids, columns, rows).equals(whole), rows
+    in_memory = {"events": pl.from_arrow(table)}
+    assert source.collect_rows(in_memory, "events", source.row_ids(in_memory, "events", where), columns, 300).equals(
+        whole
+    )
+    none = source.collect_rows(tmp_path, "events", ids.clear(), columns, 300)
+    assert none.height == 0 and none.columns == ["event_idx", "tail"]

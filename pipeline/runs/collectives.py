@@ -139,17 +139,16 @@ def _events(flat_dir: TraceTables, where: pl.Expr, columns: list) -> pl.DataFram
     return trace_source.collect(flat_dir, trace_source.scan(flat_dir, "events").filter(where).select(columns))
 
 
-ARGS_SLICE_ROWS = 1 << 17  # events whose args are read at a time (`_events_with_args`)
+ARGS_ROWS = 1 << 15  # events whose args are read at a time (`_events_with_args`)
 
 
-def _events_with_args(flat_dir: TraceTables, where: pl.Expr, columns: list) -> pl.DataFrame:
-    """`_events` with `_args_key()`, read `ARGS_SLICE_ROWS` events at a time. The args are most of
-    a collective trace's text (a 256-rank group's list, ~1.2 KB on every call and kernel): read
-    whole by the streaming engine, which decodes several row groups at once, the comm ops' args
-    of a 1.1 GB trace took ~200 MB more than what the read gives back."""
-    return trace_source.collect_by_slices(
-        flat_dir, "events", lambda events: events.filter(where).select(*columns, _args_key()), ARGS_SLICE_ROWS
-    )
+def _events_with_args(flat_dir: TraceTables, ids: pl.Series, columns: list) -> pl.DataFrame:
+    """`columns` and `_args_key()` of the events `ids` (sorted), read `ARGS_ROWS` at a time
+    (`runs.source.collect_rows`). The args are most of a collective trace's text (a 256-rank
+    group's list, ~1.2 KB on every call and kernel): read whole by the streaming engine, which
+    decodes several row groups at once, the comm ops' args of a 1.1 GB trace took ~200 MB more
+    than what the read gives back."""
+    return trace_source.collect_rows(flat_dir, "events", ids, [*columns, _args_key()], ARGS_ROWS)
 
 
 # ------------------------------------------------------------------ NCCL / RCCL kernels
@@ -194,19 +193,31 @@ def _comm_ops(flat_dir: TraceTables) -> pl.DataFrame:
     and what each says about its message (`messages.op_message`, over these few events), in start order."""
     ops = _events_with_args(
         flat_dir,
-        pl.col("cat").str.to_lowercase().is_in([*CPU_OP_CATS, *ANNOTATION_CATS])
-        & pl.col("name").str.contains(COMM_OP)
-        & pl.col("ts_ns").is_not_null(),
+        trace_source.row_ids(
+            flat_dir,
+            "events",
+            pl.col("cat").str.to_lowercase().is_in([*CPU_OP_CATS, *ANNOTATION_CATS])
+            & pl.col("name").str.contains(COMM_OP)
+            & pl.col("ts_ns").is_not_null(),
+        ),
         ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name"],
     )
-    return (
-        _read(_with_args(ops, OP_ARGS, pg=True), "", None, COMM_EVENT_ARGS)
-        .with_columns(
-            op_kind=pl.coalesce(
-                _kind(pl.col("collective")), pl.when(pl.col("name") != "record_param_comms").then(_kind(pl.col("name")))
-            )
+    # what the args say, worked out once per distinct name and args, joined onto the ops once
+    said = _read(
+        _with_args(ops.select("name", "_args").unique().with_columns(_key="_args"), OP_ARGS, pg=True),
+        "",
+        None,
+        COMM_EVENT_ARGS,
+    )
+    said = said.with_columns(
+        op_kind=pl.coalesce(
+            _kind(pl.col("collective")), pl.when(pl.col("name") != "record_param_comms").then(_kind(pl.col("name")))
         )
-        .sort("ts_ns")
+    ).rename({"_key": "_args"})
+    return (
+        ops.join(said, on=["name", "_args"], how="left", nulls_equal=True, maintain_order="left")
+        .drop("_args")
+        .sort("ts_ns", maintain_order=True)
     )
 
 
@@ -292,12 +303,17 @@ def _nccl_kernels(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
     )
     if not g.height:
         return g, []
-    args = _with_args(
-        _events_with_args(flat_dir, pl.col("event_idx").is_in(g["event_idx"].implode()), ["event_idx"]),
-        KERNEL_ARGS,
-        pg=True,
-    )
-    g = g.join(args, on="event_idx", how="left")
+    prefixes = [f"s{i}_" for i in range(len(SIZE_SOURCES))]
+    keys = _events_with_args(flat_dir, g["event_idx"].sort(), ["event_idx"])
+    g = g.join(keys, on="event_idx", how="left", maintain_order="left")
+    # what the args say (the pg args, the sources that read the kernel itself), worked out once per
+    # distinct name and args, joined onto the kernels once
+    said = _with_args(g.select("name", "_args").unique().with_columns(_key="_args"), KERNEL_ARGS, pg=True)
+    for prefix, source in zip(prefixes, SIZE_SOURCES, strict=True):
+        if source.on == "kernel":  # the kernel event itself
+            said = _read(said, prefix, source.read, source.read.args)
+    said = said.rename({"_key": "_args"})
+    g = g.join(said, on=["name", "_args"], how="left", nulls_equal=True, maintain_order="left").drop("_args")
     launches = _events(
         flat_dir,
         pl.col("event_idx").is_in(g["launch_event_idx"].drop_nulls().implode()),
@@ -306,15 +322,12 @@ def _nccl_kernels(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
     k = g.join(launches, on="launch_event_idx", how="left")
     ops = _comm_ops(flat_dir)
     launched = k.filter(pl.col("launch_ts_ns").is_not_null() & pl.col("pid").is_not_null())
-    prefixes = [f"s{i}_" for i in range(len(SIZE_SOURCES))]
     for prefix, source in zip(prefixes, SIZE_SOURCES, strict=True):
-        if source.on == "kernel":  # the kernel event itself
-            k = _read(k, prefix, source.read, source.read.args)
-        elif source.on == "launch":  # the innermost such event around the launch
+        if source.on == "launch":  # the innermost such event around the launch
             which = pl.col("name").str.contains(source.events)
             said = _around_launch(launched, ops, which, prefix, [*MESSAGE, "op_kind", "name", *PG_KEYS])
             k = k.join(said, on="event_idx", how="left")
-        else:  # the calls a coalesced group holds
+        elif source.on == "coalesced":  # the calls a coalesced group holds
             k = k.join(_coalesced(launched, ops, source, prefix), on="event_idx", how="left")
     k = k.with_columns(  # a source that read nothing (or only a dtype) gets null columns
         pl.lit(None, pl.String if c in ("m_dtype", "op_kind") else pl.Int64).alias(f"{p}{c}")

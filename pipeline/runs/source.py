@@ -4,12 +4,11 @@ Parquet files of its flattened directory, or frames already in memory (a batch g
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Union
 
 import polars as pl
-import pyarrow.parquet as pq
 
 from pipeline import store
 
@@ -29,19 +28,26 @@ def collect(tables: TraceTables, query: pl.LazyFrame) -> pl.DataFrame:
     return query.collect() if isinstance(tables, Mapping) else query.collect(engine="streaming")
 
 
-def collect_by_slices(
-    tables: TraceTables, name: str, query: Callable[[pl.LazyFrame], pl.LazyFrame], rows: int
-) -> pl.DataFrame:
-    """`query` of table `name`, run on `rows` of its rows at a time and the results put together
-    (the query must be one of rows alone, as a filter and a select are): the memory of a read of
-    long texts stays that of a slice of them. At once for tables in memory."""
+def row_ids(tables: TraceTables, name: str, where: pl.Expr) -> pl.Series:
+    """The `event_idx` of the rows of table `name` where `where` holds, in order: a read of the
+    columns of `where` alone."""
+    return collect(tables, scan(tables, name).filter(where).select("event_idx"))["event_idx"]
+
+
+def collect_rows(tables: TraceTables, name: str, ids: pl.Series, columns: list, rows: int) -> pl.DataFrame:
+    """`columns` of the rows of table `name` whose `event_idx` are `ids` (sorted), `rows` of them
+    at a time, in order (a row group whose range holds none of them is not read). The memory of a
+    read of long texts stays that of `rows` rows and the row groups around them; fewer rows are
+    one query. At once for tables in memory."""
+    table = scan(tables, name)
     if isinstance(tables, Mapping):
-        return query(tables[name].lazy()).collect()
-    path = Path(tables) / f"{name}.parquet"
-    table = pl.scan_parquet(path)
-    total = pq.ParquetFile(path).metadata.num_rows
-    parts = [query(table.slice(start, rows)).collect(engine="streaming") for start in range(0, total, rows)]
-    return pl.concat(parts) if parts else query(table).collect()
+        return table.filter(pl.col("event_idx").is_in(ids.implode())).select(columns).collect()
+    parts = []
+    for start in range(0, max(ids.len(), 1), rows):
+        part = ids.slice(start, rows)
+        chosen = pl.col("event_idx").is_between(part.min(), part.max()) & pl.col("event_idx").is_in(part.implode())
+        parts.append(table.filter(chosen if part.len() else pl.lit(False)).select(columns).collect(engine="streaming"))
+    return pl.concat(parts)
 
 
 def has(tables: TraceTables, name: str) -> bool:
