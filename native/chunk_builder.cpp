@@ -21,6 +21,11 @@
 #include <string_view>
 #include <vector>
 
+#if defined(__AVX2__) && (defined(__GNUC__) || defined(__clang__))
+#define TS_KEYS_AVX2 1
+#include <immintrin.h>
+#endif
+
 #include "simdjson/simdjson.h"
 
 using namespace simdjson;
@@ -420,17 +425,44 @@ struct Times {
   }
 };
 
-// how many `"ts"` keys (`"ts"`, whitespace, `:`) the text holds, as timestamps._TS_TEXT finds them
-int64_t count_ts_keys(const char *p, size_t n) {
+// how many `"ts"` keys (`"ts"`, whitespace, `:`) the text holds, as timestamps._TS_TEXT finds them;
+// the search goes on 4 bytes past each `"ts"` it finds. Where the module is built for AVX2, 32
+// places are compared at once: JSON has a quote every few bytes, and `string_view::find`, which
+// memchr's the first byte of the needle, stopped at each (2.35 ms of a 4 MB chunk's ~10.5 ms
+// native pass; compared 32 at a time: 0.15 ms). Elsewhere a Horspool search (1.84 ms).
+bool ts_key_at(const char *s, size_t n, size_t at) {  // `"ts"` at `at`: is a `:` next?
+  size_t q = at + 4;
+  while (q < n && (s[q] == ' ' || s[q] == '\t' || s[q] == '\n' || s[q] == '\r' || s[q] == '\f' || s[q] == '\v')) ++q;
+  return q < n && s[q] == ':';
+}
+
+int64_t count_ts_keys(const char *s, size_t n) {
   int64_t count = 0;
-  std::string_view s(p, n);
-  size_t at = 0;
-  while ((at = s.find("\"ts\"", at)) != std::string_view::npos) {
-    size_t q = at + 4;
-    while (q < n && (s[q] == ' ' || s[q] == '\t' || s[q] == '\n' || s[q] == '\r' || s[q] == '\f' || s[q] == '\v'))
-      ++q;
-    if (q < n && s[q] == ':') ++count;
-    at += 4;
+  size_t at = 0;  // where the search goes on
+#ifdef TS_KEYS_AVX2
+  const __m256i quote = _mm256_set1_epi8('"'), t = _mm256_set1_epi8('t'), s_ = _mm256_set1_epi8('s');
+  size_t base = 0;
+  for (; base + 35 <= n; base += 32) {
+    auto at_ = [&](size_t k) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + base + k)); };
+    const __m256i hit = _mm256_and_si256(_mm256_and_si256(_mm256_cmpeq_epi8(at_(0), quote), _mm256_cmpeq_epi8(at_(1), t)),
+                                         _mm256_and_si256(_mm256_cmpeq_epi8(at_(2), s_), _mm256_cmpeq_epi8(at_(3), quote)));
+    for (uint32_t bits = uint32_t(_mm256_movemask_epi8(hit)); bits; bits &= bits - 1) {
+      const size_t found = base + size_t(__builtin_ctz(bits));
+      if (found < at) continue;  // inside the 4 bytes past the one before
+      count += ts_key_at(s, n, found);
+      at = found + 4;
+    }
+  }
+  if (at < base) at = base;
+#endif
+  while (at + 4 <= n) {
+    const char last = s[at + 3];
+    if (last == '"' && s[at] == '"' && s[at + 1] == 't' && s[at + 2] == 's') {
+      count += ts_key_at(s, n, at);
+      at += 4;
+    } else {
+      at += last == '"' ? 3 : last == 't' ? 2 : last == 's' ? 1 : 4;  // to its last place in `"ts`
+    }
   }
   return count;
 }

@@ -388,6 +388,35 @@ def test_float_times_below_a_ns_are_taken_as_the_python_builders_read_them(monke
     assert t.events.column("ts_ns").to_pylist()[2:6] == [2001, 12, 1500000, 17000]
 
 
+def test_exact_times_are_taken_only_where_every_ts_key_is_an_events(monkeypatch):
+    """Exact ns come from the k-th `"ts":` of the text for the k-th event with a ts, so the native
+    pass counts the text's `"ts"` keys (32 places at a time where built for AVX2) and declines a
+    chunk where they are not one per event, as the Python builders do. Keys at every offset
+    against the 32-byte blocks and at the text's end are counted; a `"ts"` that is a value, or
+    followed by whitespace before its colon, is counted as the Python builders' regex counts it."""
+    if not by_native.available():
+        pytest.skip("the native module is not built")
+    r = random.Random(5)
+    events = [
+        b'{"ph": "X", "name": "%s", "pid": 1, "tid": 1, "dur": 1, "ts": 1739425750467%03d.123}'
+        % (b"k" * r.randrange(40), i)
+        for i in range(300)
+    ]
+    spaced = events[:150] + [events[150].replace(b'"ts": ', b'"ts" \n\t: ')] + events[151:]
+    valued = events + [
+        b'{"ph": "X", "name": "ts", "cat": "ts", "pid": 1, "tid": 1, "dur": 1, "ts": 1739425750468000.5}'
+    ]
+    for text in (b",".join(events), b",".join(spaced), b",".join(valued), b",".join(events[:3])):
+        got = by_native.tables_by_native(text)
+        assert got is not None
+        with monkeypatch.context() as m:
+            m.setenv("TRACEPIPE_NATIVE", "0")
+            assert _same_chunk_tables(got, decode.build_from_text(text)) is None
+    for at in (0, 7, 31, 32, 33, 150, 299):  # one event more with a "ts" key in its args: declined
+        nested = events[:at] + [events[at].replace(b'"dur": 1', b'"dur": 1, "args": {"ts": 3}')] + events[at + 1 :]
+        assert by_native.tables_by_native(b",".join(nested)) is None, at
+
+
 def test_without_the_module_the_python_builders_read(monkeypatch, tmp_path):
     """No module (not built) or TRACEPIPE_NATIVE=0: nothing goes through the native pass."""
     text = _text(EVENT, EVENT)
