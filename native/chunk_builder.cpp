@@ -474,7 +474,7 @@ struct GpuField {
 
 struct Chunk {
   int64_t n = 0;
-  StrCol ph, cat, name, args, bp, s;
+  StrCol ph, cat, name, args, bp, s, extra;
   IdOrStr pid, tid, id;
   Times ts, dur;
   IntCol correlation, external_id;
@@ -487,7 +487,7 @@ struct Chunk {
   // workers=1 flatten's peak RSS grew with the trace's size)
   void clear(size_t n_fields) {
     n = 0;
-    for (StrCol *c : {&ph, &cat, &name, &args, &bp, &s}) c->clear();
+    for (StrCol *c : {&ph, &cat, &name, &args, &bp, &s, &extra}) c->clear();
     for (IdOrStr *c : {&pid, &tid, &id}) c->clear();
     ts.clear();
     ts.takes_strings = true;
@@ -818,6 +818,47 @@ int set(PyObject *d, const char *k, PyObject *v) {
 }
 
 
+// ------------------------------------------------------------------ extra_json
+// a value every JSON writer writes the same way (by_struct._PLAIN_JSON_VALUE): null, or a string
+// without a quote, a backslash or a control character
+bool plain_json_value(std::string_view v) {
+  if (v == "null") return true;
+  if (v.size() < 2 || v.front() != '"' || v.back() != '"') return false;
+  for (size_t k = 1; k + 1 < v.size(); ++k) {
+    const unsigned char ch = (unsigned char)v[k];
+    if (ch == '"' || ch == '\\' || ch < 0x20) return false;
+  }
+  return true;
+}
+
+std::string_view text_at(const StrCol &col, int64_t i) {
+  return std::string_view(col.data).substr(size_t(col.offsets[i]), size_t(col.offsets[i + 1] - col.offsets[i]));
+}
+
+// each event's extra_json from its `bp` or `s` (`{"bp":"e"}`), as by_struct.extra_json_of_struct_keys
+// makes it; Bail (the Python builders decide) where an event has both (their order in the event is
+// not kept) or a value is not plain
+void settle_extra(Chunk &c) {
+  if (!c.any_bp && !c.any_s) return;
+  for (int64_t i = 0; i < c.n; ++i) {
+    const std::string_view bp = c.any_bp ? text_at(c.bp, i) : std::string_view(),
+                           s = c.any_s ? text_at(c.s, i) : std::string_view();
+    if (!bp.empty() && !s.empty()) throw Bail{};
+    const std::string_view v = bp.empty() ? s : bp;
+    if (v.empty()) {
+      c.extra.push_null(i);
+      continue;
+    }
+    if (!plain_json_value(v)) throw Bail{};
+    c.extra.data.append(bp.empty() ? "{\"s\":" : "{\"bp\":");
+    c.extra.data.append(v);
+    c.extra.data.push_back('}');
+    if (c.extra.data.size() > INT32_MAX) throw Bail{};
+    c.extra.offsets.push_back(int32_t(c.extra.data.size()));
+    c.extra.valid.push(true, i);
+  }
+}
+
 PyObject *build(PyObject *, PyObject *arg) {
   Py_buffer view;
   if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return nullptr;
@@ -858,6 +899,7 @@ PyObject *build(PyObject *, PyObject *arg) {
     if (c.ts.has_float && !c.ts.all_small) ts_keys = count_ts_keys(text, len);
     c.ts.settle(ts_keys);
     c.dur.settle(-1);
+    settle_extra(c);
     ok = true;
   } catch (Bail &) {
   } catch (simdjson_error &) {
@@ -884,6 +926,7 @@ PyObject *build(PyObject *, PyObject *arg) {
               set(d, "ts_strings", PyLong_FromLongLong(c.ts.n_strings));
   if (!fail && c.any_bp) fail = set(d, "bp", str_col(c.bp));
   if (!fail && c.any_s) fail = set(d, "s", str_col(c.s));
+  if (!fail && (c.any_bp || c.any_s)) fail = set(d, "extra_json", str_col(c.extra));
   if (!fail) {
     PyObject *gpu = PyList_New((Py_ssize_t)g_field_kinds.size());
     if (!gpu) fail = true;

@@ -304,6 +304,9 @@ def _text(*events) -> bytes:
         b'{"y": 2}]}}, ' + _text(EVENT),  # the other side of that cut
         _text(EVENT) + b", 1",  # an element that is not an event
         b"",
+        _text({**EVENT, "ph": "f", "bp": "e", "s": "t"}),  # both extra keys: their order is not kept
+        _text({**EVENT, "ph": "f", "bp": 'e"q'}),  # an extra value that is not plain
+        _text(EVENT) + b", " + _text({**EVENT, "ph": "i", "s": 1}),
     ],
 )
 def test_declines_what_it_does_not_cover(text):
@@ -339,6 +342,25 @@ def test_unicode_escapes_build_identical_chunks_natively(monkeypatch):
     assert _same_chunk_tables(ref, got) is None
     assert "gemm µs → 😀" in got.gpu_ops.column("name").to_pylist()
     assert got.gpu_ops.column("correlation").to_pylist()[-1] == 3
+
+
+def test_extra_keys_become_extra_json_natively(monkeypatch):
+    """`bp` and `s` (flow binding points, instant scopes) as `extra_json` (`{"bp":"e"}`), made in
+    the native pass as the Python builders make it: on the events that have one, null elsewhere,
+    a null value kept; the flows' `bp` read from it."""
+    events = [
+        {"ph": "s", "id": 5, "pid": 1, "tid": 2, "ts": 1, "cat": "ac2g", "name": "ac2g"},
+        {"ph": "f", "id": 5, "pid": 1, "tid": 2, "ts": 3, "cat": "ac2g", "name": "ac2g", "bp": "e"},
+        {"ph": "i", "s": "t", "name": "mark", "pid": 1, "tid": 2, "ts": 4},
+        {"ph": "i", "s": None, "name": "mark", "pid": 1, "tid": 2, "ts": 5},
+        {**EVENT, "ts": 6},
+    ]
+    text = _text(*events)
+    ref, got = _built(text, False, monkeypatch), _built(text, True, monkeypatch)
+    assert by_native.tables_by_native(text) is not None
+    assert _same_chunk_tables(ref, got) is None
+    assert got.events.column("extra_json").to_pylist() == [None, '{"bp":"e"}', '{"s":"t"}', '{"s":null}', None]
+    assert got.flows.column("bp").to_pylist() == [None, "e"]
 
 
 @pytest.mark.parametrize(
