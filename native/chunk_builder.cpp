@@ -440,12 +440,14 @@ int64_t count_ts_keys(const char *s, size_t n) {
   int64_t count = 0;
   size_t at = 0;  // where the search goes on
 #ifdef TS_KEYS_AVX2
-  const __m256i quote = _mm256_set1_epi8('"'), t = _mm256_set1_epi8('t'), s_ = _mm256_set1_epi8('s');
+  const __m256i quote = _mm256_set1_epi8('"'), tee = _mm256_set1_epi8('t'), ess = _mm256_set1_epi8('s');
   size_t base = 0;
   for (; base + 35 <= n; base += 32) {
-    auto at_ = [&](size_t k) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + base + k)); };
-    const __m256i hit = _mm256_and_si256(_mm256_and_si256(_mm256_cmpeq_epi8(at_(0), quote), _mm256_cmpeq_epi8(at_(1), t)),
-                                         _mm256_and_si256(_mm256_cmpeq_epi8(at_(2), s_), _mm256_cmpeq_epi8(at_(3), quote)));
+    // bit j of `hit`: the 4 bytes from base + j are `"ts"`
+    auto bytes_from = [&](size_t k) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + base + k)); };
+    const __m256i hit =
+        _mm256_and_si256(_mm256_and_si256(_mm256_cmpeq_epi8(bytes_from(0), quote), _mm256_cmpeq_epi8(bytes_from(1), tee)),
+                         _mm256_and_si256(_mm256_cmpeq_epi8(bytes_from(2), ess), _mm256_cmpeq_epi8(bytes_from(3), quote)));
     for (uint32_t bits = uint32_t(_mm256_movemask_epi8(hit)); bits; bits &= bits - 1) {
       const size_t found = base + size_t(__builtin_ctz(bits));
       if (found < at) continue;  // inside the 4 bytes past the one before
