@@ -75,6 +75,9 @@ struct StrCol {
     offsets.push_back(int32_t(data.size()));
     valid.push(false, i);
   }
+  std::string_view at(int64_t i) const {  // row i's text
+    return std::string_view(data).substr(size_t(offsets[i]), size_t(offsets[i + 1] - offsets[i]));
+  }
 };
 
 template <typename T>
@@ -833,18 +836,13 @@ bool plain_json_value(std::string_view v) {
   return true;
 }
 
-std::string_view text_at(const StrCol &col, int64_t i) {
-  return std::string_view(col.data).substr(size_t(col.offsets[i]), size_t(col.offsets[i + 1] - col.offsets[i]));
-}
-
 // each event's extra_json from its `bp` or `s` (`{"bp":"e"}`), as by_struct.extra_json_of_struct_keys
 // makes it; Bail (the Python builders decide) where an event has both (their order in the event is
 // not kept) or a value is not plain
 void settle_extra(Chunk &c) {
   if (!c.any_bp && !c.any_s) return;
   for (int64_t i = 0; i < c.n; ++i) {
-    const std::string_view bp = c.any_bp ? text_at(c.bp, i) : std::string_view(),
-                           s = c.any_s ? text_at(c.s, i) : std::string_view();
+    const std::string_view bp = c.any_bp ? c.bp.at(i) : std::string_view(), s = c.any_s ? c.s.at(i) : std::string_view();
     if (!bp.empty() && !s.empty()) throw Bail{};
     const std::string_view v = bp.empty() ? s : bp;
     if (v.empty()) {
@@ -854,10 +852,7 @@ void settle_extra(Chunk &c) {
     if (!plain_json_value(v)) throw Bail{};
     c.extra.data.append(bp.empty() ? "{\"s\":" : "{\"bp\":");
     c.extra.data.append(v);
-    c.extra.data.push_back('}');
-    if (c.extra.data.size() > INT32_MAX) throw Bail{};
-    c.extra.offsets.push_back(int32_t(c.extra.data.size()));
-    c.extra.valid.push(true, i);
+    c.extra.push("}", i);  // the row ends with its last piece: push appends it and sets the offset
   }
 }
 

@@ -118,8 +118,10 @@ def tables_by_native(text: bytes) -> ChunkTables | None:
             problems,
         )
     gpu_table, device_ids, task_pids = made
-    raw_bp = _strings(n, out["bp"], buffer=_view) if "bp" in out else None
-    bp = plain_strings(raw_bp.take(flow_rows)) if raw_bp is not None else pa.nulls(len(flow_rows), pa.string())
+    if "bp" in out:
+        bp = plain_strings(_strings(n, out["bp"], buffer=_view).take(flow_rows))
+    else:
+        bp = pa.nulls(len(flow_rows), pa.string())
     return ChunkTables(ev_table, gpu_table, flows_of(flow_rows, bp, ev_table), problems, device_ids, task_pids)
 
 
