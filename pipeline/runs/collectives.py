@@ -202,23 +202,21 @@ def _comm_ops(flat_dir: TraceTables) -> pl.DataFrame:
         ),
         ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name"],
     )
-    # what the args say, worked out once per distinct name and args, joined onto the ops once
-    said = _read(
-        _with_args(ops.select("name", "_args").unique().with_columns(_key="_args"), OP_ARGS, pg=True),
-        "",
-        None,
-        COMM_EVENT_ARGS,
+    op_kind = pl.coalesce(
+        _kind(pl.col("collective")), pl.when(pl.col("name") != "record_param_comms").then(_kind(pl.col("name")))
     )
-    said = said.with_columns(
-        op_kind=pl.coalesce(
-            _kind(pl.col("collective")), pl.when(pl.col("name") != "record_param_comms").then(_kind(pl.col("name")))
-        )
-    ).rename({"_key": "_args"})
-    return (
-        ops.join(said, on=["name", "_args"], how="left", nulls_equal=True, maintain_order="left")
-        .drop("_args")
-        .sort("ts_ns", maintain_order=True)
-    )
+    said = _said_once(ops, OP_ARGS, lambda s: _read(s, "", None, COMM_EVENT_ARGS).with_columns(op_kind=op_kind))
+    return said.sort("ts_ns", maintain_order=True)
+
+
+def _said_once(frame: pl.DataFrame, keys: tuple[str, ...], say: Callable[[pl.DataFrame], pl.DataFrame]) -> pl.DataFrame:
+    """`frame` (with `name` and `_args_key()`'s `_args`) with the pg args and `_arg_texts(keys)`
+    (`_with_args`) and the columns `say` adds to those, worked out once per distinct name and args
+    and joined onto `frame` once: a trace's calls and kernels repeat a few over hundreds of
+    thousands of rows, and each join onto them copies them whole. Without `_args`."""
+    said = say(_with_args(frame.select("name", "_args").unique().with_columns(_key="_args"), keys, pg=True))
+    said = said.rename({"_key": "_args"})
+    return frame.join(said, on=["name", "_args"], how="left", nulls_equal=True, maintain_order="left").drop("_args")
 
 
 def last_running(points: pl.DataFrame, at: str, spans: pl.DataFrame, by: list[str]) -> pl.DataFrame:
@@ -305,15 +303,14 @@ def _nccl_kernels(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
         return g, []
     prefixes = [f"s{i}_" for i in range(len(SIZE_SOURCES))]
     keys = _events_with_args(flat_dir, g["event_idx"].sort(), ["event_idx"])
-    g = g.join(keys, on="event_idx", how="left", maintain_order="left")
-    # what the args say (the pg args, the sources that read the kernel itself), worked out once per
-    # distinct name and args, joined onto the kernels once
-    said = _with_args(g.select("name", "_args").unique().with_columns(_key="_args"), KERNEL_ARGS, pg=True)
-    for prefix, source in zip(prefixes, SIZE_SOURCES, strict=True):
-        if source.on == "kernel":  # the kernel event itself
-            said = _read(said, prefix, source.read, source.read.args)
-    said = said.rename({"_key": "_args"})
-    g = g.join(said, on=["name", "_args"], how="left", nulls_equal=True, maintain_order="left").drop("_args")
+
+    def read_kernels(said: pl.DataFrame) -> pl.DataFrame:  # the sources that read the kernel itself
+        for prefix, source in zip(prefixes, SIZE_SOURCES, strict=True):
+            if source.on == "kernel":
+                said = _read(said, prefix, source.read, source.read.args)
+        return said
+
+    g = _said_once(g.join(keys, on="event_idx", how="left", maintain_order="left"), KERNEL_ARGS, read_kernels)
     launches = _events(
         flat_dir,
         pl.col("event_idx").is_in(g["launch_event_idx"].drop_nulls().implode()),

@@ -42,11 +42,13 @@ def collect_rows(tables: TraceTables, name: str, ids: pl.Series, columns: list, 
     table = scan(tables, name)
     if isinstance(tables, Mapping):
         return table.filter(pl.col("event_idx").is_in(ids.implode())).select(columns).collect()
+    if ids.is_empty():  # the columns' types, no row read
+        return table.filter(pl.lit(False)).select(columns).collect()
     parts = []
-    for start in range(0, max(ids.len(), 1), rows):
+    for start in range(0, ids.len(), rows):
         part = ids.slice(start, rows)
         chosen = pl.col("event_idx").is_between(part.min(), part.max()) & pl.col("event_idx").is_in(part.implode())
-        parts.append(table.filter(chosen if part.len() else pl.lit(False)).select(columns).collect(engine="streaming"))
+        parts.append(table.filter(chosen).select(columns).collect(engine="streaming"))
     return pl.concat(parts)
 
 
