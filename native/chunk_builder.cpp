@@ -1004,6 +1004,7 @@ PyObject *configure(PyObject *, PyObject *args) {
 
 PyObject *nesting_around(PyObject *, PyObject *args);  // nesting.cpp
 PyObject *nesting_nest(PyObject *, PyObject *args);    // nesting.cpp
+PyObject *shape_keys(PyObject *, PyObject *args);      // shape_keys.cpp
 
 namespace {
 
@@ -1018,6 +1019,9 @@ PyMethodDef methods[] = {
     {"nest", nesting_nest, METH_VARARGS,
      "nest(iv_g, iv_ts, iv_end, iv_idx, order, rows, depth, parent): each interval's depth and parent, in start "
      "order (nesting.cpp)"},
+    {"shape_keys", shape_keys, METH_VARARGS,
+     "shape_keys(offsets, data, first, n, keys) -> (offsets, data): the key ops of one signature share, of "
+     "each args text (shape_keys.cpp)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "tracepipe_native",

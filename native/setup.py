@@ -1,4 +1,4 @@
-"""tracepipe-native: one C++ extension, `tracepipe_native` (chunk_builder.cpp, nesting.cpp and the vendored
+"""tracepipe-native: one C++ extension, `tracepipe_native` (chunk_builder.cpp, nesting.cpp, shape_keys.cpp and the vendored
 simdjson 3.12.3 amalgamation, simdjson/, Apache-2.0). Built by `make install` where a C++
 compiler is found; tracepipe works without it (pipeline/read/by_native.py)."""
 
@@ -27,7 +27,7 @@ setup(
     ext_modules=[
         Extension(
             "tracepipe_native",
-            sources=["chunk_builder.cpp", "nesting.cpp", "simdjson/simdjson.cpp"],
+            sources=["chunk_builder.cpp", "nesting.cpp", "shape_keys.cpp", "simdjson/simdjson.cpp"],
             include_dirs=["."],
             language="c++",
             extra_compile_args=["-std=c++17", "-O2", "-DNDEBUG", *_cpu_flags()],

@@ -310,9 +310,12 @@ def test_running_slices_give_what_a_fresh_read_of_each_window_gives(tmp_path):
     assert len(reads) < 60  # forward: only what was not held, if anything
 
 
-def test_op_shapes_share_costs_only_with_the_same_signature():
+@pytest.mark.parametrize("native", ["1", "0"], ids=["compiled", "regexes"])
+def test_op_shapes_share_costs_only_with_the_same_signature(monkeypatch, native):
     """`_shape` drops the members whose values are scalars (per-op ids) but for signature members;
-    ops with one shape have one signature, and collectives alike but for their ids share one."""
+    ops with one shape have one signature, and collectives alike but for their ids share one. The
+    same by the compiled module's pass and by the regexes."""
+    monkeypatch.setenv("TRACEPIPE_NATIVE", native)
     args = pl.Series(
         "args",
         [
@@ -329,7 +332,7 @@ def test_op_shapes_share_costs_only_with_the_same_signature():
             None,
         ],
     )
-    frame = pl.DataFrame(args).with_columns(shape=cost._shape(pl.col("args")))
+    frame = pl.DataFrame(args).with_columns(shape=cost.shape_keys(args))
     signatures = frame.select("shape", *cost._signature(pl.col("args")))
     assert signatures.unique().height == signatures.select("shape").unique().height  # one signature per shape
     shapes = frame["shape"].to_list()
@@ -337,6 +340,64 @@ def test_op_shapes_share_costs_only_with_the_same_signature():
     assert shapes[3] != shapes[4] == shapes[5] != shapes[6]  # scalar signature members kept, ids not
     assert "External id" not in shapes[4] and '"Group size"=4' in shapes[4]
     assert shapes[7] != shapes[8] and '"Concrete Inputs": ["", "2.5"]' in shapes[7]
+
+
+def _random_args(rng: random.Random, depth: int = 0) -> str:
+    """A JSON object as Kineto writes args (`"key": value`), with whitespace of every JSON kind,
+    nested values, signature keys, and scalars of every JSON form."""
+    scalars = ["0", "-0", "7", "-12", "3.25", "1e-3", "2E+8", "-0.5e10", "true", "false", "null"]
+    texts = ['""', '"Float"', '"a\\": 5"', '"x, \\"y\\": 1"', '"é ∑"', '"[1, 2]"']
+    keys = [*cost.SIGNATURE_KEYS, "External id", "Ev Idx", "note", "a\\b", "é", "x"]
+
+    def value(d: int) -> str:
+        roll = rng.random()
+        if roll < 0.45 or d > 2:
+            return rng.choice(scalars + texts)
+        if roll < 0.75:
+            return "[" + rng.choice([", ", ","]).join(value(d + 1) for _ in range(rng.randint(0, 3))) + "]"
+        return _random_args(rng, d + 1)
+
+    space = lambda: rng.choice(["", " ", "  ", "\t", "\n", "\r\n "])
+    members = [f'"{rng.choice(keys)}":{space()}{value(depth)}' for _ in range(rng.randint(0, 6))]
+    return "{" + space() + ("," + space()).join(members) + space() + "}"
+
+
+@pytest.mark.skipif(cost._native_shape_keys is None, reason="the native module is not built")
+def test_compiled_shape_keys_are_the_regexes_keys(monkeypatch):
+    """The compiled pass (native/shape_keys.cpp) gives the keys the two regex replacements give, on
+    10,000 random args of every JSON form (nested, escaped, any whitespace, non-ASCII), and on
+    texts no parser wrote (numbers cut short, keys with backslashes); a null stays null. Where a
+    string that begins with `:` follows a scalar signature member with no quote between, the
+    compiled key keeps what the regexes' second pass drops (it starts at the quote that closes
+    the rewritten member): finer, never coarser."""
+    rng = random.Random(7)
+    odd = ['{"a": 1.5x, "b": 01, "c": -, "d": 1e, "e": truex, "f": 2}', '{"k\\": 1, "Group size":8}']
+    args = pl.Series("args", [*(_random_args(rng) for _ in range(10_000)), *odd, None], dtype=pl.String)
+    monkeypatch.setenv("TRACEPIPE_NATIVE", "1")
+    compiled = cost.shape_keys(args)
+    monkeypatch.setenv("TRACEPIPE_NATIVE", "0")
+    assert compiled.to_list() == cost.shape_keys(args).to_list()
+    assert compiled[-1] is None and compiled[-3] == '{.5x, "b": 01, "c": -, "d": 1e, "e": truex, }'
+    finer = pl.Series("args", ['{"a": [{"Group size": 8}, ": 5"]}'])
+    assert cost.shape_keys(finer)[0] == '{"a": [{"Group size"]}'  # the regexes: the second starts at `"=8}, "`
+    monkeypatch.setenv("TRACEPIPE_NATIVE", "1")
+    assert cost.shape_keys(finer)[0] == '{"a": [{"Group size"=8}, ": 5"]}'
+
+
+@pytest.mark.real
+@pytest.mark.skipif(cost._native_shape_keys is None, reason="the native module is not built")
+def test_compiled_shape_keys_on_every_shared_traces_ops(shared_traces, tmp_path, monkeypatch):
+    """The compiled keys equal the regexes' on the args of every event of the shared real traces."""
+    seen = 0
+    for path in sorted(shared_traces.glob("*/*.json.gz")):
+        flat = flatten(path, tmp_path / path.parent.name, link=False, run_tables=False).out_dir
+        args = pl.read_parquet(flat / "events.parquet", columns=["args_json"])["args_json"]
+        monkeypatch.setenv("TRACEPIPE_NATIVE", "1")
+        compiled = cost.shape_keys(args)
+        monkeypatch.setenv("TRACEPIPE_NATIVE", "0")
+        assert compiled.to_list() == cost.shape_keys(args).to_list(), path.name
+        seen += args.len()
+    assert seen > 1_000_000
 
 
 def test_batches_read_back_in_the_asked_sizes_across_row_groups(tmp_path):
