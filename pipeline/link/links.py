@@ -260,13 +260,19 @@ def link_batches(
     kernel name as a categorical). `row_groups`: only the GPU ops of these row groups of
     gpu_ops.parquet (`gpu_parts`); `src`: the trace's `LinkSources`, when known already.
     Yields at least one frame (empty when there are no GPU ops). With `ahead`, what the next
-    batch reads (its launches and the slices around them: `_Read`) is read while this one is
-    nested (`store.one_ahead`): two batches in memory at once; without, one."""
+    batch reads (the slices around its launches: `_Read`) is read while this one is nested, and
+    the launches of the one after are looked up meanwhile (`store.one_ahead`): three batches in
+    memory at once; without, one."""
     src = src or LinkSources.of(flat_dir)
     carried = [c for c in carry if c not in GPU_LINK_INPUTS]
     batches = _gpu_batches(src, list(dict.fromkeys([*GPU_LINK_INPUTS, *carry])), row_groups)
     running = src.running_slices()
-    read = ((_Read.of(src, running, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)) for gpu in batches)
+    launched: Iterator[tuple[tuple[pl.DataFrame, list[pl.DataFrame]], pl.DataFrame]] = (
+        (_launched(src, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)) for gpu in batches
+    )
+    if ahead:  # a batch's launches are looked up while the one before reads its slices
+        launched = store.one_ahead(launched)
+    read = ((_Read.around(src, running, *found), passed) for found, passed in launched)
     for batch, passed in store.one_ahead(read) if ahead else read:
         yield _context_of(src, batch).hstack(passed)
 
@@ -327,18 +333,29 @@ class _Read:
 
     @classmethod
     def of(cls, src: LinkSources, running: RunningSlices, gpu: pl.DataFrame) -> _Read:
-        linked = _launches_of(src, gpu)
-        points = linked.filter(pl.col("launch_event_idx").is_not_null()).select(
-            point_id="event_idx", pid="launch_pid", tid="launch_tid", t="launch_ts_ns", via=pl.lit("nesting")
-        )
-        if src.op_flows:  # rule 6: the context at the start of the op a flow names, where there is one
-            at_op = _op_flow_points(src, gpu)
-            points = pl.concat([at_op, points.join(at_op, on="point_id", how="anti")])
-        cells = points.with_columns(cell=src.cells.cell(points["t"])).partition_by(
-            "cell", include_key=False, as_dict=True
-        )
-        in_order = [cells[k] for k in sorted(cells)] or [points]
-        return cls(linked, [(p, _slices_running(src, running, p)) for p in in_order])
+        return cls.around(src, running, *_launched(src, gpu))
+
+    @classmethod
+    def around(cls, src: LinkSources, running: RunningSlices, linked: pl.DataFrame, points: list) -> _Read:
+        """The batch of GPU ops `_launched` found the launches (`linked`) and `points` of, with the
+        slices running around the points of each time cell. `running` reads on from where the
+        batch before left it: batches are read in order."""
+        return cls(linked, [(p, _slices_running(src, running, p)) for p in points])
+
+
+def _launched(src: LinkSources, gpu: pl.DataFrame) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
+    """A batch of GPU ops with their launches (`_launches_of`), and the points whose context is
+    wanted (point_id, pid, tid, t, via) per time cell of the launches, in time order: what reads
+    nothing of the batches before, so that it can run ahead of their slices' reads."""
+    linked = _launches_of(src, gpu)
+    points = linked.filter(pl.col("launch_event_idx").is_not_null()).select(
+        point_id="event_idx", pid="launch_pid", tid="launch_tid", t="launch_ts_ns", via=pl.lit("nesting")
+    )
+    if src.op_flows:  # rule 6: the context at the start of the op a flow names, where there is one
+        at_op = _op_flow_points(src, gpu)
+        points = pl.concat([at_op, points.join(at_op, on="point_id", how="anti")])
+    cells = points.with_columns(cell=src.cells.cell(points["t"])).partition_by("cell", include_key=False, as_dict=True)
+    return linked, [cells[k] for k in sorted(cells)] or [points]
 
 
 def _launches_of(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
