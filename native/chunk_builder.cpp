@@ -119,6 +119,17 @@ struct GpuKey {
 std::vector<GpuKey> g_gpu_keys;
 std::vector<int> g_field_kinds;
 
+// `configure_rows`: what picks a chunk's GPU activity, flow endpoints and launch calls
+// (pipeline/read/tables.py's gpu_and_flow_rows, launches.py's launch_counts)
+struct RowRules {
+  bool set = false;
+  std::vector<std::string> gpu_cats;                        // GPU_KINDS' categories
+  std::vector<std::pair<std::string, int64_t>> on_device;  // a category on a device's process: pid below
+  std::vector<std::string> flow_phases;
+  std::vector<std::string> launch_cats;  // lower case
+};
+RowRules g_rows;
+
 // ------------------------------------------------------------------ numbers
 struct Number {
   bool is_int = false;  // written without '.', 'e', 'E'
@@ -486,6 +497,12 @@ struct Chunk {
   std::vector<GpuField> gpu;
   std::vector<uint8_t> gpu_bad;  // per event: its GPU args are not of the plain shape
   bool any_bp = false, any_s = false;
+  // made after reading (`pick_rows`): GPU activity rows, flow endpoint rows, the categories held
+  // (and whether a null is), the launch calls' names and counts; calls_known false: not counted
+  std::vector<int64_t> gpu_rows, flow_rows;
+  std::vector<std::string_view> cats;
+  bool null_cat = false, calls_known = false;
+  std::vector<std::pair<std::string_view, int64_t>> calls;
   ondemand::document *doc = nullptr;  // the chunk being read (for positions in its text)
   // emptied for the next chunk, the buffers' memory kept: no allocation per chunk once they have
   // grown to a chunk's size (allocating and freeing them per chunk fragmented the C heap: a
@@ -506,6 +523,11 @@ struct Chunk {
     }
     gpu_bad.clear();
     any_bp = any_s = false;
+    gpu_rows.clear();
+    flow_rows.clear();
+    cats.clear();
+    calls.clear();
+    null_cat = calls_known = false;
   }
 };
 
@@ -789,6 +811,67 @@ void read_event(ondemand::object o, Chunk &c, int64_t i) {
   if (!seen[E_S]) c.s.push("", i);
 }
 
+// ------------------------------------------------------------------ rows of the chunk's tables
+bool valid_at(const Validity &v, int64_t i) { return !v.nulls || ((v.bits[size_t(i >> 3)] >> (i & 7)) & 1); }
+
+bool one_of(std::string_view x, const std::vector<std::string> &set) {
+  for (const auto &y : set)
+    if (x == y) return true;
+  return false;
+}
+
+// the rows tables.py's gpu_and_flow_rows picks (GPU activity but the device tasks without a cat,
+// which it adds; flow endpoints), the categories the chunk holds, and the names of its launch
+// calls with their counts (launches.py's launch_counts, before its name patterns): ph X, a
+// category that is one of LAUNCH_CATS in lower case. A category of a byte above ASCII leaves
+// the calls uncounted (Python's lower() of it is not ASCII's): Python counts them then.
+void pick_rows(Chunk &c) {
+  if (!g_rows.set) return;
+  const RowRules &r = g_rows;
+  c.calls_known = true;
+  std::vector<std::pair<std::string_view, bool>> cat_launch;  // each category seen: is it a launch category
+  for (int64_t i = 0; i < c.n; ++i) {
+    bool has_ph = valid_at(c.ph.valid, i), has_cat = valid_at(c.cat.valid, i);
+    std::string_view ph = has_ph ? c.ph.at(i) : std::string_view();
+    if (has_ph && one_of(ph, r.flow_phases)) c.flow_rows.push_back(i);
+    if (!has_cat) {
+      c.null_cat = true;
+      continue;
+    }
+    std::string_view cat = c.cat.at(i);
+    const std::pair<std::string_view, bool> *known = nullptr;
+    for (const auto &k : cat_launch)
+      if (k.first == cat) known = &k;
+    if (!known) {
+      std::string lower(cat);
+      for (char &ch : lower) {
+        if ((unsigned char)ch >= 0x80) c.calls_known = false;
+        if (ch >= 'A' && ch <= 'Z') ch = char(ch - 'A' + 'a');
+      }
+      cat_launch.emplace_back(cat, one_of(lower, r.launch_cats));
+      c.cats.push_back(cat);
+      known = &cat_launch.back();
+    }
+    if (!has_ph || ph != "X") continue;
+    if (known->second && valid_at(c.name.valid, i)) {
+      std::string_view name = c.name.at(i);
+      bool counted = false;
+      for (auto &call : c.calls)
+        if (call.first == name) {
+          ++call.second;
+          counted = true;
+          break;
+        }
+      if (!counted) c.calls.emplace_back(name, 1);
+    }
+    if (!one_of(cat, r.gpu_cats)) continue;
+    bool elsewhere = false;  // a category the host uses too, not on a device's process (or no pid)
+    for (const auto &d : r.on_device)
+      if (cat == d.first) elsewhere = !valid_at(c.pid.ints.valid, i) || c.pid.ints.v[size_t(i)] >= d.second;
+    if (!elsewhere) c.gpu_rows.push_back(i);
+  }
+}
+
 // ------------------------------------------------------------------ to Python
 // a read-only view of the module's own buffer, valid until this thread's next build(): the caller
 // copies what it keeps into Arrow's memory pool (long-lived C-heap blocks fragmented the heap)
@@ -897,6 +980,7 @@ PyObject *build(PyObject *, PyObject *arg) {
     c.ts.settle(ts_keys);
     c.dur.settle(-1);
     settle_extra(c);
+    pick_rows(c);
     ok = true;
   } catch (Bail &) {
   } catch (simdjson_error &) {
@@ -924,6 +1008,31 @@ PyObject *build(PyObject *, PyObject *arg) {
   if (!fail && c.any_bp) fail = set(d, "bp", str_col(c.bp));
   if (!fail && c.any_s) fail = set(d, "s", str_col(c.s));
   if (!fail && (c.any_bp || c.any_s)) fail = set(d, "extra_json", str_col(c.extra));
+  if (!fail && g_rows.set) {
+    fail = set(d, "gpu_rows", bytes_of(c.gpu_rows.data(), c.gpu_rows.size() * 8)) ||
+           set(d, "flow_rows", bytes_of(c.flow_rows.data(), c.flow_rows.size() * 8));
+    PyObject *cats = fail ? nullptr : PyList_New(0);
+    fail = fail || !cats;
+    for (size_t k = 0; !fail && k < c.cats.size(); ++k) {
+      PyObject *t = PyUnicode_DecodeUTF8(c.cats[k].data(), (Py_ssize_t)c.cats[k].size(), "surrogatepass");
+      fail = !t || PyList_Append(cats, t) != 0;
+      Py_XDECREF(t);
+    }
+    if (!fail && c.null_cat) fail = PyList_Append(cats, Py_None) != 0;
+    if (cats) fail = set(d, "cats", cats) || fail;
+    if (!fail && c.calls_known) {
+      PyObject *calls = PyDict_New();
+      fail = !calls;
+      for (size_t k = 0; !fail && k < c.calls.size(); ++k) {
+        PyObject *name = PyUnicode_DecodeUTF8(c.calls[k].first.data(), (Py_ssize_t)c.calls[k].first.size(), "surrogatepass");
+        PyObject *n = PyLong_FromLongLong(c.calls[k].second);
+        fail = !name || !n || PyDict_SetItem(calls, name, n) != 0;
+        Py_XDECREF(name);
+        Py_XDECREF(n);
+      }
+      if (calls) fail = set(d, "calls", calls) || fail;
+    }
+  }
   if (!fail) {
     PyObject *gpu = PyList_New((Py_ssize_t)g_field_kinds.size());
     if (!gpu) fail = true;
@@ -1000,6 +1109,50 @@ PyObject *configure(PyObject *, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+// configure_rows(gpu_cats: list[str], on_device: list[tuple[str, int]], flow_phases: list[str],
+// launch_cats: list[str]): what picks a chunk's rows (`pick_rows`); build() then returns them
+PyObject *configure_rows(PyObject *, PyObject *args) {
+  PyObject *gpu, *dev, *flows, *launch;
+  if (!PyArg_ParseTuple(args, "OOOO", &gpu, &dev, &flows, &launch)) return nullptr;
+  RowRules r;
+  auto strings = [](PyObject *seq, std::vector<std::string> &out) -> bool {
+    PyObject *it = PyObject_GetIter(seq);
+    if (!it) return false;
+    while (PyObject *x = PyIter_Next(it)) {
+      Py_ssize_t len;
+      const char *p = PyUnicode_AsUTF8AndSize(x, &len);
+      if (p) out.emplace_back(p, (size_t)len);
+      Py_DECREF(x);
+      if (!p) {
+        Py_DECREF(it);
+        return false;
+      }
+    }
+    Py_DECREF(it);
+    return !PyErr_Occurred();
+  };
+  if (!strings(gpu, r.gpu_cats) || !strings(flows, r.flow_phases) || !strings(launch, r.launch_cats)) return nullptr;
+  PyObject *it = PyObject_GetIter(dev);
+  if (!it) return nullptr;
+  while (PyObject *x = PyIter_Next(it)) {
+    const char *cat;
+    Py_ssize_t len;
+    long long below;
+    int got = PyArg_ParseTuple(x, "s#L", &cat, &len, &below);
+    Py_DECREF(x);
+    if (!got) {
+      Py_DECREF(it);
+      return nullptr;
+    }
+    r.on_device.emplace_back(std::string(cat, (size_t)len), (int64_t)below);
+  }
+  Py_DECREF(it);
+  if (PyErr_Occurred()) return nullptr;
+  r.set = true;
+  g_rows = r;
+  Py_RETURN_NONE;
+}
+
 }  // namespace
 
 PyObject *nesting_around(PyObject *, PyObject *args);  // nesting.cpp
@@ -1013,6 +1166,9 @@ PyMethodDef methods[] = {
      "build(text) -> dict of column buffers (memoryviews valid until the next build) for one chunk of traceEvents "
      "text, or None (the Python builders)"},
     {"configure", configure, METH_VARARGS, "configure(kinds, keys): the GPU arg fields read from args"},
+    {"configure_rows", configure_rows, METH_VARARGS,
+     "configure_rows(gpu_cats, on_device, flow_phases, launch_cats): build() then also returns the chunk's GPU "
+     "and flow rows, its categories and its launch calls' counts by name"},
     {"around", nesting_around, METH_VARARGS,
      "around(iv_g, iv_ts, iv_end, iv_idx, pt_g, pt_t, pt_outer, order, out): the interval around each point "
      "(nesting.cpp)"},

@@ -30,7 +30,7 @@ def _same_chunk_tables(a, b) -> str | None:
         ta, tb = getattr(a, k), getattr(b, k)
         if ta.schema != tb.schema or not ta.equals(tb):
             return k
-    for k in ("problems", "device_ids", "task_pids"):
+    for k in ("problems", "device_ids", "task_pids", "cats", "launches"):
         if getattr(a, k) != getattr(b, k):
             return k
     ea, eb = a.open_ends, b.open_ends
@@ -116,6 +116,49 @@ def test_every_shared_trace_flattens_to_identical_tables(shared_traces, tmp_path
             assert on[table].schema == off[table].schema, (name, table)
             assert on[table].equals(off[table]), (name, table)
     assert all(n == total for name, (n, total) in took.items()), took
+
+
+def test_rows_categories_and_launches_picked_as_the_python_rules_pick_them(monkeypatch):
+    """The native pass picks a chunk's GPU activity (a category on a device's process only below
+    its pid: `hpu_op`), flow endpoints, categories and launch calls (any case of a launch
+    category, the host-function launches and captures told apart) as the Python builders do; a
+    category beyond ASCII leaves the launches to Python's `lower()`."""
+    ev = dict(EVENT)
+    events = [
+        ev,
+        {**ev, "cat": "hpu_op", "pid": 3},
+        {**ev, "cat": "hpu_op", "pid": 300},
+        {**ev, "cat": "hpu_op", "pid": "dev"},
+        {**ev, "ph": "B", "cat": "Memcpy"},
+        {**ev, "cat": None},
+        {**ev, "cat": "CUDA_Runtime", "name": "cudaLaunchKernel"},
+        {**ev, "cat": "cuda_runtime", "name": "cudaLaunchKernel"},
+        {**ev, "cat": "cuda_runtime", "name": "cudaLaunchHostFunc"},
+        {**ev, "cat": "cuda_runtime", "name": "cudaStreamBeginCapture"},
+        {**ev, "cat": "cuda_runtime", "name": None},
+        {**ev, "ph": "i", "cat": "cuda_runtime", "name": "cudaLaunchKernel"},
+        {"ph": "s", "cat": "ac2g", "name": "f", "pid": 0, "tid": 7, "ts": 1, "id": 3},
+        {"ph": "f", "cat": "ac2g", "name": "f", "pid": 0, "tid": 7, "ts": 2, "id": 3, "bp": "e"},
+    ]
+    for extra in ([], [{**ev, "cat": "driveé", "name": "cuLaunchKernel"}]):
+        text = _text(*events, *extra)
+        native, python = _built(text, True, monkeypatch), _built(text, False, monkeypatch)
+        assert _same_chunk_tables(native, python) is None
+        assert native.launches == {"launches": 2, "captures": 1}
+        assert native.cats == {
+            "kernel",
+            "hpu_op",
+            "Memcpy",
+            None,
+            "CUDA_Runtime",
+            "cuda_runtime",
+            "ac2g",
+            *(e["cat"] for e in extra),
+        }
+        assert native.gpu_ops.column("event_idx").to_pylist() == [0, 1]
+        assert native.flows.num_rows == 2
+    raw = by_native._native.build(_text(*events))
+    assert "calls" in raw and "calls" not in by_native._native.build(_text(*events, *extra))
 
 
 # ------------------------------------------------------------------ mutated traces

@@ -12,16 +12,20 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import native
+from pipeline.kineto import FLOW_PHASES, GPU_KINDS
 from pipeline.read.arrays import plain_strings
 from pipeline.read.by_struct import ALIAS_FIELDS, GPU_ARG_FIELDS
+from pipeline.read.launches import LAUNCH_CATS_LOWER, launch_counts_of_calls
 from pipeline.read.tables import (
     EVENT_COLUMNS,
+    ON_DEVICE_PIDS,
     ChunkTables,
     events_table,
     flows_of,
     gpu_and_flow_rows,
     gpu_ops_of,
     typed_gpu_ops,
+    with_task_rows,
 )
 from pipeline.read.values import Problems
 
@@ -46,6 +50,10 @@ if _native is not None:
             for n, (_, field, _, alias) in enumerate(ALIAS_FIELDS)
         ],
     )
+    if hasattr(_native, "configure_rows"):  # 0.4.0: the rows `tables.gpu_and_flow_rows` picks, by its rules
+        _native.configure_rows(
+            sorted(GPU_KINDS), sorted(ON_DEVICE_PIDS.items()), sorted(FLOW_PHASES), sorted(LAUNCH_CATS_LOWER)
+        )
 
 
 def available() -> bool:
@@ -96,7 +104,11 @@ def tables_by_native(text: bytes) -> ChunkTables | None:
     # `by_struct.extra_json_of_struct_keys` makes it (0.9 ms of a chunk's ~14 there)
     cols["extra_json"] = _strings(n, out["extra_json"]) if "extra_json" in out else pa.nulls(n, pa.string())
     ev_table = events_table({k: cols[k] for k in EVENT_COLUMNS})
-    gpu_rows, flow_rows = gpu_and_flow_rows(ev_table)
+    if "gpu_rows" in out:  # picked as the native pass read (0.7 ms of a chunk's ~11 in Arrow's kernels)
+        gpu_rows = with_task_rows(np.frombuffer(out["gpu_rows"], np.int64).tolist(), ev_table)
+        flow_rows = pa.array(np.frombuffer(out["flow_rows"], np.int64).copy())  # the module reuses its buffer
+    else:
+        gpu_rows, flow_rows = gpu_and_flow_rows(ev_table)
     if gpu_rows and np.frombuffer(out["gpu_bad"], np.uint8)[gpu_rows].any():
         return None  # a GPU event's args of another shape: the struct builder decides
     rows = pa.array(gpu_rows, pa.int64())
@@ -122,7 +134,10 @@ def tables_by_native(text: bytes) -> ChunkTables | None:
         bp = plain_strings(_strings(n, out["bp"], buffer=_view).take(flow_rows))
     else:
         bp = pa.nulls(len(flow_rows), pa.string())
-    return ChunkTables(ev_table, gpu_table, flows_of(flow_rows, bp, ev_table), problems, device_ids, task_pids)
+    tables = ChunkTables(ev_table, gpu_table, flows_of(flow_rows, bp, ev_table), problems, device_ids, task_pids)
+    if "calls" in out:  # and its categories and launch calls (`decode._paired` finds them otherwise)
+        tables.cats, tables.launches = set(out["cats"]), launch_counts_of_calls(out["calls"])
+    return tables
 
 
 def _gpu_arg_columns(n: int, fields: list, rows: pa.Array) -> dict:

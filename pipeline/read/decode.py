@@ -55,8 +55,9 @@ def _paired(tables: ChunkTables) -> ChunkTables:
     next chunks (`read.durations`); its launch calls counted and its categories listed, here in the
     worker rather than in the process writing the tables. Every builder's tables go through here."""
     tables.events, tables.open_ends = pair_chunk(tables.events)
-    tables.cats = set(pc.unique(tables.events.column("cat")).to_pylist())
-    tables.launches = launch_counts(tables.events, tables.cats)
+    if tables.launches is None:  # the native pass lists the categories and counts the launches as it reads
+        tables.cats = set(pc.unique(tables.events.column("cat")).to_pylist())
+        tables.launches = launch_counts(tables.events, tables.cats)
     return tables
 
 

@@ -25,7 +25,7 @@ from pipeline.kineto import CAPTURE_BEGIN, DEVICE_LAUNCH, LAUNCH_CATS, NOT_DEVIC
 LOST_SHARE = 0.5  # fewer device ops than this share of the launches: lost (each launch makes one or more)
 MIN_LAUNCHES = 20  # below this many launches, only a trace with no device op at all is judged
 LAUNCHES, WITHOUT = "lost:launches", "lost:launches_without_device_activity"  # problems_json keys
-_LAUNCH_CAT_SET = frozenset(LAUNCH_CATS)  # lower case
+LAUNCH_CATS_LOWER = frozenset(LAUNCH_CATS)  # lower case
 
 
 def launch_counts(events: pa.Table, cats: set) -> Counter:
@@ -40,7 +40,7 @@ def launch_counts_of_parts(events: pa.Table, starts: Sequence[int] | np.ndarray,
     the table holds."""
     parts = len(starts) - 1
     counts: list[Counter] = [Counter() for _ in range(parts)]
-    runtime_cats = [c for c in cats if c is not None and c.lower() in _LAUNCH_CAT_SET]
+    runtime_cats = [c for c in cats if c is not None and c.lower() in LAUNCH_CATS_LOWER]
     if not runtime_cats or not parts:
         return counts
     runtime = pc.is_in(events.column("cat"), pa.array(runtime_cats, pa.string()))
@@ -76,14 +76,44 @@ def launch_counts_of_parts(events: pa.Table, starts: Sequence[int] | np.ndarray,
     return counts
 
 
+def launch_counts_of_calls(calls: dict) -> Counter:
+    """`launch_counts` of a chunk whose launch calls are counted by name already (the native pass's
+    `calls`: name -> count): the name patterns matched once per name, as `launch_counts` matches
+    them (Arrow's regexes), and remembered."""
+    if not calls:
+        return Counter()
+    new = [name for name in calls if name not in _CALL_KINDS]
+    if new:
+        if len(_CALL_KINDS) + len(new) > _CALL_KINDS_HELD:
+            _CALL_KINDS.clear()
+        names = pa.array(new, pa.string())
+        launch = pc.and_(
+            pc.match_substring_regex(names, DEVICE_LAUNCH),
+            pc.invert(pc.match_substring_regex(names, NOT_DEVICE_LAUNCH)),
+        )
+        capture = pc.match_substring_regex(names, CAPTURE_BEGIN)
+        _CALL_KINDS.update(zip(new, zip(launch.to_pylist(), capture.to_pylist())))
+    counts = Counter({"launches": 0, "captures": 0})
+    for name, n in calls.items():
+        launch, capture = _CALL_KINDS[name]
+        counts["launches"] += n * launch
+        counts["captures"] += n * capture
+    return counts
+
+
+_CALL_KINDS: dict[str, tuple[bool, bool]] = {}  # call name -> (a launch, a capture begin), in this process
+_CALL_KINDS_HELD = 1 << 12  # names remembered at most (a trace calls a few dozen)
+
+
 @dataclass
 class LaunchCount:
     """Launches and graph capture calls seen so far (`add` a chunk's `launch_counts` at a time)."""
 
     counts: Counter = field(default_factory=Counter)
 
-    def add(self, counts: Counter):
-        self.counts.update(counts)
+    def add(self, counts: Counter | None):
+        if counts:
+            self.counts.update(counts)
 
     def problems(self, n_device_ops: int) -> dict:
         """The problems_json entries when the trace lost device activity (else none)."""

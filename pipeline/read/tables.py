@@ -27,7 +27,7 @@ class ChunkTables:
     device_ids: set
     task_pids: set = field(default_factory=set)  # pids of device tasks without a cat (`device_tasks`)
     open_ends: OpenEnds | None = None  # B/E events left to pair across chunks (`read.durations`)
-    launches: Counter = field(default_factory=Counter)  # launch and capture calls (`read.launches`)
+    launches: Counter | None = None  # launch and capture calls (`read.launches`); None: not counted yet
     cats: set = field(default_factory=set)  # the event categories held
 
 
@@ -38,16 +38,19 @@ def gpu_and_flow_rows(ev: pa.Table) -> tuple[list, pa.Array]:
     took 0.4 ms of its ~13)."""
     ph, cat = ev.column("ph"), ev.column("cat")
     is_gpu = pc.is_in(cat, _GPU_CATS_ARRAY)
-    for c, pid_below in _ON_DEVICE_PIDS.items():
+    for c, pid_below in ON_DEVICE_PIDS.items():
         elsewhere = pc.and_kleene(pc.equal(cat, c), pc.invert(pc.less(ev.column("pid"), pid_below)))
         is_gpu = pc.and_not_kleene(is_gpu, elsewhere)  # null (no pid): not on a device's process
     is_gpu = pc.and_(pc.equal(ph, "X"), is_gpu)
-    gpu_rows = pc.indices_nonzero(pc.fill_null(is_gpu, False)).to_pylist()
-    tasks = task_rows(ev)
-    if tasks:
-        gpu_rows = sorted(gpu_rows + tasks)
+    gpu_rows = with_task_rows(pc.indices_nonzero(pc.fill_null(is_gpu, False)).to_pylist(), ev)
     flow_rows = pc.indices_nonzero(pc.fill_null(pc.is_in(ph, _FLOW_PHASES_ARRAY), False)).cast(pa.int64())
     return gpu_rows, flow_rows
+
+
+def with_task_rows(gpu_rows: list, ev: pa.Table) -> list:
+    """GPU activity rows with the device tasks without a cat among them (`device_tasks`), in order."""
+    tasks = task_rows(ev)
+    return sorted(gpu_rows + tasks) if tasks else gpu_rows
 
 
 # ---------------------------------------------------------------- 2. and 3. dicts (orjson)
@@ -55,7 +58,7 @@ _FLOW_PHASES_ARRAY = pa.array(sorted(FLOW_PHASES), pa.string())
 
 
 _GPU_CATS_ARRAY = pa.array(sorted(GPU_KINDS), pa.string())
-_ON_DEVICE_PIDS = {c: below for c, below in DEVICE_FROM_PID.items() if below is not None}
+ON_DEVICE_PIDS = {c: below for c, below in DEVICE_FROM_PID.items() if below is not None}
 
 
 def events_table(cols: dict) -> pa.Table:

@@ -184,7 +184,7 @@ class SpilledChunk:
     device_ids: set
     task_pids: set
     open_ends: OpenEnds | None = None
-    launches: Counter = field(default_factory=Counter)
+    launches: Counter | None = None
     cats: set = field(default_factory=set)
 
 
