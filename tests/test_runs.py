@@ -507,3 +507,41 @@ def test_rows_read_some_at_a_time_are_those_read_at_once(tmp_path):
     )
     none = source.collect_rows(tmp_path, "events", ids.clear(), columns, 300)
     assert none.height == 0 and none.columns == ["event_idx", "tail"]
+
+
+def _swept(intervals: list[tuple[int, int]]) -> int:
+    """The union length of intervals (start, end), by a direct sweep in start order: one that
+    starts after every end before it opens a run, which covers from its start to its last end."""
+    total, latest, run = 0, None, None
+    for start, end in sorted(intervals):
+        if latest is None or start > latest:
+            total += 0 if run is None else run[1] - run[0]
+            run = [start, end]
+        run[1] = max(run[1], end)
+        latest = end if latest is None else max(latest, end)
+    return total + (0 if run is None else run[1] - run[0])
+
+
+@pytest.mark.parametrize("scale", [1, 10**12, 2**53], ids=["ns", "hours", "beyond 64 bits together"])
+def test_union_lengths_per_group_are_a_direct_sweeps(scale):
+    """`steps.union_ns` (the time kernels cover per step and device): per group, the length a
+    direct sweep gives, with zero-length, negative and missing ends, groups with a null key, and
+    times so far apart that the groups cannot share one 64-bit line (they are then swept apart)."""
+    import random
+
+    from pipeline.runs.steps import union_ns
+
+    rng = random.Random(scale % 1000)
+    rows = []
+    for g in range(12):
+        for d in (None, 0, 1):
+            for s in rng.sample(range(-50, 400), rng.randint(1, 30)):  # distinct starts: no tie order
+                end = None if not rng.randrange(20) else s + rng.choice([0, rng.randint(0, 90), -rng.randint(1, 5)])
+                rows.append((g, d, s * scale, None if end is None else end * scale))
+    frame = pl.DataFrame(rows, schema=["g", "d", "ts_ns", "end_ns"], orient="row")
+    got = {(g, d): n for g, d, n in union_ns(frame, ["g", "d"]).collect().iter_rows()}
+    want: dict = {}
+    for g, d, s, e in rows:
+        want.setdefault((g, d), []).append((s, s if e is None else e))
+    assert got == {k: _swept(v) for k, v in want.items()}
+    assert union_ns(frame.clear(), ["g", "d"]).collect().is_empty()

@@ -29,18 +29,52 @@ IS_COMM = pl.col("category") == "communication"
 def union_ns(
     frame: pl.LazyFrame | pl.DataFrame, by: list[str], start: str = "ts_ns", end: str = "end_ns"
 ) -> pl.LazyFrame:
-    """(by..., covered_ns): the length of the union of the intervals per group."""
-    lf = frame.lazy().sort(*by, start)
-    prev_end = pl.col(end).cum_max().shift(1).over(by)
-    runs = lf.with_columns(new=(pl.col(start) > prev_end).fill_null(True)).with_columns(
-        run=pl.col("new").cast(pl.Int64).cum_sum().over(by)
+    """(by..., covered_ns): the length of the union of the intervals per group. Sorted by group and
+    start, a run of intervals ends where one starts after every end before it in its group; a
+    run covers from its first start to its last end. Found over arrays in one pass (`_covered`
+    of a trace's steps took 0.29 s of the 1 GB sampled_no_device_props shape's 0.83 s of run
+    tables with polars' windowed running maximum). An interval without a start is left out, one
+    without an end is taken as lasting no time."""
+    f = (
+        frame.lazy()
+        .select(*by, start, pl.coalesce(end, start).alias(end))
+        .filter(pl.col(start).is_not_null())
+        .sort(*by, start)
+        .collect()
     )
-    return (
-        runs.group_by(*by, "run")
-        .agg(pl.col(start).min(), pl.col(end).max())
-        .group_by(by)
-        .agg(covered_ns=(pl.col(end) - pl.col(start)).sum())
-    )
+    out = f.select(by).clear().with_columns(covered_ns=pl.lit(0, pl.Int64))
+    if f.is_empty():
+        return out.lazy()
+    first = f.select(pl.any_horizontal(pl.col(c).ne_missing(pl.col(c).shift(1)) for c in by)).to_series()
+    groups = np.flatnonzero(first.to_numpy())
+    groups[0] = 0  # the first row starts a group, whatever its keys
+    ts, ends = f[start].to_numpy().astype(np.int64), f[end].to_numpy().astype(np.int64)
+    # each group's times moved above the group before's, so that one running maximum over all
+    # rows is each group's own: a group spans [low, high], moved to start where the last ended
+    low = np.minimum(np.minimum.reduceat(ts, groups), np.minimum.reduceat(ends, groups))
+    high = np.maximum(np.maximum.reduceat(ts, groups), np.maximum.reduceat(ends, groups))
+    spans = [int(h) - int(lo) + 1 for lo, h in zip(low.tolist(), high.tolist())]
+    if sum(spans) >= 1 << 62:  # no room in 64 bits: group by group
+        parts = [_union_lengths(ts[a:b], ends[a:b]) for a, b in zip(groups, [*groups[1:], len(ts)])]
+        return out.vstack(f[groups].select(by).with_columns(covered_ns=pl.Series(parts, dtype=pl.Int64))).lazy()
+    shift = np.repeat(np.cumsum([0, *spans[:-1]], dtype=np.int64) - low, np.diff([*groups, len(ts)]))
+    covered = _union_lengths(ts + shift, ends + shift, groups)
+    return out.vstack(f[groups].select(by).with_columns(covered_ns=pl.Series(covered, dtype=pl.Int64))).lazy()
+
+
+def _union_lengths(ts: np.ndarray, ends: np.ndarray, groups: np.ndarray | None = None):
+    """The union length of intervals sorted by start, per group (`groups`: the rows where each
+    begins; None: one group, its length returned), the groups' times apart (`union_ns`)."""
+    starts_group = np.zeros(len(ts), dtype=bool)
+    starts_group[0 if groups is None else groups] = True
+    before = np.maximum.accumulate(ends)
+    new_run = starts_group.copy()
+    new_run[1:] |= ts[1:] > before[:-1]
+    runs = np.flatnonzero(new_run)
+    lengths = np.maximum.reduceat(ends, runs) - ts[runs]
+    if groups is None:
+        return int(lengths.sum())
+    return np.add.reduceat(lengths, np.searchsorted(runs, groups))
 
 
 INTERVAL = "_interval"  # a step interval's number, in start order: what its measures are keyed by
