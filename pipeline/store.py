@@ -128,7 +128,9 @@ class TableWriter:
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
         self._closed = False
-        self._plans: dict[pa.Schema, list] = {}  # `_conform`'s plan for each schema of the tables given
+        self._plans: dict[
+            pa.Schema, list
+        ] = {}  # per schema of the tables given: each column's index in them (-1: absent)
 
     def _conform(self, tbl: pa.Table) -> pa.Table:
         if not self._dictionaries:
@@ -142,18 +144,13 @@ class TableWriter:
                 raise ValueError(
                     f"table {self.name} has undeclared columns {sorted(extra)}: add them to schemas/{self.name}.toml"
                 )
-            plan = self._plans[tbl.schema] = [_cast_plan(tbl.schema, f) for f in self._schema]
+            plan = self._plans[tbl.schema] = [tbl.schema.get_field_index(f.name) for f in self._schema]
         arrays = []
-        for f, (i, via) in zip(self._schema, plan):
-            if i is None:
-                arrays.append(pa.nulls(tbl.num_rows, f.type))
-                continue
-            col = tbl.column(i)
-            if via == _DICTIONARY:
-                col = _as_dictionary(col)
-            elif via is not None:
-                col = col.cast(via)
-            arrays.append(col if col.type == f.type else col.cast(f.type))
+        for f, i in zip(self._schema, plan):
+            col = pa.nulls(tbl.num_rows, f.type) if i < 0 else tbl.column(i)
+            if col.type != f.type:
+                col = _as_dictionary(col) if f.type == _DICTIONARY else col.cast(f.type)
+            arrays.append(col)
         return pa.Table.from_arrays(arrays, schema=self._schema)
 
     def write(self, tbl: pa.Table):
@@ -184,19 +181,6 @@ class TableWriter:
             self._closed, self._pending = True, []
             with suppress(OSError, ValueError, pa.ArrowException):
                 self._writer.close()
-
-
-def _cast_plan(given: pa.Schema, field: pa.Field) -> tuple[int | None, pa.DataType | None]:
-    """How `TableWriter` makes a column of `given` into `field`: (its index, None if absent; the
-    type to cast it to, None if it is of it already). Arrow casts no string view to a dictionary:
-    those are encoded (`_as_dictionary`)."""
-    i = given.get_field_index(field.name)
-    if i < 0:
-        return None, None
-    have = given.field(i).type
-    if have == field.type:
-        return i, None
-    return i, field.type
 
 
 def _as_dictionary(column: pa.ChunkedArray) -> pa.ChunkedArray:

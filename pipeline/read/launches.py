@@ -60,10 +60,8 @@ def launch_counts_of_parts(events: pa.Table, starts: Sequence[int] | np.ndarray,
     def of_calls(hit: pa.Array) -> np.ndarray:
         return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)[which]
 
-    launch = pc.and_(
-        pc.match_substring_regex(names, DEVICE_LAUNCH), pc.invert(pc.match_substring_regex(names, NOT_DEVICE_LAUNCH))
-    )
-    hits = {"launches": of_calls(launch), "captures": of_calls(pc.match_substring_regex(names, CAPTURE_BEGIN))}
+    launch, capture = _launch_and_capture(names)
+    hits = {"launches": of_calls(launch), "captures": of_calls(capture)}
     if parts == 1:  # a chunk's table
         counts[0].update({key: int(np.count_nonzero(h)) for key, h in hits.items()})
         return counts
@@ -76,6 +74,15 @@ def launch_counts_of_parts(events: pa.Table, starts: Sequence[int] | np.ndarray,
     return counts
 
 
+def _launch_and_capture(names: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Which call names launch device work (`kineto.DEVICE_LAUNCH`, not `NOT_DEVICE_LAUNCH`) and
+    which begin a graph capture (`kineto.CAPTURE_BEGIN`), by Arrow's regexes."""
+    launch = pc.and_(
+        pc.match_substring_regex(names, DEVICE_LAUNCH), pc.invert(pc.match_substring_regex(names, NOT_DEVICE_LAUNCH))
+    )
+    return launch, pc.match_substring_regex(names, CAPTURE_BEGIN)
+
+
 def launch_counts_of_calls(calls: dict) -> Counter:
     """`launch_counts` of a chunk whose launch calls are counted by name already (the native pass's
     `calls`: name -> count): the name patterns matched once per name, as `launch_counts` matches
@@ -86,12 +93,7 @@ def launch_counts_of_calls(calls: dict) -> Counter:
     if new:
         if len(_CALL_KINDS) + len(new) > _CALL_KINDS_HELD:
             _CALL_KINDS.clear()
-        names = pa.array(new, pa.string())
-        launch = pc.and_(
-            pc.match_substring_regex(names, DEVICE_LAUNCH),
-            pc.invert(pc.match_substring_regex(names, NOT_DEVICE_LAUNCH)),
-        )
-        capture = pc.match_substring_regex(names, CAPTURE_BEGIN)
+        launch, capture = _launch_and_capture(pa.array(new, pa.string()))
         _CALL_KINDS.update(zip(new, zip(launch.to_pylist(), capture.to_pylist())))
     counts = Counter({"launches": 0, "captures": 0})
     for name, n in calls.items():

@@ -55,10 +55,10 @@ def union_ns(
     high = np.maximum(np.maximum.reduceat(ts, groups), np.maximum.reduceat(ends, groups))
     spans = [int(h) - int(lo) + 1 for lo, h in zip(low.tolist(), high.tolist())]
     if sum(spans) >= 1 << 62:  # no room in 64 bits: group by group
-        parts = [_union_lengths(ts[a:b], ends[a:b]) for a, b in zip(groups, [*groups[1:], len(ts)])]
-        return out.vstack(f[groups].select(by).with_columns(covered_ns=pl.Series(parts, dtype=pl.Int64))).lazy()
-    shift = np.repeat(np.cumsum([0, *spans[:-1]], dtype=np.int64) - low, np.diff([*groups, len(ts)]))
-    covered = _union_lengths(ts + shift, ends + shift, groups)
+        covered = [_union_lengths(ts[a:b], ends[a:b]) for a, b in zip(groups, [*groups[1:], len(ts)])]
+    else:
+        shift = np.repeat(np.cumsum([0, *spans[:-1]], dtype=np.int64) - low, np.diff([*groups, len(ts)]))
+        covered = _union_lengths(ts + shift, ends + shift, groups)
     return out.vstack(f[groups].select(by).with_columns(covered_ns=pl.Series(covered, dtype=pl.Int64))).lazy()
 
 
