@@ -188,20 +188,34 @@ def _read(frame: pl.DataFrame, prefix: str, read: Reading | None, keys: tuple[st
     return frame.join(said, on=["name", *taken], how="left", nulls_equal=True, maintain_order="left").drop(taken)
 
 
-def _comm_ops(flat_dir: TraceTables) -> pl.DataFrame:
-    """Communication CPU events (`COMM_OP`: ops and annotations): thread, start, end, kind, pg args
-    and what each says about its message (`messages.op_message`, over these few events), in start order."""
-    ops = _events_with_args(
+COMM_OP_COLUMNS = ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name"]
+
+
+def _with_comm_ops(flat_dir: TraceTables, kernels: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The `_args_key()` of the events `kernels` (sorted: event_idx, _args) and the communication
+    CPU events (`COMM_OP`, as `_comm_ops` takes them), their args read in one pass: the args
+    column is most of a trace's bytes, and a few thousand kernels spread over a trace have a row
+    in every row group, so each read decoded all of it (a 1 GB trace of 5,540 NCCL kernels:
+    ~0.2 s a read)."""
+    ops = trace_source.row_ids(
         flat_dir,
-        trace_source.row_ids(
-            flat_dir,
-            "events",
-            pl.col("cat").str.to_lowercase().is_in([*CPU_OP_CATS, *ANNOTATION_CATS])
-            & pl.col("name").str.contains(COMM_OP)
-            & pl.col("ts_ns").is_not_null(),
-        ),
-        ["pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), "name"],
+        "events",
+        pl.col("cat").str.to_lowercase().is_in([*CPU_OP_CATS, *ANNOTATION_CATS])
+        & pl.col("name").str.contains(COMM_OP)
+        & pl.col("ts_ns").is_not_null(),
     )
+    both = _events_with_args(flat_dir, pl.concat([kernels, ops]).unique().sort(), ["event_idx", *COMM_OP_COLUMNS])
+
+    def of(ids: pl.Series) -> pl.DataFrame:  # in event_idx order
+        return both.filter(pl.col("event_idx").is_in(ids.implode()))
+
+    return of(kernels).select("event_idx", "_args"), of(ops).drop("event_idx")
+
+
+def _comm_ops(ops: pl.DataFrame) -> pl.DataFrame:
+    """Communication CPU events (`COMM_OP`: ops and annotations; `_with_comm_ops`): thread, start,
+    end, kind, pg args and what each says about its message (`messages.op_message`, over these few
+    events), in start order."""
     op_kind = pl.coalesce(
         _kind(pl.col("collective")), pl.when(pl.col("name") != "record_param_comms").then(_kind(pl.col("name")))
     )
@@ -302,7 +316,7 @@ def _nccl_kernels(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
     if not g.height:
         return g, []
     prefixes = [f"s{i}_" for i in range(len(SIZE_SOURCES))]
-    keys = _events_with_args(flat_dir, g["event_idx"].sort(), ["event_idx"])
+    keys, comm_ops = _with_comm_ops(flat_dir, g["event_idx"].sort())
 
     def read_kernels(said: pl.DataFrame) -> pl.DataFrame:  # the sources that read the kernel itself
         for prefix, source in zip(prefixes, SIZE_SOURCES, strict=True):
@@ -317,15 +331,19 @@ def _nccl_kernels(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
         [pl.col("event_idx").alias("launch_event_idx"), "pid", "tid"],
     )
     k = g.join(launches, on="launch_event_idx", how="left")
-    ops = _comm_ops(flat_dir)
+    ops = _comm_ops(comm_ops)
     launched = k.filter(pl.col("launch_ts_ns").is_not_null() & pl.col("pid").is_not_null())
+    # what each source says, joined onto the launched kernels' ids and then onto the kernels once:
+    # joined onto them source by source, the wide rows of 320K kernels were copied at each
+    said = launched.select("event_idx")
     for prefix, source in zip(prefixes, SIZE_SOURCES, strict=True):
         if source.on == "launch":  # the innermost such event around the launch
             which = pl.col("name").str.contains(source.events)
-            said = _around_launch(launched, ops, which, prefix, [*MESSAGE, "op_kind", "name", *PG_KEYS])
-            k = k.join(said, on="event_idx", how="left")
+            columns = [*MESSAGE, "op_kind", "name", *PG_KEYS]
+            said = said.join(_around_launch(launched, ops, which, prefix, columns), on="event_idx", how="left")
         elif source.on == "coalesced":  # the calls a coalesced group holds
-            k = k.join(_coalesced(launched, ops, source, prefix), on="event_idx", how="left")
+            said = said.join(_coalesced(launched, ops, source, prefix), on="event_idx", how="left")
+    k = k.join(said, on="event_idx", how="left")
     k = k.with_columns(  # a source that read nothing (or only a dtype) gets null columns
         pl.lit(None, pl.String if c in ("m_dtype", "op_kind") else pl.Int64).alias(f"{p}{c}")
         for p in prefixes
