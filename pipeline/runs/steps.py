@@ -35,31 +35,77 @@ def union_ns(
     of a trace's steps took 0.29 s of the 1 GB sampled_no_device_props shape's 0.83 s of run
     tables with polars' windowed running maximum). An interval without a start is left out, one
     without an end is taken as lasting no time."""
+    f, groups = _sorted_groups(frame, by, start, end)
+    out = f.select(by).clear().with_columns(covered_ns=pl.lit(0, pl.Int64))
+    if f.is_empty():
+        return out.lazy()
+    covered = _group_unions(_int64(f[start]), _int64(f[end]), groups)
+    return out.vstack(f[groups].select(by).with_columns(covered_ns=pl.Series(covered, dtype=pl.Int64))).lazy()
+
+
+def kernel_cover_ns(k: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """(by..., kernel_ns, compute_ns, comm_ns, exposed_comm_ns) of kernels (ts_ns, end_ns, `comm`):
+    per group, the union length of all its kernels, of those not communication (`comm` false)
+    and of those that are (0 where a group has none), sorted once for the three (as three
+    `union_ns`, ~0.1 s of the 1 GB sampled_no_device_props shape's run tables)."""
+    f, groups = _sorted_groups(k, by, "ts_ns", "end_ns", keep=["comm"])
+    ts, ends = _int64(f["ts_ns"]), _int64(f["end_ns"])
+    comm = f["comm"].fill_null(False).to_numpy().astype(bool)
+    covered = {"kernel_ns": _group_unions(ts, ends, groups)}
+    if len(ts):
+        group_of = np.repeat(np.arange(len(groups)), np.diff([*groups, len(ts)]))
+        for name, rows in (("compute_ns", ~comm), ("comm_ns", comm)):
+            total = np.zeros(len(groups), dtype=np.int64)
+            mine = group_of[rows]
+            if len(mine):
+                starts = np.flatnonzero(np.r_[True, mine[1:] != mine[:-1]])
+                total[mine[starts]] = _group_unions(ts[rows], ends[rows], starts)
+            covered[name] = total
+    else:
+        covered |= {"compute_ns": covered["kernel_ns"], "comm_ns": covered["kernel_ns"]}
+    out = f[groups].select(by).with_columns(pl.Series(n, v, dtype=pl.Int64) for n, v in covered.items())
+    return out.with_columns(exposed_comm_ns=pl.col("kernel_ns") - pl.col("compute_ns"))
+
+
+def _int64(s: pl.Series) -> np.ndarray:
+    return s.to_numpy().astype(np.int64)
+
+
+def _sorted_groups(
+    frame: pl.LazyFrame | pl.DataFrame, by: list[str], start: str, end: str, keep: list[str] | None = None
+) -> tuple[pl.DataFrame, np.ndarray]:
+    """`frame`'s rows with a start (`by`, start, end and `keep`), sorted by group and start, an
+    end (the start where missing), and the rows where each group begins."""
     f = (
         frame.lazy()
-        .select(*by, start, pl.coalesce(end, start).alias(end))
+        .select(*by, start, pl.coalesce(end, start).alias(end), *(keep or []))
         .filter(pl.col(start).is_not_null())
         .sort(*by, start)
         .collect()
     )
-    out = f.select(by).clear().with_columns(covered_ns=pl.lit(0, pl.Int64))
     if f.is_empty():
-        return out.lazy()
+        return f, np.zeros(0, dtype=np.int64)
     first = f.select(pl.any_horizontal(pl.col(c).ne_missing(pl.col(c).shift(1)) for c in by)).to_series()
     groups = np.flatnonzero(first.to_numpy())
     groups[0] = 0  # the first row starts a group, whatever its keys
-    ts, ends = f[start].to_numpy().astype(np.int64), f[end].to_numpy().astype(np.int64)
-    # each group's times moved above the group before's, so that one running maximum over all
-    # rows is each group's own: a group spans [low, high], moved to start where the last ended
+    return f, groups
+
+
+def _group_unions(ts: np.ndarray, ends: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """The union length of each group's intervals (sorted by group and start; `groups`: the rows
+    where each begins), each group's times moved above the group before's, so that one running
+    maximum over all rows is each group's own: a group spans [low, high], moved to start where
+    the last ended."""
+    if not len(ts):
+        return np.zeros(0, dtype=np.int64)
     low = np.minimum(np.minimum.reduceat(ts, groups), np.minimum.reduceat(ends, groups))
     high = np.maximum(np.maximum.reduceat(ts, groups), np.maximum.reduceat(ends, groups))
     spans = [int(h) - int(lo) + 1 for lo, h in zip(low.tolist(), high.tolist())]
     if sum(spans) >= 1 << 62:  # no room in 64 bits: group by group
-        covered = [_union_lengths(ts[a:b], ends[a:b]) for a, b in zip(groups, [*groups[1:], len(ts)])]
-    else:
-        shift = np.repeat(np.cumsum([0, *spans[:-1]], dtype=np.int64) - low, np.diff([*groups, len(ts)]))
-        covered = _union_lengths(ts + shift, ends + shift, groups)
-    return out.vstack(f[groups].select(by).with_columns(covered_ns=pl.Series(covered, dtype=pl.Int64))).lazy()
+        bounds = zip(groups, [*groups[1:], len(ts)])
+        return np.array([_union_lengths(ts[a:b], ends[a:b]) for a, b in bounds], dtype=np.int64)
+    shift = np.repeat(np.cumsum([0, *spans[:-1]], dtype=np.int64) - low, np.diff([*groups, len(ts)]))
+    return _union_lengths(ts + shift, ends + shift, groups)
 
 
 def _union_lengths(ts: np.ndarray, ends: np.ndarray, groups: np.ndarray | None = None):
@@ -139,16 +185,7 @@ def _covered(k: pl.DataFrame) -> pl.DataFrame:
             .with_columns(comm_ns=pl.lit(0, pl.Int64), exposed_comm_ns=pl.lit(0, pl.Int64))
             .collect()
         )
-    cover = {
-        "kernel_ns": union_ns(k, by),
-        "compute_ns": union_ns(k.filter(~pl.col("comm")), by),
-        "comm_ns": union_ns(k.filter(pl.col("comm")), by),
-    }
-    covered = k.lazy().select(by).unique()
-    for name, lf in cover.items():
-        covered = covered.join(lf.rename({"covered_ns": name}), on=by, how="left")
-    covered = covered.with_columns(pl.col("kernel_ns", "compute_ns", "comm_ns").fill_null(0))
-    return covered.with_columns(exposed_comm_ns=pl.col("kernel_ns") - pl.col("compute_ns")).collect()
+    return kernel_cover_ns(k, by)
 
 
 SCHEMA = {

@@ -25,7 +25,7 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
     (`runs.steps.steps` per trace: ~14 ms each of the ~50 ms of an NCCL member's run tables): by
     the kernels of a trace that has some, else by its gloo work."""
     from pipeline.runs.collectives import IS_GLOO_WORK, NCCL_KERNEL, PROFILER_STEP, STEP_INTERVAL, with_steps
-    from pipeline.runs.steps import INTERVAL, IS_KERNEL, union_ns
+    from pipeline.runs.steps import INTERVAL, IS_KERNEL, kernel_cover_ns, union_ns
     from pipeline.runs.steps import SCHEMA as STEPS_SCHEMA
     from pipeline.runs.tables import collectives_table
     from pipeline.runs.tables import run_tables as member_run_tables
@@ -98,15 +98,7 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
         .drop("step_ts_ns", "step_end_ns")
         .filter(pl.col("step").is_not_null())
     )
-    covered = k_in.lazy().select(by).unique()
-    for name, lf in (
-        ("kernel_ns", union_ns(k_in, by)),
-        ("compute_ns", union_ns(k_in.filter(~pl.col("comm")), by)),
-        ("comm_ns", union_ns(k_in.filter(pl.col("comm")), by)),
-    ):
-        covered = covered.join(lf.rename({"covered_ns": name}), on=by, how="left")
-    covered = covered.with_columns(pl.col("kernel_ns", "compute_ns", "comm_ns").fill_null(0))
-    with_k = covered.with_columns(exposed_comm_ns=pl.col("kernel_ns") - pl.col("compute_ns")).collect()
+    with_k = kernel_cover_ns(k_in, by)
     work = _work(gloo_only)  # a CPU-only trace's steps are measured by its collectives' work
     in_steps = with_steps(work, intervals.sort("step_ts_ns"), by="_m").filter(pl.col("step").is_not_null())
     comm = union_ns(in_steps, ["_m", INTERVAL]).collect().rename({"covered_ns": "comm_ns"})
