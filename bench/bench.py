@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.metadata
 import math
 import os
 import platform
@@ -315,6 +316,17 @@ def bench_html(flat_dir: Path, work: Path, measure) -> str:
     return run(flat_dir, work, measure)
 
 
+def _deps() -> str:
+    """The versions the numbers were measured with (polars, pyarrow, the compiled module)."""
+    found = []
+    for d in ("polars", "pyarrow", "tracepipe-native"):
+        try:
+            found.append(f"{d} {importlib.metadata.version(d)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{d} not installed")
+    return ", ".join(found)
+
+
 def markdown(rows: list[dict]) -> str:
     cols = [
         ("file", "{}"),
@@ -410,7 +422,7 @@ def main():
                 with open(path, "rb") as src, gzip.open(gz, "wb", compresslevel=6) as dst:
                     shutil.copyfileobj(src, dst, 16 << 20)
             rows.append(bench_file(gz, work))
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {_deps()}")
     print(markdown(rows))
     if len(rows) >= 2 and rows[0]["file"].endswith(".json"):
         big = [r for r in rows if r["file"].endswith(".json")]

@@ -233,6 +233,8 @@ def main():
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "pipeline")], capture_output=True)
     found = peers()
     print(f"peers: {', '.join(found) or 'none (see scripts/peers_venvs.sh)'}", file=sys.stderr)
+    # the versions tracepipe ran with, beside the peers' own
+    deps = ", ".join(f"{d} {version(sys.executable, d)}" for d in ("polars", "pyarrow", "tracepipe-native"))
     runs = [Path(r) for r in a.runs.split(",") if r] if a.runs is not None else default_runs(work)
     lines = ["| run | tool | s | peak MB | x tracepipe time | answers |", "|---|---|---|---|---|---|"] if runs else []
     for run in runs:
@@ -265,7 +267,7 @@ def main():
             )
         said = f"{ours_t['kernels']:,} kernels, {ours_t['kernel_time_us']:,.0f} µs, busy {ours_t['busy_us']:,.0f} µs"
         print(f"tracepipe on {trace.name}: {said}", file=sys.stderr)
-    print("\n".join(lines))
+    print("\n".join([*lines, "", f"tracepipe ran with {deps}"]))
 
 
 def default_runs(work: Path) -> list[Path]:
