@@ -332,7 +332,9 @@ def _nccl_kernels(flat_dir: TraceTables) -> tuple[pl.DataFrame, list[str]]:
     )
     k = g.join(launches, on="launch_event_idx", how="left")
     ops = _comm_ops(comm_ops)
-    launched = k.filter(pl.col("launch_ts_ns").is_not_null() & pl.col("pid").is_not_null())
+    launched = k.select("event_idx", "pid", "tid", "launch_ts_ns").filter(  # what the sources look up by
+        pl.col("launch_ts_ns").is_not_null() & pl.col("pid").is_not_null()
+    )
     # what each source says, joined onto the launched kernels' ids and then onto the kernels once:
     # joined onto them source by source, the wide rows of 320K kernels were copied at each
     said = launched.select("event_idx")
