@@ -338,7 +338,9 @@ def test_step_cover_without_communication_is_all_compute():
     """A step's kernels without communication: kernel and compute time are the union of their
     intervals (worked out once), communication and exposed communication 0; the same measures
     as the general path gives once a communication kernel, in another step, is among them."""
-    from pipeline.runs.steps import INTERVAL, _covered
+    from pipeline.runs.steps import INTERVAL, kernel_cover_ns
+
+    by = [INTERVAL, "device"]
 
     k = pl.DataFrame(
         {
@@ -349,12 +351,12 @@ def test_step_cover_without_communication_is_all_compute():
             "comm": [False] * 5,
         }
     ).with_columns(pl.col(INTERVAL).cast(pl.UInt32))
-    alone = _covered(k).sort(INTERVAL, "device")
+    alone = kernel_cover_ns(k, by).sort(by)
     assert alone.rows() == [(0, 0, 300, 300, 0, 0), (0, 1, 40, 40, 0, 0), (1, 0, 300, 300, 0, 0)]
     comm = pl.DataFrame({INTERVAL: [2], "device": [0], "ts_ns": [5000], "end_ns": [5100], "comm": [True]}).with_columns(
         pl.col(INTERVAL).cast(pl.UInt32)
     )
-    general = _covered(pl.concat([k, comm])).sort(INTERVAL, "device")
+    general = kernel_cover_ns(pl.concat([k, comm]), by).sort(by)
     assert general.head(3).equals(alone)
     assert general.row(3) == (2, 0, 100, 0, 100, 100)
 

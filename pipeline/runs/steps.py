@@ -31,10 +31,10 @@ def union_ns(
 ) -> pl.LazyFrame:
     """(by..., covered_ns): the length of the union of the intervals per group. Sorted by group and
     start, a run of intervals ends where one starts after every end before it in its group; a
-    run covers from its first start to its last end. Found over arrays in one pass (`_covered`
-    of a trace's steps took 0.29 s of the 1 GB sampled_no_device_props shape's 0.83 s of run
-    tables with polars' windowed running maximum). An interval without a start is left out, one
-    without an end is taken as lasting no time."""
+    run covers from its first start to its last end. Found over arrays in one pass (the kernel
+    time of a trace's steps took 0.29 s of the 1 GB sampled_no_device_props shape's 0.83 s of
+    run tables with polars' windowed running maximum). An interval without a start is left out,
+    one without an end is taken as lasting no time."""
     f, groups = _sorted_groups(frame, by, start, end)
     out = f.select(by).clear().with_columns(covered_ns=pl.lit(0, pl.Int64))
     if f.is_empty():
@@ -48,22 +48,24 @@ def kernel_cover_ns(k: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     per group, the union length of all its kernels, of those not communication (`comm` false)
     and of those that are (0 where a group has none; a null `comm` is in neither), sorted once for
     the three (three `union_ns` sorted the kernels three times: ~0.03 s more of the 1 GB
-    sampled_no_device_props shape's 0.3 s of steps)."""
+    sampled_no_device_props shape's 0.3 s of steps). Where every kernel is compute (no
+    communication kernel), compute's union is the kernels' and is not worked out twice (the
+    1 GB v100 trace's 411K kernels: 0.15-0.17 -> 0.07 s)."""
     f, groups = _sorted_groups(k, by, "ts_ns", "end_ns", keep=["comm"])
     ts, ends = _int64(f["ts_ns"]), _int64(f["end_ns"])
     comm, compute = (f["comm"].fill_null(False).to_numpy(), (~f["comm"]).fill_null(False).to_numpy())
     covered = {"kernel_ns": _group_unions(ts, ends, groups)}
-    if len(ts):
-        group_of = np.repeat(np.arange(len(groups)), np.diff([*groups, len(ts)]))
-        for name, rows in (("compute_ns", compute), ("comm_ns", comm)):
-            total = np.zeros(len(groups), dtype=np.int64)
-            mine = group_of[rows]
-            if len(mine):
-                starts = np.flatnonzero(np.r_[True, mine[1:] != mine[:-1]])
-                total[mine[starts]] = _group_unions(ts[rows], ends[rows], starts)
-            covered[name] = total
-    else:
-        covered |= {"compute_ns": covered["kernel_ns"], "comm_ns": covered["kernel_ns"]}
+    group_of = np.repeat(np.arange(len(groups)), np.diff([*groups, len(ts)]))
+    for name, rows in (("compute_ns", compute), ("comm_ns", comm)):
+        if rows.all():  # every kernel (or none at all): their union
+            covered[name] = covered["kernel_ns"]
+            continue
+        total = np.zeros(len(groups), dtype=np.int64)
+        mine = group_of[rows]
+        if len(mine):
+            starts = np.flatnonzero(np.r_[True, mine[1:] != mine[:-1]])
+            total[mine[starts]] = _group_unions(ts[rows], ends[rows], starts)
+        covered[name] = total
     out = f[groups].select(by).with_columns(pl.Series(n, v, dtype=pl.Int64) for n, v in covered.items())
     return out.with_columns(exposed_comm_ns=pl.col("kernel_ns") - pl.col("compute_ns"))
 
@@ -174,21 +176,6 @@ def _step_ranges(flat_dir: TraceTables, intervals: pl.DataFrame) -> list[tuple[i
     return [*ranges, (first, None)]
 
 
-def _covered(k: pl.DataFrame) -> pl.DataFrame:
-    """(INTERVAL, device, kernel_ns, compute_ns, comm_ns, exposed_comm_ns) of kernels with their
-    step's INTERVAL. Without communication kernels compute is all of it, and its union is not
-    worked out twice (the 1 GB v100 trace's 411K kernels: 0.15-0.17 -> 0.07 s)."""
-    by = [INTERVAL, "device"]
-    if not k["comm"].any():
-        return (
-            union_ns(k, by)
-            .select(*by, kernel_ns="covered_ns", compute_ns="covered_ns")
-            .with_columns(comm_ns=pl.lit(0, pl.Int64), exposed_comm_ns=pl.lit(0, pl.Int64))
-            .collect()
-        )
-    return kernel_cover_ns(k, by)
-
-
 SCHEMA = {
     "step": pl.String,
     "step_ts_ns": pl.Int64,
@@ -210,7 +197,10 @@ def steps(flat_dir: TraceTables, collectives: pl.DataFrame) -> pl.DataFrame:
     if ranges is not None:  # a run of steps at a time: their kernels, never all of the trace's
         rows = pl.concat(
             [
-                _covered(with_steps(_kernels(flat_dir, since, until), intervals).filter(pl.col("step").is_not_null()))
+                kernel_cover_ns(
+                    with_steps(_kernels(flat_dir, since, until), intervals).filter(pl.col("step").is_not_null()),
+                    [INTERVAL, "device"],
+                )
                 for since, until in ranges
             ]
         )
