@@ -128,9 +128,8 @@ class TableWriter:
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
         self._closed = False
-        self._plans: dict[
-            pa.Schema, list
-        ] = {}  # per schema of the tables given: each column's index in them (-1: absent)
+        # per schema of the tables given: each declared column's index in them (-1: absent)
+        self._plans: dict[pa.Schema, list[int]] = {}
 
     def _conform(self, tbl: pa.Table) -> pa.Table:
         if not self._dictionaries:
