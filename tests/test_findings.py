@@ -367,3 +367,15 @@ def test_run_facts_sum_each_ranks_steps_from_the_columns():
         got = per_rank_of(steps, name)
         assert got == want and list(got) == list(want) and not got[3]["device"] and got[5]["device"]
     assert per_rank_of(steps, "c") == {} and per_rank_of(Rows({"run": [], "rank": []}), "a") == {}
+
+
+def test_no_findings_line_keeps_to_the_width():
+    """The one line a trace without findings gets: within --width in a table, as the findings
+    are; the same sentence, on one line, at the default width and in Markdown."""
+    from pipeline.render.findings import NONE, findings_lines
+
+    said = NONE.format("the window")
+    narrow = findings_lines([], "table", 80).splitlines()
+    assert len(narrow) > 1 and all(len(line) <= 80 for line in narrow)
+    assert " ".join(narrow) == said
+    assert findings_lines([], "table") == findings_lines([], "md") == said + "\n"

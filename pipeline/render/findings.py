@@ -74,11 +74,12 @@ def evidence_text(e: dict, limit: int | None = NAME_CHARS) -> str:
 def findings_lines(rows: list[dict], fmt: str = "table", width: int | None = None, window: str = "the window") -> str:
     """The findings, numbered, each with its saving (`window`: what its share is of), title,
     evidence, remedy and next section."""
-    if not rows:
-        return NONE.format(window) + "\n"
+    width = max(width or 100, 60)
+    if not rows:  # in a table, within the width as the findings are (Markdown wraps itself)
+        none = NONE.format(window)
+        return (none if fmt == "md" else "\n".join(_wrapped(none, width, ""))) + "\n"
     if fmt == "md":
         return "".join(_md(i, d, window) for i, d in enumerate(rows, 1))
-    width = max(width or 100, 60)
     out = []
     for i, d in enumerate(rows, 1):
         head = f"{i:>2}. {d['id']}: {saving_line(d, window)}"
