@@ -485,6 +485,36 @@ def test_gpu_parts_cover_the_row_groups_in_order(tmp_path):
     assert link.gpu_parts(tmp_path, 1) == [[0, 1, 2, 3]]
 
 
+def _column_bytes(path: Path, column: str) -> list[int]:
+    """The uncompressed bytes of `column` in each row group of a Parquet file."""
+    meta = pq.ParquetFile(path).metadata
+    j = [meta.row_group(0).column(k).path_in_schema for k in range(meta.num_columns)].index(column)
+    return [meta.row_group(i).column(j).total_uncompressed_size for i in range(meta.num_row_groups)]
+
+
+def test_a_batch_of_two_dictionaries_stays_dictionary_encoded(tmp_path):
+    """Pass 2 reads gpu_ops in batches that span two of its row groups, so a batch's name column
+    comes in two chunks with dictionaries of their own. Written as they were, Arrow's writer fell
+    back to PLAIN at the second dictionary for the rest of the row group: every row group of a
+    rewritten gpu_ops but the first held its kernel names whole (9.6 MB instead of 58 KB before
+    compression on a 1 GB trace), which every later read of the names decodes."""
+    # the same names in another order: each row group's dictionary lists them as they come
+    names = [f"void kernel_{i % 4 if i < 2000 else 3 - i % 4}<float, {'x' * 200}>" for i in range(4000)]
+    rows = pa.table({"event_idx": range(4000), "name": names, "kind": ["kernel"] * 4000})
+    halves = [rows.slice(0, 2000), rows.slice(2000)]
+    halves = [h.set_column(1, "name", pc.dictionary_encode(h.column("name"))) for h in halves]
+    two_chunks = pa.concat_tables(halves)  # as `store.read_batches` puts a batch back together
+    dictionaries = [c.dictionary for c in two_chunks.column("name").chunks]
+    assert len(dictionaries) == 2 and not dictionaries[0].equals(dictionaries[1])
+    path = tmp_path / "gpu_ops.parquet"
+    w = store.TableWriter(path, "gpu_ops", buffer_rows=1 << 16, dictionaries=True)
+    w.write(two_chunks)
+    w.close()
+    assert pq.read_table(path).column("name").to_pylist() == names
+    (size,) = _column_bytes(path, "name")
+    assert size < 20_000  # a dictionary of 4 names and 4,000 indexes; PLAIN: ~850 KB
+
+
 @pytest.mark.parametrize("view_kernel", [True, False], ids=["views encoded", "an Arrow without the kernel"])
 def test_dictionaries_written_as_they_are_read_back_as_plain_strings(tmp_path, monkeypatch, view_kernel):
     """Pass 2 hands the writer its text columns as Arrow dictionaries (as read), string views (from
