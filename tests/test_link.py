@@ -120,6 +120,34 @@ def test_an_external_id_of_zero_names_no_op(tmp_path, monkeypatch):
     assert got == {"k_no_op": (None, None), "k_of_mm": ("aten::mm", "external_id")}
 
 
+def test_a_flow_start_found_by_time_when_its_call_has_no_correlation(tmp_path, monkeypatch):
+    """Rule 1 binds a flow's start to the launch call at its (pid, tid, ts). Launch calls are read
+    by the batch's correlation ids first, and by time only for flow starts none of those calls
+    sits at: kA and its call carry no correlation id (as a layout may write them), and the call
+    is still found by its flow."""
+    trace = _events(
+        ("cuda_runtime", "cudaLaunchKernel", 1, 10, 3, {}),
+        ("cuda_runtime", "cudaLaunchKernel", 1, 20, 3, {"correlation": 6}),
+        ("cuda_runtime", "cudaLaunchKernel", 1, 25, 3, {"correlation": 8}),
+        ("kernel", "kA", 7, 30, 5, {"device": 0, "stream": 7}),
+        ("kernel", "kB", 7, 40, 5, {"device": 0, "stream": 7, "correlation": 6}),
+        ("kernel", "kC", 7, 50, 5, {"device": 0, "stream": 7, "correlation": 8}),
+    )
+    flow = lambda ph, flow_id, pid, tid, ts: {
+        "ph": ph, "cat": "ac2g", "name": "ac2g", "id": flow_id, "pid": pid, "tid": tid, "ts": ts,
+        **({"bp": "e"} if ph == "f" else {}),
+    }  # fmt: skip
+    trace["traceEvents"] += [
+        flow("s", 5, 1, 1, 10),
+        flow("f", 5, 0, 7, 30),
+        flow("s", 6, 1, 1, 20),
+        flow("f", 6, 0, 7, 40),
+    ]
+    g, _ = _enrich(_flat(tmp_path, trace), tmp_path / "linked", monkeypatch)
+    got = {r["name"]: (r["launch_event_idx"], r["launch_link"]) for r in g.iter_rows(named=True)}
+    assert got == {"kA": (0, "flow"), "kB": (1, "flow"), "kC": (2, "correlation")}
+
+
 def _launch_rows(n: int) -> list:
     """n ops 20 µs apart on thread 1 (aten::op0, ...), each launching a kernel (k0, ...) on stream 7."""
     rows = []
