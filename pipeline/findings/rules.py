@@ -2,7 +2,8 @@
 `analyze`'s findings section (`findings_frame`) and as one flat table (`flat_view`).
 
 A rule is a function of the trace's `Facts` returning a `Finding` or None (its premise does not
-hold). Findings are sorted by the high end of their saving, largest first.
+hold). Findings are sorted by the high end of their saving, largest first, after those about
+the window itself (`finding.ABOUT_THE_WINDOW`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pipeline.findings.optimizer import optimizer
 from pipeline.findings.precision import precision
 from pipeline.findings.small_kernels import small_kernels
 from pipeline.findings.sync import sync
+from pipeline.findings.warmup import warmup
 from pipeline.render.findings import FLAT_COLUMNS, flat_rows
 
 __all__ = ["RULES", "Evidence", "Facts", "Finding", "findings_frame", "flat_view", "trace_findings"]
@@ -42,6 +44,7 @@ RULES: tuple[Callable[[Facts], Finding | None], ...] = (
     copies,
     comm_exposed,
     compile_breaks,
+    warmup,
 )
 
 

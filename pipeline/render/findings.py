@@ -44,6 +44,8 @@ def range_text(r: list | tuple | None) -> str:
 def saving_line(d: dict, window: str = "the window") -> str:
     """What a finding saves: wall time (and its share of the window), device time."""
     gpu = d.get("gpu_gain_us")
+    if not gpu and not d["gain_us"][1]:  # a finding about the window (`warmup`), not a saving
+        return f"saves nothing at run time; it qualifies every share of {window}"
     if gpu and not d["gain_us"][1]:
         return f"frees device time {range_text(gpu)}; no wall time while the host bounds {window}"
     out = f"saves {range_text(d['gain_us'])}"

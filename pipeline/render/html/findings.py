@@ -45,7 +45,8 @@ def _card(i: int, d: dict, p: Findings) -> str:
     share = d.get("gain_pct")
     wall = saving_line(d, p.window)
     scale = f"{share[0]:.1f}-{share[1]:.1f}% of {p.window} ({duration(window)})" if share and window else ""
-    bars = _bar(d["gain_us"], window, scale, "wall")
+    about_window = not d["gain_us"][1] and not d.get("gpu_gain_us")  # `warmup`: no saving to draw
+    bars = "" if about_window else _bar(d["gain_us"], window, scale, "wall")
     rows = "".join(_evidence_row(e) for e in d.get("evidence") or [])
     evidence = (
         '<table class="evidence"><thead><tr><th>what</th><th>name</th><th>count</th><th>time</th>'
