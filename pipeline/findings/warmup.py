@@ -43,18 +43,8 @@ def warmup(t: Facts) -> Finding | None:
         if ops.height
         else ops
     )
-    evidence = [
-        Evidence(
-            "phase",
-            r["name"],
-            r["calls"],
-            r["self_cpu_us"],
-            pct(r["self_cpu_us"], t.span_us),
-            of="the window",
-            note="self time",
-        )
-        for r in phases.head(EVIDENCE_ROWS).iter_rows(named=True)
-    ]
+    rows = phases.head(EVIDENCE_ROWS).select("name", "calls", "self_cpu_us").rows() if phases.height else []
+    evidence = [Evidence("phase", name, n, s, pct(s, t.span_us), "the window", "self time") for name, n, s in rows]
     evidence.append(
         Evidence("measure", "torch.compile compiling (union of its phases)", None, compiling, share, of="the window")
     )
