@@ -19,7 +19,6 @@ import polars as pl
 
 from pipeline.findings.facts import Facts
 from pipeline.findings.finding import Evidence, Finding, ms, pct, us
-from pipeline.findings.limits import marks
 
 ID = "warmup"
 EVIDENCE_ROWS = 8  # phases listed (the largest; every format but the terminal shows them all)
@@ -35,15 +34,12 @@ def warmup(t: Facts) -> Finding | None:
     if compiling < lim["min_span"] * t.span_us:
         return None
     share = pct(compiling, t.span_us)
-    ops = t.ops if {"calls", "self_cpu_us"} <= set(t.ops.columns) else pl.DataFrame()
-    phases = (
-        ops.filter(pl.col("name").str.contains(marks()["compile"])).sort(
-            ["self_cpu_us", "name"], descending=[True, False]
-        )
-        if ops.height
-        else ops
-    )
-    rows = phases.head(EVIDENCE_ROWS).select("name", "calls", "self_cpu_us").rows() if phases.height else []
+    # the phases by self time, from the ops section (names as the marks read them)
+    ops, rows = t.ops, []
+    if {"calls", "self_cpu_us"} <= set(ops.columns):
+        phases = ops.filter(pl.col("name").is_in(m["name"].unique().implode()))
+        top = phases.sort(["self_cpu_us", "name"], descending=[True, False]).head(EVIDENCE_ROWS)
+        rows = top.select("name", "calls", "self_cpu_us").rows()
     evidence = [Evidence("phase", name, n, s, pct(s, t.span_us), "the window", "self time") for name, n, s in rows]
     evidence.append(
         Evidence("measure", "torch.compile compiling (union of its phases)", None, compiling, share, of="the window")
@@ -61,9 +57,9 @@ def warmup(t: Facts) -> Finding | None:
                 "steps", "ProfilerSteps that compile", with_compile, None, pct(with_compile, total), of="the steps"
             )
         )
-    if steps is not None and steps[0] > 1:  # compiling again in later steps: a guard fails
+    if steps is not None and with_compile > 1:  # compiling again in later steps: a guard fails
         title = (
-            f"torch.compile recompiles: {steps[0]:,} of {steps[1]:,} steps compile, {ms(compiling)} "
+            f"torch.compile recompiles: {with_compile:,} of {total:,} steps compile, {ms(compiling)} "
             f"({share:.0f}% of the window); the window shows no steady state"
         )
     else:

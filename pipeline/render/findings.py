@@ -41,10 +41,15 @@ def range_text(r: list | tuple | None) -> str:
     return f"{f(lo)}-{f(hi)} {unit}"
 
 
+def about_the_window(d: dict) -> bool:
+    """A finding that saves nothing, neither wall nor device time: it qualifies the window (`warmup`)."""
+    return not d["gain_us"][1] and not d.get("gpu_gain_us")
+
+
 def saving_line(d: dict, window: str = "the window") -> str:
     """What a finding saves: wall time (and its share of the window), device time."""
     gpu = d.get("gpu_gain_us")
-    if not gpu and not d["gain_us"][1]:  # a finding about the window (`warmup`), not a saving
+    if about_the_window(d):
         return f"saves nothing at run time; it qualifies every share of {window}"
     if gpu and not d["gain_us"][1]:
         return f"frees device time {range_text(gpu)}; no wall time while the host bounds {window}"

@@ -8,7 +8,7 @@ ranges are drawn from.
 
 from __future__ import annotations
 
-from pipeline.render.findings import duration, saving_line
+from pipeline.render.findings import about_the_window, duration, saving_line
 from pipeline.render.html.escape import text as esc
 from pipeline.render.html.model import Findings
 from pipeline.render.tables import shorten
@@ -45,8 +45,7 @@ def _card(i: int, d: dict, p: Findings) -> str:
     share = d.get("gain_pct")
     wall = saving_line(d, p.window)
     scale = f"{share[0]:.1f}-{share[1]:.1f}% of {p.window} ({duration(window)})" if share and window else ""
-    about_window = not d["gain_us"][1] and not d.get("gpu_gain_us")  # `warmup`: no saving to draw
-    bars = "" if about_window else _bar(d["gain_us"], window, scale, "wall")
+    bars = "" if about_the_window(d) else _bar(d["gain_us"], window, scale, "wall")
     rows = "".join(_evidence_row(e) for e in d.get("evidence") or [])
     evidence = (
         '<table class="evidence"><thead><tr><th>what</th><th>name</th><th>count</th><th>time</th>'
