@@ -586,7 +586,7 @@ def test_memory_stays_bounded_on_a_large_trace(tmp_path):
     assert total < size, msg  # and the working set itself is below the file size
 
 
-_PSS_FIELDS = ("Pss:", "Pss_Anon:", "Pss_Shmem:")
+_DATA_PSS = ("Pss_Anon:", "Pss_Shmem:")  # the pages a trace can grow (`_peak_summed_pss`)
 
 
 def _peak_summed_pss(cmd: list, timeout: float = 600) -> tuple[int, float, float]:
@@ -601,10 +601,10 @@ def _peak_summed_pss(cmd: list, timeout: float = 600) -> tuple[int, float, float
             try:
                 if d.isdigit() and int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[2]) == pgid:
                     for x in open(f"/proc/{d}/smaps_rollup"):
-                        if x.startswith(_PSS_FIELDS):
-                            kb = int(x.split()[1])
-                            total += kb if x.startswith("Pss:") else 0
-                            data += kb if not x.startswith("Pss:") else 0
+                        if x.startswith("Pss:"):
+                            total += int(x.split()[1])
+                        elif x.startswith(_DATA_PSS):
+                            data += int(x.split()[1])
             except (OSError, ValueError, IndexError):
                 continue
         return total, data
