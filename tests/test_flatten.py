@@ -15,6 +15,7 @@ import pytest
 
 import pipeline
 from conftest import PEAK_RSS, run_cli
+from pipeline import schema
 from pipeline import synthetic as synth
 from pipeline.flatten import flatten
 from pipeline.schema import TABLES
@@ -57,13 +58,14 @@ def test_integer_columns_are_delta_encoded_and_read_alike(tmp_path):
 
 
 @pytest.mark.parametrize("link", [False, True])
-def test_outputs_are_zstd_with_statistics_but_on_json_text(tmp_path, link):
+def test_outputs_are_zstd_with_statistics_but_on_json_text_and_names(tmp_path, link):
     """Every table a flatten leaves is zstd (gpu_ops also once link and cost wrote it again); every
-    column has min/max statistics (the link's reads skip row groups by them) but JSON text, whose
-    bounds rule out no row group."""
+    column has min/max statistics (the link's reads skip row groups by them) but JSON text and the
+    dictionary-encoded names, whose bounds rule out no row group (`store.statistics_columns`)."""
     p = synth.write_trace(synth.make_trace(n_steps=3), tmp_path / "t.json")
     r = flatten(p, tmp_path / "out", link=link, workers=1)
     for name in ("events", "gpu_ops", "flows", "devices", "trace"):  # by the reader's writers, and `write_table`
+        names = {c.name for c in schema.table(name).columns if c.type == "dict"}
         meta = pq.ParquetFile(r.out_dir / f"{name}.parquet").metadata
         assert meta.num_rows > 0, name
         group = meta.row_group(0)
@@ -71,10 +73,10 @@ def test_outputs_are_zstd_with_statistics_but_on_json_text(tmp_path, link):
             column = group.column(i)
             assert column.compression == "ZSTD", (name, column.path_in_schema)
             has_bounds = column.statistics is not None and column.statistics.has_min_max
-            json_text = column.path_in_schema.endswith("_json")
+            unbounded = column.path_in_schema.endswith("_json") or column.path_in_schema in names
             non_null = column.statistics is None or column.statistics.null_count < group.num_rows
             if non_null:
-                assert has_bounds != json_text, (name, column.path_in_schema)
+                assert has_bounds != unbounded, (name, column.path_in_schema)
 
 
 # ------------------------------------------------------------------ events

@@ -105,6 +105,7 @@ LINK_COLUMNS = [
     "step",
 ]
 _FLOW_COLS = ["ph", "cat", "id", "pid", "tid", "ts_ns"]
+_FLOW_TYPES = pl.Schema(schema.table("flows").arrow_schema())  # polars' types of the flows' columns
 _LAUNCH_COLUMNS = [
     "event_idx",
     pl.col("name").cast(pl.Categorical),
@@ -134,6 +135,7 @@ class LinkSources:
     cells: TimeCells
     inside_flows: bool = False  # the trace holds flows of rule 5
     op_flows: bool = False  # the trace holds flows of rule 6
+    launch_flows: bool = True  # the trace holds flows of rule 1 (of a category of theirs)
 
     @classmethod
     def of(cls, flat_dir: Path) -> LinkSources:
@@ -180,6 +182,7 @@ class LinkSources:
             cells=TimeCells.of(histogram, bins, CELL_SLICES),
             inside_flows=bool(flow_cats & {cat for cat, _ in INSIDE_FLOWS}),
             op_flows=bool(flow_cats & {cat for cat, _ in OP_FLOWS}),
+            launch_flows=bool(flow_cats & set(LINK_FLOW_CATS)),
         )
 
     @property
@@ -416,6 +419,8 @@ def _flows(src: LinkSources, gpu: pl.DataFrame, corrs: pl.Series) -> pl.DataFram
     cudaEventQuery, without a start: 1.2 M of the 1.5 M ends of that trace scaled to 1 GB, each
     read and joined for nothing; `_flows` 0.45-0.62 -> 0.36-0.44 CPU-s there). `s` endpoints with
     other ids are read after."""
+    if not src.launch_flows:  # none to read (a trace without flows: 7.6 ms a batch, 0.16 CPU-s a GB)
+        return pl.DataFrame(schema={c: _FLOW_TYPES[c] for c in _FLOW_COLS})
     at = gpu.select(_THREAD_TIME).drop_nulls()  # repeated: `among` and the semi-join take them so
     link_flow = _is_launch_flow() & pl.col("id").is_not_null()
     is_end, is_start = pl.col("ph") == "f", pl.col("ph") == "s"
