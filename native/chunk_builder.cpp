@@ -1157,6 +1157,7 @@ PyObject *configure_rows(PyObject *, PyObject *args) {
 
 PyObject *nesting_around(PyObject *, PyObject *args);  // nesting.cpp
 PyObject *nesting_nest(PyObject *, PyObject *args);    // nesting.cpp
+PyObject *nesting_around_keyed(PyObject *, PyObject *args);  // nesting.cpp
 PyObject *shape_keys(PyObject *, PyObject *args);      // shape_keys.cpp
 
 namespace {
@@ -1172,6 +1173,9 @@ PyMethodDef methods[] = {
     {"around", nesting_around, METH_VARARGS,
      "around(iv_g, iv_ts, iv_end, iv_idx, pt_g, pt_t, pt_outer, order, out): the interval around each point "
      "(nesting.cpp)"},
+    {"around_keyed", nesting_around_keyed, METH_VARARGS,
+     "around_keyed(iv_a, iv_b, iv_c, iv_ts, iv_end, iv_idx, pt_a, pt_b, pt_c, pt_known, pt_t, pt_outer, order, out): "
+     "`around` with threads named by three keys (nesting.cpp)"},
     {"nest", nesting_nest, METH_VARARGS,
      "nest(iv_g, iv_ts, iv_end, iv_idx, order, rows, depth, parent): each interval's depth and parent, in start "
      "order (nesting.cpp)"},

@@ -91,6 +91,18 @@ def check_against_sweep(intervals: list, points: list):
             with _env("TRACEPIPE_NATIVE", native):
                 assert nesting.native_nesting() == (native == "1")
                 assert nesting.around_one(pts, iv, order, outer).to_list() == want, native
+                # rows_around: the same answers as rows of the intervals, the thread named by three
+                # columns (the tid last, after a constant one), a point without a time on none
+                by = ("pid", "one", "tid")
+                rows = nesting.rows_around(
+                    pts.with_columns(one=1, t=pl.when(pl.col("point_id") != 103).then("t")),
+                    iv.with_columns(one=1),
+                    order,
+                    outer,
+                    by,
+                )
+                timed = [None if p == 103 else w for p, w in zip(pts["point_id"], want)]
+                assert iv["iv_idx"].gather(rows).to_list() == timed
 
 
 @contextmanager

@@ -617,12 +617,8 @@ def _context_in_cell(points: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame
         or [points.select("pid", "tid", "t", nest=pl.lit(None, pl.Int8))]
     )
     outermost = each_nest["nest"].is_in([code for _, code, outer in NESTS if outer])
-    found = nesting.around_one(each_nest, intervals, nesting.LONGER_FIRST, outermost, by=("pid", "tid", "nest"))
-    named = (
-        found.to_frame()
-        .join(slices.select(iv_idx="event_idx", name="name"), on="iv_idx", how="left", maintain_order="left")
-        .with_columns(pl.col("name").cast(pl.String))
-    )
+    rows = nesting.rows_around(each_nest, intervals, nesting.LONGER_FIRST, outermost, by=("pid", "tid", "nest"))
+    named = slices.select(iv_idx=pl.col("event_idx").gather(rows), name=pl.col("name").gather(rows).cast(pl.String))
     n = points.height
     none = named.clear(n)  # a nest without slices: nothing around any point
     of_nest = {name: none for name, _, _ in NESTS} | {

@@ -67,6 +67,10 @@ try:
 except ImportError:  # not built, or a build before it had `around`: polars answers
     _native_around = None
 try:
+    from tracepipe_native import around_keyed as _native_around_keyed
+except ImportError:  # a build before it had `around_keyed` (0.5.0): `around_one` answers `rows_around`
+    _native_around_keyed = None
+try:
     from tracepipe_native import nest as _native_nest
 except ImportError:  # a build before it had `nest` (0.3.0): polars answers `nesting`
     _native_nest = None
@@ -286,6 +290,49 @@ def around_one(
         return _nulls(points).alias("iv_idx")
     depth = pl.select(pl.when(outermost).then(located.depth.clip(upper_bound=1)).otherwise(located.depth)).to_series()
     return located.open_at(depth).alias("iv_idx")
+
+
+def rows_around(
+    points: pl.DataFrame,
+    intervals: pl.DataFrame,
+    start_order: StartOrder,
+    outermost: pl.Series,
+    by: tuple[str, str, str],
+) -> pl.Series:
+    """`around_one`'s answer as the row of `intervals` (iv_idx unique, `by` three columns) that
+    holds it, null where none does: the caller takes the interval's other columns by position.
+
+    In the compiled module (`around_keyed`) the three columns name the threads as they are,
+    numbered in a small hash table: on linking's cells (32K launches among 64K slices, `by` =
+    (pid, tid, nest)) numbering them and joining the points to them took half of `around_one`'s
+    15 ms in polars. Where
+    it is not built, or a column holds a null, `around_one` answers and its iv_idx are looked up."""
+    keyed = [*by, "ts_ns", "end_ns", "iv_idx"]
+    if (
+        _native_around_keyed is None
+        or start_order not in _NATIVE_ORDERS
+        or not native.allowed()
+        or intervals.select(pl.any_horizontal(pl.col(keyed).is_null().any())).item()
+    ):
+        around = around_one(points, intervals, start_order, outermost, by).to_frame("iv_idx")
+        rows = intervals.select("iv_idx").with_row_index("row")
+        return around.join(rows, on="iv_idx", how="left", maintain_order="left")["row"].cast(pl.Int64)
+    known = points.select(pl.all_horizontal(pl.col(*by, "t").is_not_null())).to_series()
+
+    def ints(frame: pl.DataFrame, c: str) -> np.ndarray:
+        return frame[c].cast(pl.Int64).fill_null(0).to_numpy()
+
+    found = np.empty(points.height, np.int64)
+    _native_around_keyed(
+        *(ints(intervals, c) for c in keyed),
+        *(ints(points, c) for c in by),
+        known.to_numpy().astype(np.uint8),
+        ints(points, "t"),
+        outermost.fill_null(False).to_numpy().astype(np.uint8),
+        _NATIVE_ORDERS[start_order],
+        found,
+    )
+    return _valid(found)
 
 
 def native_nesting() -> bool:
