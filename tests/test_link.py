@@ -260,6 +260,7 @@ def test_time_cells_whole_tail_joins_a_small_last_cell(starts, cells):
 def test_spill_hands_rows_back_in_slices_of_any_length(tmp_path):
     fields = [pa.field("event_idx", pa.int64()), pa.field("name", pa.string())]
     with store.spill_file(tmp_path, "test") as path:
+        assert not path.exists()  # made by its writer: opening an empty file to write truncates it
         with store.SpillWriter(path, fields) as out:
             for start in (0, 5, 12):
                 out.write(
