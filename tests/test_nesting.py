@@ -61,6 +61,32 @@ def test_nesting_and_enclosing_match_a_direct_sweep(seed):
         check_against_sweep(*_case(rng))
 
 
+def test_rows_around_on_many_threads_matches_a_direct_sweep():
+    """rows_around where the compiled sweep numbers hundreds of threads (its table of them grows
+    from 64 slots, several times) and some points lie on threads without intervals: the rows hold
+    what a direct sweep finds, natively and in polars."""
+    rng = random.Random(7)
+    intervals, points = [], []
+    for i in range(3000):
+        thread = rng.randint(0, 299)
+        a = rng.randint(0, 200)
+        intervals.append((i, thread // 10, thread % 10, a, a + rng.choice((0, rng.randint(1, 60)))))
+    for j in range(2000):
+        thread = rng.randint(0, 319)  # threads 300-319 have no intervals
+        points.append((10_000 + j, thread // 10, thread % 10, rng.randint(-5, 270)))
+    _, _, found = _sweep(intervals, points, lambda i, s, e: (-e, i))
+    iv = pl.DataFrame(intervals, schema=["iv_idx", "pid", "tid", "ts_ns", "end_ns"], orient="row").cast(pl.Int64)
+    pts = pl.DataFrame(points, schema=["point_id", "pid", "tid", "t"], orient="row").cast(pl.Int64)
+    outer = pts["point_id"] % 3 == 0
+    want = [found.get(p, (None, None))[p % 3 == 0] for p in pts["point_id"]]
+    assert sum(w is not None for w in want) > 500  # most points are inside some interval
+    by = ("pid", "tid", "one")
+    for native in ("0", "1") if nesting._native_around_keyed else ("0",):
+        with _env("TRACEPIPE_NATIVE", native):
+            rows = nesting.rows_around(pts.with_columns(one=1), iv.with_columns(one=1), nesting.LONGER_FIRST, outer, by)
+            assert iv["iv_idx"].gather(rows).to_list() == want, native
+
+
 def check_against_sweep(intervals: list, points: list):
     """nesting.nesting and nesting.enclosing of intervals (iv_idx, pid, tid, ts_ns, end_ns) and
     points (point_id, pid, tid, t) give what a direct sweep gives: longer first, then file order
