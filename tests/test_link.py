@@ -260,7 +260,7 @@ def test_time_cells_whole_tail_joins_a_small_last_cell(starts, cells):
 def test_spill_hands_rows_back_in_slices_of_any_length(tmp_path):
     fields = [pa.field("event_idx", pa.int64()), pa.field("name", pa.string())]
     with store.spill_file(tmp_path, "test") as path:
-        assert not path.exists()  # made by its writer: opening an empty file to write truncates it
+        assert path.stat().st_size == 0 and store._write_anew(str(path)) == "ab"  # appended to, not truncated
         with store.SpillWriter(path, fields) as out:
             for start in (0, 5, 12):
                 out.write(
@@ -270,6 +270,10 @@ def test_spill_hands_rows_back_in_slices_of_any_length(tmp_path):
                 )
         with store.SpillReader(path) as back:
             got = [back.take(n) for n in (3, 9, 0, 6, 5)]
+        with store.SpillWriter(path, fields) as out:  # a file written already is written anew
+            out.write(pl.DataFrame({"name": ["again"], "event_idx": [99]}))
+        with store.SpillReader(path) as back:
+            assert back.take(5)["event_idx"].to_list() == [99]
     assert [f.height for f in got] == [3, 9, 0, 6, 3]
     assert pl.concat(got)["event_idx"].to_list() == [*range(0, 7), *range(5, 12), *range(12, 19)]
     assert not path.exists()
