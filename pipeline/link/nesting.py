@@ -28,11 +28,12 @@ that put the thread first: thread number * width + value, in int64 (`_Keys`). A 
 are then the rows from its first one on (`first`), and counts within it are positions minus
 `first`.
 
-Where the optional compiled module is built (`native/nesting.cpp`), `around_one` (linking's
-question, and `enclosing`'s) and `nesting` (the reports') are answered by one sweep per thread
-instead: starts in start order, ends sorted, points walked in time order with the last start at
-each depth kept. Same rule, same answers (`tests/test_nesting.py` checks both against a direct
-sweep); TRACEPIPE_NATIVE=0 turns it off.
+Where the optional compiled module is built (`native/nesting.cpp`), `rows_around` (linking's
+question, its threads named by three columns), `around_one` (`enclosing`'s and the slicer's) and
+`nesting` (the reports') are answered by one sweep per thread instead: starts in start order,
+ends sorted, points walked in time order with the last start at each depth kept. Same rule, same
+answers (`tests/test_nesting.py` checks them against a direct sweep); TRACEPIPE_NATIVE=0 turns
+it off.
 """
 
 from __future__ import annotations
@@ -305,8 +306,8 @@ def rows_around(
     In the compiled module (`around_keyed`) the three columns name the threads as they are,
     numbered in a small hash table: on linking's cells (32K launches among 64K slices, `by` =
     (pid, tid, nest)) numbering them and joining the points to them took half of `around_one`'s
-    15 ms in polars. Where
-    it is not built, or a column holds a null, `around_one` answers and its iv_idx are looked up."""
+    15 ms in polars. Where it is not built, or a column holds a null, `around_one` answers and its
+    iv_idx are looked up."""
     keyed = [*by, "ts_ns", "end_ns", "iv_idx"]
     if (
         _native_around_keyed is None
