@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from pathlib import Path
 
 import polars as pl
@@ -106,6 +107,27 @@ def test_pairing_in_small_batches_gives_the_same_pairs(tmp_path, monkeypatch):
     g, problems, truth, _ = run(case, tmp_path / "small")
     assert right(g, case, truth) == len(truth) == 25 and problems["graphs:replays_paired"] == 15
     assert g.drop("event_idx").equals(whole.drop("event_idx"), null_equal=True)
+
+
+def test_pairing_that_ends_after_linking_began_gives_the_same_table(tmp_path, monkeypatch):
+    """Replays are paired in a thread of their own while the first batch is linked: a pairing
+    that ends late gives the same table and problem counts, in the same order (its own first)."""
+    case = GraphCase([LAYER], replays=[0, 0, 0])
+    g, problems, _, _ = run(case, tmp_path / "first")
+    pair = graphs_mod.GraphLinks.of.__func__
+    began = []
+
+    def late(cls, *args):
+        began.append(True)
+        time.sleep(0.5)  # the first batch's launch lookup (a few ms here) ends long before
+        return pair(cls, *args)
+
+    monkeypatch.setattr(graphs_mod.GraphLinks, "of", classmethod(late))
+    late_g, late_problems, _, _ = run(case, tmp_path / "late")
+    assert began and late_problems["graphs:replays_paired"] == 3
+    assert g.equals(late_g, null_equal=True)
+    assert list(late_problems.items()) == list(problems.items())
+    assert list(problems)[:2] == ["graphs:replays", "graphs:replays_paired"]  # as when paired first
 
 
 def test_graphs_captured_and_never_replayed_are_counted(tmp_path):
