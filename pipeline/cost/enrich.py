@@ -570,8 +570,6 @@ def link_pass(
     trace of one batch) to four's."""
     runs = link.gpu_parts(flat_dir, parts) if parts > 1 else [None]
     fields = _spill_fields()
-    if len(runs) > 1 and isinstance(replays, Future):
-        replays = replays.result()
     if len(runs) == 1:
         with store.SpillWriter(spill, fields) as out:
             return _link_part(flat_dir, out, dtype, tally, user, replays, graph_ids, None, None, ahead=True)
@@ -765,17 +763,15 @@ def enrich(
     ):
         # the replays are paired in a thread of their own while the first batches are linked: done
         # first, it took 0.29 s of a 1 GB trace's 3,010 replays on one core, the other one idle
-        pairing = ThreadPoolExecutor(1)
-        replays = pairing.submit(graphs.GraphLinks.of, flat_dir, captures or [], graph_spill)
-        try:
+        with ThreadPoolExecutor(1) as pairing:  # on an error, the pairing ends before its spill goes
+            replays = pairing.submit(graphs.GraphLinks.of, flat_dir, captures or [], graph_spill)
             op_kernels = link_pass(
                 flat_dir, spill, dtype, tally, formulas, replays, GraphIds.of(gpu_ops), parts=LINK_PARTS
             )
-        finally:
-            pairing.shutdown(cancel_futures=True)
         if (paired := replays.result()) is not None:  # its counts first, as when it was paired first
-            tally.links, linked = Counter(paired.problems), tally.links
-            tally.links.update(linked)
+            counts = Counter(paired.problems)
+            counts.update(tally.links)
+            tally.links = counts
         with store.SpillReader(spill) as links, store.atomic_file(gpu_ops) as tmp:
             coster = BatchCoster(links, op_kernels, devs, tally)
             store.write_extended(
