@@ -145,9 +145,6 @@ def _tallies(linked: pl.DataFrame, n: int) -> list:
     if linked.is_empty():
         return out
     launched = pl.col("launch_event_idx").is_not_null()
-    is_kernel = pl.col("kind") == "kernel"
-    costed = pl.col("cost_source").is_not_null()
-    dur = pl.col("dur_ns").fill_null(0)
     counts = linked.group_by("_m").agg(  # link_counts' reasons, in its order, then Tally's counts
         by_flow=(pl.col("launch_link") == "flow").sum(),
         by_corr=(pl.col("launch_link") == "correlation").sum(),
@@ -158,17 +155,14 @@ def _tallies(linked: pl.DataFrame, n: int) -> list:
         launch_outside_op=(launched & pl.col("cpu_op_event_idx").is_null()).sum(),
         n_launch_linked=launched.sum(),
         n_cpu_op_linked=pl.col("cpu_op_event_idx").is_not_null().sum(),
-        n_kernels=is_kernel.sum(),
-        n_costed=(is_kernel & costed).sum(),
-        kernel_ns=dur.filter(is_kernel).sum(),
-        modelled_ns=dur.filter(is_kernel & costed).sum(),
+        **Tally.cost_counts(),  # n_kernels, n_costed, kernel_ns, modelled_ns
     )
     assert len(keys) == 7
     for r in counts.iter_rows():
         t = out[r[0]]
         t.links.update(dict(zip(keys, r[1:8])))
         t.n_launch_linked, t.n_cpu_op_linked, t.n_kernels, t.n_costed, t.kernel_ns, t.modelled_ns = map(int, r[8:])
-    reasons = linked.filter(is_kernel & ~costed).group_by("_m", "unmodelled_reason").len()
+    reasons = linked.filter(Tally.UNMODELLED).group_by("_m", "unmodelled_reason").len()
     for k, reason, count in reasons.iter_rows():
         out[k].unmodelled[f"unmodelled:{reason}"] += count
     return out
