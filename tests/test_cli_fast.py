@@ -108,6 +108,39 @@ def test_anything_else_goes_to_typer(argv):
         fast.values(fast.command_function(argv[0]), argv[1:], f"tracepipe {argv[0]}")
 
 
+RANKS_CLEAN = [
+    ["ranks", "run"],
+    ["ranks", "run", "-f", "json", "-o", "r.json", "-w", "100", "--top", "0", "-c", "rank,wait_us"],
+    ["ranks", "--run-by", "col:job", "run", "--align", "none", "--run", "a", "--plot", "p", "-j", "2", "--no-cache"],
+]
+RANKS_NOT_CLEAN = [
+    ["ranks", "run", "-o=r.json"],
+    ["ranks", "run", "--top", "1_0"],
+    ["ranks", "run", "--align", "mean"],
+    ["ranks", "-1"],
+    ["ranks", "run", "--help"],
+]
+
+
+@pytest.mark.parametrize("argv", RANKS_CLEAN, ids=" ".join)
+def test_ranks_parses_as_typer_does(argv):
+    """`ranks` has its own option table and parser (`cli.ranks`), read the same way."""
+    from pipeline.cli import ranks
+
+    rc, by_typer = typer_call(argv)
+    assert rc == 0 and by_typer
+    assert typed(ranks.values(argv)) == typed(by_typer)
+
+
+@pytest.mark.parametrize("argv", RANKS_NOT_CLEAN, ids=" ".join)
+def test_ranks_leaves_the_rest_to_typer(argv):
+    from pipeline.cli import ranks
+
+    with pytest.raises(fast.Refused):
+        ranks.values(argv)
+    assert ranks.fast(argv) is None
+
+
 @pytest.mark.parametrize("name", FAST)
 def test_the_fast_commands_parse_without_typer(name):
     """A parameter of a kind argparse does not know would send every command line to typer:

@@ -53,7 +53,7 @@ def _text(kind: type) -> Callable[[str], object]:
     return convert
 
 
-_CONVERT: dict[type, Callable[[str], Any]] = {
+CONVERT: dict[type, Callable[[str], Any]] = {
     int: _strict(int, _INT),
     float: _strict(float, _FLOAT),
     str: _text(str),
@@ -61,7 +61,7 @@ _CONVERT: dict[type, Callable[[str], Any]] = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """Refuses instead of exiting, and knows which of its options take a value."""
 
     def __init__(self, *args, **kw):
@@ -115,7 +115,7 @@ def _kind(annotation) -> tuple[type, bool, tuple | None]:
         if not all(isinstance(c, str) for c in choices):
             raise Refused(f"a Literal of other than strings: {annotation}")
         annotation = str
-    if annotation not in _CONVERT and (annotation is not bool or repeated):
+    if annotation not in CONVERT and (annotation is not bool or repeated):
         raise Refused(f"a parameter of kind {annotation}")
     return annotation, repeated, choices
 
@@ -145,13 +145,13 @@ def _flag(p: argparse.ArgumentParser, name: str, flags: tuple[str, ...], default
         p.add_argument(*off, dest=name, action="store_false", default=default)
 
 
-def parser(func: Callable, prog: str) -> _Parser:
+def parser(func: Callable, prog: str) -> Parser:
     """An argparse parser of the typer command `func` (Refused: a parameter argparse would read
     otherwise)."""
     from typer.models import ArgumentInfo, OptionInfo
 
     hints = typing.get_type_hints(func)
-    p = _Parser(prog=prog, add_help=False, allow_abbrev=False)
+    p = Parser(prog=prog, add_help=False, allow_abbrev=False)
     for name, param in inspect.signature(func).parameters.items():
         info = param.default
         if not isinstance(info, (ArgumentInfo, OptionInfo)):
@@ -165,7 +165,7 @@ def parser(func: Callable, prog: str) -> _Parser:
                 raise Refused(f"{name}: an argument of its own spelling")
             nargs = ("+" if required else "*") if repeated else (None if required else "?")
             default = None if required else info.default
-            p.add_argument(name, type=_CONVERT[kind], nargs=nargs, default=default, choices=choices)
+            p.add_argument(name, type=CONVERT[kind], nargs=nargs, default=default, choices=choices)
             continue
         if not flags or any(not f.startswith("-") for f in flags):
             raise Refused(f"{name}: names typer derives from the parameter's")
@@ -175,25 +175,28 @@ def parser(func: Callable, prog: str) -> _Parser:
         if any("/" in f for f in flags):
             raise Refused(f"{name}: a value's option named as a flag's")
         if repeated:
-            p.add_argument(*flags, dest=name, type=_CONVERT[kind], action="append", default=None, choices=choices)
+            p.add_argument(*flags, dest=name, type=CONVERT[kind], action="append", default=None, choices=choices)
         else:
             default = None if required else info.default
-            p.add_argument(*flags, dest=name, type=_CONVERT[kind], default=default, choices=choices, required=required)
+            p.add_argument(*flags, dest=name, type=CONVERT[kind], default=default, choices=choices, required=required)
     return p
 
 
 def values(func: Callable, argv: list[str], prog: str) -> dict:
     """The parameters of `func` that typer would pass for `argv` (the arguments after the
     command's name); Refused when argparse may read them otherwise."""
+    return parsed(parser(func, prog), argv)
+
+
+def parsed(p: Parser, argv: list[str]) -> dict:
+    """What `p` makes of `argv`; Refused for help and where argparse and click may read it apart."""
     if any(a in ("--help", "-h", "--version") for a in argv):
         raise Refused("help")
-    p = parser(func, prog)
     p.check_dashes(argv)
     try:
-        out = vars(p.parse_args(argv))
+        return vars(p.parse_args(argv))
     except (SystemExit, ValueError) as e:
         raise Refused(str(e)) from e
-    return out
 
 
 def command_function(name: str) -> Callable:

@@ -9,10 +9,10 @@ to the typer command, which says it as every other command does. Nothing here im
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.cli.fast import CONVERT, Parser, Refused, parsed
 from pipeline.cli.guard import EXIT_OK, EXIT_PROBLEMS, guarded, say
 from pipeline.cli.output import FORMAT_DEFAULT
 
@@ -139,34 +139,29 @@ def ranks_main(
     return EXIT_PROBLEMS if problems else EXIT_OK
 
 
-class _Refused(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # a mistake: typer says it, as for every command
-        raise _Refused(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tracepipe ranks", add_help=False, allow_abbrev=False)
+def _parser() -> Parser:
+    p = Parser(prog="tracepipe ranks", add_help=False, allow_abbrev=False)
     for o in OPTIONS:
         if not o.flags:
-            p.add_argument(o.name, type=o.kind)
+            p.add_argument(o.name, type=CONVERT[o.kind])
         elif o.kind is bool:
             p.add_argument(*o.flags, dest=o.name, action="store_true", default=o.default)
         else:
-            p.add_argument(*o.flags, dest=o.name, type=o.kind, default=o.default, choices=o.choices)
+            p.add_argument(*o.flags, dest=o.name, type=CONVERT[o.kind], default=o.default, choices=o.choices)
     return p
+
+
+def values(argv: list[str]) -> dict:
+    """The parameters of `ranks_main` for argv (the command's name first), as typer would pass
+    them; Refused where argparse and click may read it apart (`cli.fast.parsed`)."""
+    return parsed(_parser(), argv[1:])
 
 
 def fast(argv: list[str]) -> int | None:
     """Run `ranks` from argv parsed by argparse; None when it does not parse cleanly (typer then
     runs the command, and says what is wrong)."""
-    if any(a in ("--help", "-h") for a in argv):
-        return None
     try:
-        values = vars(_parser().parse_args(argv[1:]))
-    except (_Refused, SystemExit, ValueError):
+        given = values(argv)
+    except Refused:
         return None
-    return guarded(lambda: ranks_main(**values))
+    return guarded(lambda: ranks_main(**given))
