@@ -7,7 +7,7 @@ Commands register on `app` when their module is imported (`register`): all of th
 for most commands; for `ranks`, `mcp`, `flatten`, `batch`, `compact` and `query` only their own
 module, and a clean `ranks` command line is parsed without typer at all (`cli.ranks.fast`), so
 that a first look at a run folder pays neither for every report's imports (polars, pyarrow, the
-analyses) nor for typer's. Clean `flatten` and `analyze` command lines are parsed by argparse
+analyses) nor for typer's. Clean command lines of the `FAST` commands are parsed by argparse
 from the typer commands' own declarations (`cli.fast`).
 """
 
@@ -37,10 +37,8 @@ LIGHT = {
     "analyze": "report_commands",
     **dict.fromkeys(("batch", "compact", "query"), "dataset_commands"),
 }
-# commands whose clean command lines argparse parses from their typer declaration (`cli.fast`):
-# typer's parameter handling took 40-55 ms of each (medians of eight: `query` of a small dataset
-# 0.32 -> 0.28 s, `flatten` of the 9 MB hta/a100_nccl 0.675 -> 0.62 s, `analyze` of hta/cpu_only
-# 0.59 -> 0.55 s; 7 MB less memory: pydantic is not imported)
+# commands whose clean command lines argparse parses from their typer declaration (`cli.fast`,
+# which says what it saves)
 FAST = ("flatten", "analyze", "batch", "compact", "query")
 
 

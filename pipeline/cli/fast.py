@@ -3,8 +3,10 @@ declaration, so that `flatten`, `analyze`, `batch`, `compact` and `query` (`cli.
 wait on typer's parameter handling.
 
 typer (0.29) builds a pydantic validator for every parameter of the command it runs, importing
-pydantic first: 40-55 ms of every `flatten`, `analyze` or `query` before its first line of work
-(7-13% of a small trace's or a query's; within the noise of a 209 MB trace's `analyze`).
+pydantic first: 40-55 ms of every `flatten`, `analyze` or `query` before its first line of work.
+Medians of eight, alternating: `query` of a small dataset 0.32 -> 0.28 s, `flatten` of the 9 MB
+hta/a100_nccl 0.675 -> 0.62 s, `analyze` of hta/cpu_only 0.59 -> 0.55 s, each 7 MB less memory;
+the 209 MB trace's `analyze` 1.82 -> 1.80 s, within its noise.
 argparse, in the standard library, parses the same declaration in ~1 ms. The parameters it takes
 are the plain ones: a path, a string, an int, a float, a flag (`--x` or `--x/--no-x`), one of a
 Literal's strings, a repeatable option or a list argument. A command line it does not parse
