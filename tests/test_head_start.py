@@ -132,9 +132,9 @@ main()
 @needs_native
 @pytest.mark.parametrize("command", ["analyze", "flatten"])
 def test_the_workers_fork_before_polars_is_imported(command, big_trace, tmp_path):
-    """The reading workers are forked before the command line imports polars: they never use it,
-    and importing it first took the 209 MB `analyze` from 1.4 to 1.8 s (its import, 0.12 s, then
-    runs beside the reading instead of before it)."""
+    """The reading workers are forked before the command line imports polars: forking is safe
+    only while no thread pool of the parent's can hold a lock (`workers.start_pool`), and polars
+    starts one when first used; its import (0.12 s) runs beside the reading."""
     out = ["-o", str(tmp_path / ("out.json" if command == "analyze" else "flat"))]
     report = ["--format", "json", "--section", "devices"] if command == "analyze" else []
     args = [command, str(big_trace), *out, *report]

@@ -560,10 +560,10 @@ def link_pass(
     trace's graph replays paired with their captures (`graphs.GraphLinks`), given their captured
     ops, or their pairing under way (waited for once the first batch is linked); `graph_ids`:
     the graphs its activity names (`graph_ids.GraphIds`), for the replays not paired. Returns
-    the per-op kernel counts (`OpKernels`). Five batches are worked on at once, each in a thread
+    the per-op kernel counts (`OpKernels`). Four batches are worked on at once, each in a thread
     of its own: the ops of one are costed while the next is nested (its CPU ops found around its
-    launches), the slices around the launches of the one after are read, the launches of the
-    one after that are picked, and the calls and flows of the next read (`link.link_batches`).
+    launches), the slices around the launches of the one after are read, and the launches of
+    the one after that are looked up (`link.link_batches`).
 
     `parts` > 1: the GPU ops are cut into that many runs of consecutive row groups
     (`link.gpu_parts`), each linked in a thread of its own (polars works without the GIL; one

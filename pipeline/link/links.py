@@ -263,23 +263,17 @@ def link_batches(
     kernel name as a categorical). `row_groups`: only the GPU ops of these row groups of
     gpu_ops.parquet (`gpu_parts`); `src`: the trace's `LinkSources`, when known already.
     Yields at least one frame (empty when there are no GPU ops). With `ahead`, what the next
-    batch reads (the slices around its launches: `_Read`) is read while this one is nested, the
-    launches of the one after are picked meanwhile, and the calls and flows of the one after that
-    are read (`_Found`; each in a thread of its own: `store.one_ahead`): four batches in memory
-    at once; without, one."""
+    batch reads (the slices around its launches: `_Read`) is read while this one is nested, and
+    the launches of the one after are looked up meanwhile (`store.one_ahead`): three batches in
+    memory at once; without, one."""
     src = src or LinkSources.of(flat_dir)
     carried = [c for c in carry if c not in GPU_LINK_INPUTS]
     batches = _gpu_batches(src, list(dict.fromkeys([*GPU_LINK_INPUTS, *carry])), row_groups)
     running = src.running_slices()
-    looked_up: Iterator[tuple[_Found, pl.DataFrame]] = (
-        (_Found.of(src, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)) for gpu in batches
-    )
-    if ahead:  # a batch's launch calls and flows are read while the one before is joined to its own
-        looked_up = store.one_ahead(looked_up)
     launched: Iterator[tuple[tuple[pl.DataFrame, list[pl.DataFrame]], pl.DataFrame]] = (
-        (found.launched(src), passed) for found, passed in looked_up
+        (_launched(src, gpu.select(GPU_LINK_INPUTS)), gpu.select(carried)) for gpu in batches
     )
-    if ahead:  # a batch's launches are picked while the one before reads its slices
+    if ahead:  # a batch's launches are looked up while the one before reads its slices
         launched = store.one_ahead(launched)
     read = ((_Read.around(src, running, *found), passed) for found, passed in launched)
     for batch, passed in store.one_ahead(read) if ahead else read:
@@ -332,7 +326,7 @@ def link_batch(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
 
 @dataclass(frozen=True)
 class _Read:
-    """A batch of GPU ops with their launches (`_launches_from`) and, per time cell of the launches
+    """A batch of GPU ops with their launches (`_launches_of`) and, per time cell of the launches
     (in time order), the launch points and the CPU slices running around them (`_slices_running`):
     what linking the batch reads from the events but for rule 4, so that nesting them
     (`_context_of`) can run beside the reads of the next batch."""
@@ -352,64 +346,32 @@ class _Read:
         return cls(linked, [(p, _slices_running(src, running, p)) for p in points])
 
 
-@dataclass(frozen=True)
-class _Found:
-    """What a batch of GPU ops (GPU_LINK_INPUTS) reads of the flows and the events to find its
-    launches and the points of rule 6: read in a stage of its own, ahead of the joins that pick
-    each op's launch (`launched`), so that a reading stage and a joining stage share the cores
-    (the lookup was the slowest of the link's stages, and one core was idle a fifth of the time)."""
-
-    gpu: pl.DataFrame
-    flows: pl.DataFrame  # the flows that can link them (`_flows`)
-    launches: pl.DataFrame  # the calls that can have launched them (`_launch_candidates`)
-    inside: pl.DataFrame | None  # rule 5's links and calls (`_inside_launches`), if the trace has its flows
-    inside_calls: pl.DataFrame | None
-    at_op: pl.DataFrame | None  # rule 6's points (`_op_flow_points`), if the trace has its flows
-
-    @classmethod
-    def of(cls, src: LinkSources, gpu: pl.DataFrame) -> _Found:
-        corrs = gpu["correlation"].drop_nulls().unique()
-        flows = _flows(src, gpu, corrs)
-        launches = _launch_candidates(src, corrs, flows.filter(pl.col("ph") == "s"))
-        inside, calls = _inside_launches(src, gpu) if src.inside_flows else (None, None)
-        at_op = _op_flow_points(src, gpu) if src.op_flows else None
-        return cls(gpu, flows, launches, inside, calls, at_op)
-
-    def launched(self, src: LinkSources) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
-        """`_launched` of the batch, from what was read."""
-        return _points_by_cell(src, _launches_from(self), self.at_op)
-
-
 def _launched(src: LinkSources, gpu: pl.DataFrame) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
-    """A batch of GPU ops with their launches (`_launches_from`), and the points whose context is
+    """A batch of GPU ops with their launches (`_launches_of`), and the points whose context is
     wanted (point_id, pid, tid, t, via) per time cell of the launches, in time order: what reads
     nothing of the batches before, so that it can run ahead of their slices' reads."""
-    return _Found.of(src, gpu).launched(src)
-
-
-def _points_by_cell(
-    src: LinkSources, linked: pl.DataFrame, at_op: pl.DataFrame | None
-) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
-    """`linked` (GPU ops with their launches) and the points whose context is wanted, per time cell
-    of the launches, in time order; `at_op`: rule 6's points, which win over the launches'."""
+    linked = _launches_of(src, gpu)
     points = linked.filter(pl.col("launch_event_idx").is_not_null()).select(
         point_id="event_idx", pid="launch_pid", tid="launch_tid", t="launch_ts_ns", via=pl.lit("nesting")
     )
-    if at_op is not None:  # rule 6: the context at the start of the op a flow names, where there is one
+    if src.op_flows:  # rule 6: the context at the start of the op a flow names, where there is one
+        at_op = _op_flow_points(src, gpu)
         points = pl.concat([at_op, points.join(at_op, on="point_id", how="anti")])
     cells = points.with_columns(cell=src.cells.cell(points["t"])).partition_by("cell", include_key=False, as_dict=True)
     return linked, [cells[k] for k in sorted(cells)] or [points]
 
 
-def _launches_from(found: _Found) -> pl.DataFrame:
-    """A batch's GPU ops with their launch (rules 1 and 2, and 5 where the trace has its flows),
-    from what `_Found.of` read: event_idx, correlation, launch_event_idx, launch_link and the
-    launch's name, pid, tid, ts_ns, dur_ns and external_id."""
-    gpu, flows, launches = found.gpu, found.flows, found.launches
+def _launches_of(src: LinkSources, gpu: pl.DataFrame) -> pl.DataFrame:
+    """GPU ops (GPU_LINK_INPUTS) with their launch (rules 1 and 2): event_idx, correlation,
+    launch_event_idx, launch_link and the launch's name, pid, tid, ts_ns, dur_ns and external_id."""
+    corrs = gpu["correlation"].drop_nulls().unique()
+    flows = _flows(src, gpu, corrs)
+    launches = _launch_candidates(src, corrs, flows.filter(pl.col("ph") == "s"))
     launch = launch_links(launches.lazy(), gpu.lazy(), flows.lazy())
-    if found.inside is not None and found.inside_calls is not None:  # rule 5, for the ops 1 and 2 left
-        launch = pl.concat([launch, found.inside.lazy().join(launch, on="event_idx", how="anti")])
-        launches = pl.concat([launches, found.inside_calls]).unique("event_idx", keep="first", maintain_order=True)
+    if src.inside_flows:  # rule 5, for the GPU ops rules 1 and 2 left without a launch
+        inside, calls = _inside_launches(src, gpu)
+        launch = pl.concat([launch, inside.lazy().join(launch, on="event_idx", how="anti")])
+        launches = pl.concat([launches, calls]).unique("event_idx", keep="first", maintain_order=True)
     about_launch = launches.lazy().select(
         launch_event_idx="event_idx",
         launch_name="name",
