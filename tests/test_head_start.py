@@ -136,8 +136,9 @@ def test_the_workers_fork_before_polars_is_imported(command, big_trace, tmp_path
     only while no thread pool of the parent's can hold a lock (`workers.start_pool`), and polars
     starts one when first used; its import (0.12 s) runs beside the reading."""
     out = ["-o", str(tmp_path / ("out.json" if command == "analyze" else "flat"))]
-    report = ["--format", "json", "--section", "devices"] if command == "analyze" else []
-    args = [command, str(big_trace), *out, *report]
+    # flatten reads in two workers whatever the cores; analyze (no -j) as the test above assumes
+    more = ["--format", "json", "--section", "devices"] if command == "analyze" else ["-j", "2"]
+    args = [command, str(big_trace), *out, *more]
     p = subprocess.run([sys.executable, "-c", _FORK_PROBE, *args], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-500:]
     assert p.stdout.splitlines()[0] == "started False", p.stdout[:200]
