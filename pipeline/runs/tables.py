@@ -26,18 +26,16 @@ def write_run_tables(flat_dir: Path, row: dict):
     writer = store.TableWriter(
         flat_dir / "collectives.parquet", "collectives", schema.ALL_STAGES, buffer_rows=SLICE_ROWS, dictionaries=True
     )
-    times = []  # what the steps table needs of the collectives
     try:
         for part in collective_slices(flat_dir, row.get("rank"), distributed_info(row), problems):
             writer.write(part.to_arrow())
-            times.append(part.select("ts_ns", "end_ns"))
     except BaseException:
         writer.abandon()
         raise
     writer.close()
     count_problems(row, problems, writer.rows)
-    colls = pl.concat(times) if times else pl.DataFrame(schema={"ts_ns": pl.Int64, "end_ns": pl.Int64})
-    store.write_table(steps(flat_dir, colls).to_arrow(), flat_dir / "steps.parquet", "steps")
+    # a trace without kernels measures its steps by its collectives, read back from their table
+    store.write_table(steps(flat_dir).to_arrow(), flat_dir / "steps.parquet", "steps")
 
 
 def run_tables(tables: TraceTables, row: dict) -> tuple[pl.DataFrame, pl.DataFrame]:
