@@ -48,7 +48,9 @@ def write_replicated(src: str, path: Path, target_mb: float, sectioned: bool = F
     ts = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
     span = max(ts) - min(ts) + 1000
     id_step = 10 ** (len(str(max(e.get("args", {}).get("correlation", 0) or 0 for e in events))) + 1)
-    copies = max(1, math.ceil(target_mb * 1e6 / len(orjson.dumps(events))))
+    # metadata events are written once: a copy is the other events (of a tiny trace, most bytes are metadata)
+    per_copy = len(orjson.dumps([e for e in events if e.get("ph") != "M"])) or 1
+    copies = max(1, math.ceil(target_mb * 1e6 / per_copy))
     lead = next((i for i, e in enumerate(events) if str(e.get("cat", "")).lower() in _LAUNCHED), len(events))
     parts = [events[:lead], events[lead:]] if sectioned else [events]
     with open(path, "wb") as out:
