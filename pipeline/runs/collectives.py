@@ -658,11 +658,7 @@ def _gloo_cells(flat_dir: TraceTables, cells: TimeCells, rows: int) -> Iterator[
     cuts = cells.cuts.to_list()
     columns = ["event_idx", pl.col("name").cast(pl.Categorical), "pid", "tid", "ts_ns", pl.col("dur_ns").fill_null(0)]
     for since, until in zip([None, *cuts], [*cuts, None]):
-        where = IS_GLOO_WORK
-        if since is not None:
-            where &= pl.col("ts_ns") >= since
-        if until is not None:
-            where &= pl.col("ts_ns") < until
+        where = IS_GLOO_WORK & trace_source.starting_in(since, until)
         cell = _events(flat_dir, where, [*columns, _args_key()]).sort("ts_ns", "event_idx")
         for start in range(0, cell.height, rows):
             yield cell.slice(start, rows)
@@ -755,6 +751,11 @@ def with_steps(rows: pl.DataFrame, steps: pl.DataFrame, start: str = "ts_ns", by
     return j.with_columns(step=pl.when(pl.col(start) <= pl.col("step_end_ns")).then(pl.col("step"))).drop(
         "step_ts_ns", "step_end_ns"
     )
+
+
+def in_steps(rows: pl.DataFrame, steps: pl.DataFrame, start: str = "ts_ns", by: str | None = None) -> pl.DataFrame:
+    """`with_steps`, the rows outside every step dropped."""
+    return with_steps(rows, steps, start, by).filter(pl.col("step").is_not_null())
 
 
 COLUMNS = [

@@ -16,6 +16,17 @@ from pipeline import store
 TraceTables = Union[str, Path, Mapping[str, pl.DataFrame]]
 
 
+def starting_in(since: int | None, until: int | None) -> pl.Expr:
+    """Rows whose start (ts_ns) lies in [since, until); None leaves that end open. What the run
+    tables read a run of steps or a time cell at a time by (row groups outside it are skipped)."""
+    ts = pl.col("ts_ns")
+    if since is not None and until is not None:
+        return (ts >= since) & (ts < until)
+    if since is not None:
+        return ts >= since
+    return ts < until if until is not None else pl.lit(True)
+
+
 def scan(tables: TraceTables, name: str) -> pl.LazyFrame:
     """Table `name` of the trace, lazily."""
     if isinstance(tables, Mapping):

@@ -20,7 +20,7 @@ import polars as pl
 
 from pipeline import store
 from pipeline.runs import source
-from pipeline.runs.collectives import profiler_steps, with_steps
+from pipeline.runs.collectives import in_steps, profiler_steps
 from pipeline.runs.source import TraceTables
 
 IS_COMM = pl.col("category") == "communication"
@@ -129,8 +129,6 @@ def _union_lengths(ts: np.ndarray, ends: np.ndarray, groups: np.ndarray | None =
 INTERVAL = "_interval"  # a step interval's number, in start order: what its measures are keyed by
 KERNELS_AT_ONCE = 1 << 16  # kernels whose steps are measured together (about: steps are kept whole)
 IS_KERNEL = (pl.col("kind") == "kernel") & pl.col("ts_ns").is_not_null()
-
-
 IS_TIMED = pl.col("ts_ns").is_not_null()  # collectives: each a piece of communication work
 
 
@@ -152,14 +150,10 @@ def _timed(
 ) -> pl.DataFrame:
     """The rows of `table` that `where` selects starting in [since, until) (None: open): `columns`,
     ts_ns, end_ns and the `named` expressions."""
-    if since is not None:
-        where &= pl.col("ts_ns") >= since
-    if until is not None:
-        where &= pl.col("ts_ns") < until
     return source.collect(
         flat_dir,
         source.scan(flat_dir, table)
-        .filter(where)
+        .filter(where & source.starting_in(since, until))
         .select(*columns, "ts_ns", end_ns=pl.col("ts_ns") + pl.col("dur_ns").fill_null(0), **named),
     )
 
@@ -215,10 +209,7 @@ def steps(flat_dir: TraceTables, collectives: pl.DataFrame | None = None) -> pl.
     if ranges is not None:  # a run of steps at a time: their kernels, never all of the trace's
         rows = pl.concat(
             [
-                kernel_cover_ns(
-                    with_steps(_kernels(flat_dir, since, until), intervals).filter(pl.col("step").is_not_null()),
-                    [INTERVAL, "device"],
-                )
+                kernel_cover_ns(in_steps(_kernels(flat_dir, since, until), intervals), [INTERVAL, "device"])
                 for since, until in ranges
             ]
         )
@@ -244,17 +235,12 @@ def _comm_cover(flat_dir: TraceTables, intervals: pl.DataFrame, collectives: pl.
     covers (their union). Read from the trace's collectives table a run of steps at a time when
     `collectives` is None: holding every collective's times took a 1 GB CPU-only trace of 2.35 M
     gloo collectives (`hta/cpu_only` scaled) from 280 to 430-510 MB, growing with the trace."""
+
+    def cover(work: pl.DataFrame) -> pl.DataFrame:
+        return union_ns(in_steps(work, intervals), [INTERVAL]).collect()
+
     if collectives is not None:
-        work = with_steps(collectives.select("ts_ns", "end_ns"), intervals).filter(pl.col("step").is_not_null())
-        return union_ns(work, [INTERVAL]).collect()
+        return cover(collectives.select("ts_ns", "end_ns"))
     ranges = _step_ranges(flat_dir, intervals, "collectives", IS_TIMED) if source.has(flat_dir, "collectives") else None
-    parts = [
-        union_ns(
-            with_steps(_timed(flat_dir, "collectives", IS_TIMED, since, until), intervals).filter(
-                pl.col("step").is_not_null()
-            ),
-            [INTERVAL],
-        ).collect()
-        for since, until in ranges or []
-    ]
+    parts = [cover(_timed(flat_dir, "collectives", IS_TIMED, since, until)) for since, until in ranges or []]
     return pl.concat(parts) if parts else pl.DataFrame(schema={INTERVAL: pl.UInt32, "covered_ns": pl.Int64})

@@ -24,7 +24,7 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
     others have none. Steps are measured for every member in one query keyed by member
     (`runs.steps.steps` per trace: ~14 ms each of the ~50 ms of an NCCL member's run tables): by
     the kernels of a trace that has some, else by its gloo work."""
-    from pipeline.runs.collectives import IS_GLOO_WORK, NCCL_KERNEL, PROFILER_STEP, STEP_INTERVAL, with_steps
+    from pipeline.runs.collectives import IS_GLOO_WORK, NCCL_KERNEL, PROFILER_STEP, STEP_INTERVAL, in_steps
     from pipeline.runs.steps import INTERVAL, IS_KERNEL, kernel_cover_ns, union_ns
     from pipeline.runs.steps import SCHEMA as STEPS_SCHEMA
     from pipeline.runs.tables import collectives_table
@@ -84,24 +84,11 @@ def run_tables(members: list[Member], t: Tables) -> tuple[pa.Table, np.ndarray, 
     )
     with_kernels = k_rows["_m"].unique()
     by = ["_m", INTERVAL, "device"]
-    k_in = (
-        k_rows.sort("ts_ns")
-        .join_asof(
-            intervals.sort("step_ts_ns"),
-            left_on="ts_ns",
-            right_on="step_ts_ns",
-            by="_m",
-            strategy="backward",
-            check_sortedness=False,
-        )
-        .with_columns(step=pl.when(pl.col("ts_ns") <= pl.col("step_end_ns")).then(pl.col("step")))
-        .drop("step_ts_ns", "step_end_ns")
-        .filter(pl.col("step").is_not_null())
-    )
+    by_start = intervals.sort("step_ts_ns")  # join_asof's order (by member: `by="_m"`)
+    k_in = in_steps(k_rows, by_start, by="_m")
     with_k = kernel_cover_ns(k_in, by)
     work = _work(gloo_only)  # a CPU-only trace's steps are measured by its collectives' work
-    in_steps = with_steps(work, intervals.sort("step_ts_ns"), by="_m").filter(pl.col("step").is_not_null())
-    comm = union_ns(in_steps, ["_m", INTERVAL]).collect().rename({"covered_ns": "comm_ns"})
+    comm = union_ns(in_steps(work, by_start, by="_m"), ["_m", INTERVAL]).collect().rename({"covered_ns": "comm_ns"})
     cpu_only = (
         intervals.filter(~pl.col("_m").is_in(with_kernels.implode()))
         .join(comm, on=["_m", INTERVAL], how="left")
