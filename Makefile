@@ -92,6 +92,10 @@ bench-peers:     ## tracepipe beside TraceLens and HTA on the same runs and trac
 bench-shapes:    ## check.py limit on every real trace's shape: each of ../shared/traces scaled to 1 GB, flatten vs a bare simdjson parse (~25 min)
 	$(PY) bench/bench_shapes.py
 
+bench-cores:     ## how many cores a command keeps busy, over time: CMD="tracepipe analyze TRACE" (default: the demo trace)
+	@test -n "$(CMD)" -o -f $(DEMO)/example_trace.json.gz || $(PY) -m pipeline demo-trace $(DEMO)/example_trace.json.gz
+	$(PY) bench/bench_cores.py -- $(or $(CMD),$(PY) -m pipeline analyze $(DEMO)/example_trace.json.gz --format json -o /dev/null)
+
 bench-compare:   ## compare and trend on a dataset of 100 runs x 8 ranks, each vs query on the same dataset
 	$(PY) bench/bench_compare.py -j $(J)
 
@@ -119,7 +123,7 @@ acceptance:      ## run the shared acceptance checks (needs ../shared)
 clean:           ## remove generated outputs
 	rm -rf $(DEMO)/flat $(DEMO)/*.json.gz .pytest_cache
 
-.PHONY: help install native install-cluster install-oracle demo test lint test-fast fuzz oracle gloo-runs bench bench-runs bench-peers bench-shapes bench-compare bench-archive batch compact query examples acceptance clean
+.PHONY: help install native install-cluster install-oracle demo test lint test-fast fuzz oracle gloo-runs bench bench-runs bench-peers bench-shapes bench-cores bench-compare bench-archive batch compact query examples acceptance clean
 
 docs:            ## the documentation site into site/ (MkDocs, strict; reference pages generated from the code)
 	@$(PY) -c "import mkdocs, material" 2>/dev/null || $(MAKE) install
