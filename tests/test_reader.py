@@ -293,6 +293,13 @@ def _text(metadata_after: bool) -> bytes:
     return _TEXTS[metadata_after]
 
 
+def test_a_document_cut_before_its_events_array_has_no_complete_event():
+    # hypothesis found the cut between the key and its `[` (the helper raised instead of saying none)
+    assert synth.complete_events('{"schemaVersion": 1, "traceEvents"') == []
+    assert synth.complete_events('{"schemaVersion": 1, "traceEvents": ') == []
+    assert synth.complete_events('{"traceEvents": [{"ph": "X"}, {"ph"') == [{"ph": "X"}]
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.booleans(), st.floats(0, 1), st.integers(1024, 6000))
 def test_truncation_keeps_exactly_the_complete_events(metadata_after, frac, chunk_bytes):

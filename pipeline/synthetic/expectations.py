@@ -52,7 +52,10 @@ def complete_events(text: str) -> list:
     dec = json.JSONDecoder()
     out: list[Any] = []
     if '"traceEvents"' in text:
-        pos = text.index("[", text.index('"traceEvents"')) + 1
+        opened = text.find("[", text.index('"traceEvents"'))
+        if opened < 0:  # cut between the key and its array: no event yet
+            return out
+        pos = opened + 1
     elif text.lstrip().startswith("["):
         pos = text.index("[") + 1
     else:
