@@ -17,7 +17,7 @@ TEMPLATE ?=
 SECTIONED ?=
 DEMO    := data/demo
 # test processes (pytest-xdist): every core up to four, each test file in one process (its module
-# fixtures made once); the suite took 26.4 min in one process and 14.5 min in two on a 2-core host
+# fixtures made once); CI's tests took 26.4 min in one process and 14.7 min in two on a 2-core host
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST  := -m pytest -q -n $(TEST_JOBS) --dist loadfile
 .DEFAULT_GOAL := help

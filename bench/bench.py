@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -98,20 +99,30 @@ def _shifted(e: dict, dt: float, did: int) -> dict:
 
 
 # ------------------------------------------------------------------ measuring
-def tree_pss_bytes(pgid: int) -> int:
-    total = 0
+def group_stats(pgid: int) -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after the command name) of every process of a process
+    group: a command started with `start_new_session=True` and all its workers."""
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
-                fields = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
-                if int(fields[2]) != pgid:
-                    continue
-                for line in open(f"/proc/{d}/smaps_rollup"):
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-            except (OSError, ValueError, IndexError):
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
                 continue
+            if len(fields) > 2 and int(fields[2]) == pgid:
+                yield int(d), fields
+
+
+def tree_pss_bytes(pgid: int) -> int:
+    total = 0
+    for pid, _ in group_stats(pgid):
+        try:
+            for line in open(f"/proc/{pid}/smaps_rollup"):
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except (OSError, ValueError, IndexError):
+            continue
     return total
 
 

@@ -20,53 +20,38 @@ import argparse
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import group_stats  # the one reader of a command's processes in /proc
 
 TICK = 100  # clock ticks a second in /proc/PID/stat (USER_HZ, 100 on Linux)
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(CPU ticks, minor faults) of a process, None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[11]) + int(fields[12]), int(fields[7])
-
-
-def _descendants(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            kids = [int(k) for k in f.read().split()]
-    except OSError:
-        return []
-    return kids + [d for k in kids for d in _descendants(k)]
-
-
-def sample(cmd: list[str], every: float) -> tuple[list[tuple[float, float, float, int]], int]:
-    """(seconds since start, main %, others %, faults so far) per interval, and the exit code."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    seen: dict[int, tuple[int, int]] = {}
-    rows, before, t0 = [], (0, 0, 0), time.perf_counter()
+def sample(cmd: list[str], every: float) -> tuple[list[tuple[float, float, float, float, int]], int]:
+    """(seconds since start, seconds of the interval, main %, others %, faults so far) per interval,
+    and the exit code. A process keeps its last reading once it is gone (workers end before the
+    command)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
+    seen: dict[int, tuple[int, int]] = {}  # pid -> (CPU ticks, minor faults)
+    rows, before, t0 = [], (0, 0, 0.0), time.perf_counter()
     while proc.poll() is None:
-        for pid in [proc.pid, *_descendants(proc.pid)]:
-            got = _stat(pid)
-            if got is not None:
-                seen[pid] = got
+        for pid, fields in group_stats(proc.pid):
+            seen[pid] = int(fields[11]) + int(fields[12]), int(fields[7])
         main = seen.get(proc.pid, (0, 0))[0]
         others = sum(c for p, (c, _) in seen.items() if p != proc.pid)
-        faults = sum(f for _, f in seen.values())
         now = time.perf_counter() - t0
-        share = 100 / TICK / every
-        rows.append((now, (main - before[0]) * share, (others - before[1]) * share, faults))
-        before = (main, others, faults)
+        share = 100 / TICK / max(now - before[2], 1e-9)  # of the time this interval really took
+        faults = sum(f for _, f in seen.values())
+        rows.append((now, now - before[2], (main - before[0]) * share, (others - before[1]) * share, faults))
+        before = (main, others, now)
         time.sleep(every)
     return rows, proc.returncode
 
 
-def summary(rows: list[tuple[float, float, float, int]]) -> list[str]:
+def summary(rows: list[tuple[float, float, float, float, int]]) -> list[str]:
     """Average cores per stretch: before the other processes work, while they do, after."""
-    busy = [i for i, r in enumerate(rows) if r[2] > 0]
+    busy = [i for i, r in enumerate(rows) if r[3] > 0]
     if not busy:
         cuts = [("the whole run", rows)]
     else:
@@ -75,9 +60,9 @@ def summary(rows: list[tuple[float, float, float, int]]) -> list[str]:
         cuts.append(("after the workers", rows[last + 1 :]))
     out = []
     for name, part in cuts:
-        if part:
-            cores = sum(r[1] + r[2] for r in part) / len(part) / 100
-            span = part[-1][0] - part[0][0] + (part[1][0] - part[0][0] if len(part) > 1 else 0)
+        span = sum(r[1] for r in part)
+        if span > 0:
+            cores = sum(r[1] * (r[2] + r[3]) for r in part) / span / 100
             out.append(f"{name}: {span:.2f} s at {cores:.2f} cores")
     return out
 
@@ -92,7 +77,7 @@ def main():
         ap.error("no command given: bench_cores.py -- tracepipe analyze TRACE")
     rows, code = sample(cmd, a.every)
     print("    s  main %  others %  total %  faults")
-    for t, m, o, f in rows:
+    for t, _, m, o, f in rows:
         print(f"{t:5.2f}  {m:6.0f}  {o:8.0f}  {m + o:7.0f}  {f:6d}")
     print("\n".join(summary(rows)))
     if code:
