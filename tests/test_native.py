@@ -508,3 +508,41 @@ def test_a_gzipped_shared_shape_reads_the_same_through_workers(shared_traces, tm
         out[native] = _tables(r.out_dir)
     for table in out["0"]:
         assert out["1"][table].equals(out["0"][table]), table
+
+
+_READ_PROBE = """
+import sys
+from pipeline.read import head_start  # what a reading worker is forked with
+from pipeline.read.by_native import tables_by_native
+events = ",".join(
+    '{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":%d,"dur":2,'
+    '"args":{"device":0,"stream":7,"correlation":%d}}' % (i, i)
+    for i in range(50)
+)
+ct = tables_by_native(events.encode())  # a chunk: the text of its events
+print(ct is not None and ct.gpu_ops.num_rows, "numpy.ma" in sys.modules)
+"""
+
+
+def test_a_worker_builds_a_chunk_without_importing_numpy_ma(tmp_path):
+    """A reading worker is forked before numpy's masked arrays are imported, and `pa.array` of a
+    numpy array imports them on its first call (~45 ms of each worker's CPU): the chunk's event
+    indexes and flow rows are built over their buffers instead."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _READ_PROBE], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-500:]
+    assert p.stdout.split() == ["50", "False"]
+
+
+def test_int64_array_is_the_numpy_values():
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.read.tables import int64_array
+
+    values = np.array([3, -1, 2**62, 0], dtype=np.int64)
+    assert int64_array(values).equals(pa.array(values))
+    assert int64_array(values[::2]).to_pylist() == [3, 2**62]  # a strided view is copied first
+    assert int64_array(np.empty(0, np.int64)).equals(pa.array([], pa.int64()))

@@ -24,6 +24,7 @@ from pipeline.read.tables import (
     flows_of,
     gpu_and_flow_rows,
     gpu_ops_of,
+    int64_array,
     typed_gpu_ops,
     with_task_rows,
 )
@@ -106,7 +107,7 @@ def tables_by_native(text: bytes) -> ChunkTables | None:
     ev_table = events_table({k: cols[k] for k in EVENT_COLUMNS})
     if "gpu_rows" in out:  # picked as the native pass read (0.7 ms of a chunk's ~11 in Arrow's kernels)
         gpu_rows = with_task_rows(np.frombuffer(out["gpu_rows"], np.int64).tolist(), ev_table)
-        flow_rows = pa.array(np.frombuffer(out["flow_rows"], np.int64).copy())  # the module reuses its buffer
+        flow_rows = int64_array(np.frombuffer(out["flow_rows"], np.int64).copy())  # the module reuses its buffer
     else:
         gpu_rows, flow_rows = gpu_and_flow_rows(ev_table)
     if gpu_rows and np.frombuffer(out["gpu_bad"], np.uint8)[gpu_rows].any():

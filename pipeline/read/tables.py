@@ -63,7 +63,15 @@ ON_DEVICE_PIDS = {c: below for c, below in DEVICE_FROM_PID.items() if below is n
 
 def events_table(cols: dict) -> pa.Table:
     n = len(cols["ph"])
-    return pa.table({"event_idx": pa.array(np.arange(n, dtype=np.int64)), **cols, "tid": numbered_tids(cols)})
+    return pa.table({"event_idx": int64_array(np.arange(n, dtype=np.int64)), **cols, "tid": numbered_tids(cols)})
+
+
+def int64_array(values: np.ndarray) -> pa.Array:
+    """An int64 numpy array as an Arrow array over the same memory. `pa.array` of a numpy array
+    looks for numpy's masked arrays first, which imports `numpy.ma` on a process's first call:
+    ~45 ms of CPU in each reading worker (they are forked before it is imported)."""
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
 
 
 def numbered_tids(cols: dict) -> pa.Array:
