@@ -396,3 +396,25 @@ def test_idle_of_kernels_overlapping_by_the_clock_s_jitter_is_hta_s(tmp_path):
     shared V100 and H100 traces) give a negative gap summed as HTA sums it, not their union."""
     r = rp.idle(_one_stream(tmp_path, [(0, 100), (98, 150), (200, 210)])).row(0, named=True)  # gaps -2, 50
     assert (r["idle_us"], r["kernel_wait_us"], r["other_us"], r["gaps"]) == (48.0, -2.0, 50.0, 2)
+
+
+def test_a_step_the_trace_lacks_is_told_with_the_steps_it_holds(tmp_path):
+    """A profiler schedule's wait and warm-up steps are not recorded (a schedule of wait=1,
+    warmup=1, active=3 records ProfilerStep#2 to #4): a `--steps` naming none of those recorded
+    says which the trace holds."""
+    flat = flatten(synth.write_trace(synth.make_trace(n_steps=3), tmp_path / "t.json"), tmp_path / "flat").out_dir
+    with pytest.raises(rp.UsageError, match=r"no such ProfilerStep \(it holds ProfilerStep#1 to #3\)$"):
+        rp.kernel_table(rp.Flat(flat, window=Window(steps="7:9")))
+    only = synth.make_trace(n_steps=1)
+    one = flatten(synth.write_trace(only, tmp_path / "one.json"), tmp_path / "one").out_dir
+    with pytest.raises(rp.UsageError, match=r"\(it holds ProfilerStep#1 only\)$"):
+        rp.kernel_table(rp.Flat(one, window=Window(steps="3")))
+    bare = [e for e in only["traceEvents"] if "ProfilerStep" not in str(e.get("name"))]
+    none = flatten(synth.write_trace({**only, "traceEvents": bare}, tmp_path / "n.json"), tmp_path / "n").out_dir
+    with pytest.raises(rp.UsageError, match=r"\(it records none: --start-us/--end-us or --annotation"):
+        rp.kernel_table(rp.Flat(none, window=Window(steps="1")))
+    three = synth.make_trace(n_steps=3)
+    holed = [e for e in three["traceEvents"] if e.get("name") != "ProfilerStep#2"]
+    gap = flatten(synth.write_trace({**three, "traceEvents": holed}, tmp_path / "g.json"), tmp_path / "g").out_dir
+    with pytest.raises(rp.UsageError, match=r"\(it holds ProfilerStep#1 to #3, 1 of them missing\)$"):
+        rp.kernel_table(rp.Flat(gap, window=Window(steps="5")))

@@ -48,11 +48,11 @@ class Window:
             return None
         lo, hi = parse_steps(self.steps)
         n = pl.col("name").str.extract(STEP_NAME, 1).cast(pl.Int64)
-        s = _annotations(events, pl.col("name").str.contains(STEP_NAME), STEP_CATS).with_columns(n=n)
+        every = _annotations(events, pl.col("name").str.contains(STEP_NAME), STEP_CATS).with_columns(n=n)
         lo, hi = -1 if lo is None else lo, 1 << 62 if hi is None else hi
-        s = s.filter((pl.col("n") >= lo) & (pl.col("n") <= hi))
+        s = every.filter((pl.col("n") >= lo) & (pl.col("n") <= hi))
         if not s.height:
-            raise UsageError(f"--steps {self.steps}: the trace has no such ProfilerStep")
+            raise UsageError(f"--steps {self.steps}: the trace has no such ProfilerStep ({_held(every['n'])})")
         return [(scalar_int(s["ts_ns"].min()), scalar_int(s["end_ns"].max()))]
 
     def _times(self, events: Path) -> Intervals | None:
@@ -72,6 +72,19 @@ class Window:
         if not a.height:
             raise UsageError(f"--annotation {self.annotation!r}: the trace has no user_annotation so named")
         return union(list(a.select("ts_ns", "end_ns").iter_rows()))
+
+
+def _held(steps: pl.Series) -> str:
+    """Which ProfilerSteps a trace holds, for a `--steps` that names none of them (a profiler
+    schedule's first steps wait and warm up: their numbers are not recorded)."""
+    n = steps.drop_nulls().unique().sort()
+    if n.is_empty():
+        return "it records none: --start-us/--end-us or --annotation pick a window in it"
+    first, last = scalar_int(n[0]), scalar_int(n[-1])
+    if first == last:
+        return f"it holds ProfilerStep#{first} only"
+    gaps = "" if len(n) == last - first + 1 else f", {last - first + 1 - len(n)} of them missing"
+    return f"it holds ProfilerStep#{first} to #{last}{gaps}"
 
 
 def parse_steps(text: str) -> tuple[int | None, int | None]:
