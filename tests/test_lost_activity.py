@@ -127,3 +127,35 @@ def test_batch_says_it_too(shared_traces, tmp_path):
     run_batch(src, tmp_path / "ds", jobs=1)
     rows = query(tmp_path / "ds", "select stem, problems_json from trace order by stem").rows()
     assert [json.loads(p).get(WITHOUT) for _, p in rows] == [14, None]
+
+
+def _empty_profile(path, work: list):
+    """A profile of a region: the profiler's own span (category Trace), its metadata and `work`."""
+    meta = [
+        {"name": "process_name", "ph": "M", "ts": 0, "pid": 7, "tid": 0, "args": {"name": "python"}},
+        {"name": "thread_name", "ph": "M", "ts": 0, "pid": 7, "tid": 7, "args": {"name": "thread 7 (python)"}},
+    ]
+    span = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler"}
+    start = {"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": "Traces", "tid": "T", "ts": 5}
+    doc = {"schemaVersion": 1, "traceEvents": [*meta, {**span, "ts": 5, "dur": 197}, start, *work]}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_profile_of_a_region_that_ran_nothing_says_so(tmp_path):
+    """`with profile(): pass` (the torch 2.13 CPU wheel) writes the profiler's span and metadata
+    only: the report had no device table, "nothing to fix" and a critical path of zeros, exit 0.
+    It now says no work was recorded, exit 1; one op is work, and so is one device task without
+    a category (Ascend's)."""
+    empty = _empty_profile(tmp_path / "empty.json", [])
+    p = run_cli(["analyze", str(empty)])
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tracepipe: empty: no work recorded: no op, kernel or annotation")
+    one_op = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 7, "tid": 7, "ts": 10, "dur": 3}
+    task = {"ph": "X", "name": "MatMul", "pid": 9, "tid": 2, "ts": 10, "dur": 3}
+    for name, work in (("op", one_op), ("task", task)):
+        p = run_cli(["analyze", str(_empty_profile(tmp_path / f"{name}.json", [work]))])
+        assert p.returncode == 0 and "no work recorded" not in p.stderr, (name, p.stderr)
+    p = run_cli(["diff", str(empty), str(_empty_profile(tmp_path / "b.json", [one_op]))])
+    assert p.returncode == 1 and "empty: no work recorded" in p.stderr

@@ -115,6 +115,16 @@ class Flat:
         return gpu.select(pl.len()).collect(engine="streaming").item() > 0
 
     @cached_property
+    def holds_work(self) -> bool:
+        """Whether anything ran while the trace was recorded: device activity, or a complete event
+        (an op, a runtime call, an annotation, a device task) other than the profiler's own span
+        (category Trace). A profile of a region that ran nothing holds only that span."""
+        if self.has_gpu:
+            return True
+        work = (pl.col("ph") == "X") & (pl.col("cat").str.to_lowercase() != "trace").fill_null(True)
+        return pl.scan_parquet(self.path / "events.parquet").filter(work).head(1).collect().height > 0
+
+    @cached_property
     def activity(self) -> Activity:
         """The device activity's totals: the GPU sweep's, or for a trace without GPU activity its CPU ops'."""
         if self.has_gpu:

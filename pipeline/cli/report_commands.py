@@ -42,10 +42,16 @@ def diff_picks(a: Path, b: Path, picks: list[str]) -> tuple[Optional[str], Optio
     return chosen[0], chosen[1]
 
 
+NO_WORK = (
+    "no work recorded: no op, kernel or annotation ran while the profiler recorded, only its own span; "
+    "profile a region that runs the model (a profiler schedule records its active steps only)"
+)
+
+
 def flatten_problems(*flats) -> int:
-    """Report traces that were truncated or lost their device activity (when flattened for a
-    report, or as a dataset or a folder keeps them; EXIT_PROBLEMS if any), and graph replays left
-    without their capture (`link.graphs.graph_hint`)."""
+    """Report traces that recorded no work, were truncated or lost their device activity (when
+    flattened for a report, or as a dataset or a folder keeps them; EXIT_PROBLEMS if any), and
+    graph replays left without their capture (`link.graphs.graph_hint`)."""
     import json
 
     from pipeline.link.graphs import graph_hint
@@ -53,6 +59,9 @@ def flatten_problems(*flats) -> int:
 
     code = EXIT_OK
     for f in flats:
+        if not f.holds_work:
+            err(f"{f.stem}: {NO_WORK}")
+            code = EXIT_PROBLEMS
         r = f.flatten_result
         if r is not None and (hint := graph_hint(r.problems)):
             err(f"{r.out_dir.name}: {hint}")
