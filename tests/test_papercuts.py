@@ -319,3 +319,28 @@ def test_identifiers_have_no_thousands_separators_and_counts_do(shared_traces, r
     assert number(1074798.66, "us") == "1,074,798.66"  # a column named for its unit alone is a time too
     out = run_cli(["analyze", shared_traces / "hta" / "cpu_only.json.gz", "--section", "streams"]).stdout
     assert re.search(r"^ *3553 ", out, re.M) and "3,553" not in out, out
+
+
+def test_a_cpu_only_ops_table_does_not_say_each_name_twice():
+    """A CPU-only trace's ops stand for its kernels, so each row's cpu_op is its name: at 80
+    columns that column took 27 of them and pushed mean_us out. A text column repeating an earlier
+    one in every row is left out of table/md (not of JSON or CSV, nor when --columns names it);
+    a GPU trace's kernels keep their ops."""
+    from pipeline.render.documents import shown_columns
+
+    cpu = pl.DataFrame({"name": ["aten::mm", "aten::add"], "cpu_op": ["aten::mm", "aten::add"], "count": [3, 4]})
+    assert shown_columns(cpu, ("name", "cpu_op", "count"), None) == ["name", "count"]
+    assert shown_columns(cpu, ("name", "cpu_op", "count"), ["name", "cpu_op"]) == ["name", "cpu_op"]
+    gpu = cpu.with_columns(cpu_op=pl.Series(["aten::mm", "aten::mul"]))
+    assert shown_columns(gpu, ("name", "cpu_op", "count"), None) == ["name", "cpu_op", "count"]
+    unknown = cpu.with_columns(cpu_op=pl.lit(None, pl.String), other=pl.lit(None, pl.String))
+    assert shown_columns(unknown, ("name", "cpu_op", "other"), None) == ["name", "cpu_op", "other"]
+
+
+@pytest.mark.real
+def test_a_cpu_only_trace_shows_mean_us_at_80_columns(shared_traces, run_cli):
+    trace = shared_traces / "pairs" / "optimizer_loop.json.gz"
+    p = run_cli(["analyze", trace, "--section", "kernels", "--width", "80"])
+    assert p.returncode == 0, p.stderr
+    header = next(ln for ln in p.stdout.splitlines() if ln.startswith("name "))
+    assert header.split() == ["name", "count", "dur_us", "pct", "mean_us"]

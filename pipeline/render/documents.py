@@ -169,9 +169,24 @@ def _table(view: str, df: pl.DataFrame, s, fmt: str, layout: Layout, top, device
 
 def shown_columns(df: pl.DataFrame, default: tuple[str, ...] | list[str] | None, chosen) -> list[str]:
     """The columns a table shows: the `chosen` ones it has, in their order, else its `default` ones
-    (None: all)."""
+    (None: all) but a text column that repeats an earlier one in every row (a CPU-only trace's
+    ops stand for its kernels: their cpu_op is their name, 27 of 80 columns said twice)."""
     picked = [c for c in chosen or () if c in df.columns]
-    return picked or [c for c in (default or df.columns) if c in df.columns]
+    if picked:
+        return picked
+    out: list[str] = []
+    for c in (c for c in (default or df.columns) if c in df.columns):
+        if not any(_repeats(df, c, earlier) for earlier in out):
+            out.append(c)
+    return out
+
+
+def _repeats(df: pl.DataFrame, c: str, earlier: str) -> bool:
+    """Column `c` is text holding, in every row, what `earlier` holds (and something)."""
+    a, b = df[c], df[earlier]
+    if a.dtype != pl.String or b.dtype != pl.String or a.null_count() == len(a):
+        return False
+    return bool(a.eq_missing(b).all())
 
 
 def format_analysis(
