@@ -344,3 +344,35 @@ def test_a_cpu_only_trace_shows_mean_us_at_80_columns(shared_traces, run_cli):
     assert p.returncode == 0, p.stderr
     header = next(ln for ln in p.stdout.splitlines() if ln.startswith("name "))
     assert header.split() == ["name", "count", "dur_us", "pct", "mean_us"]
+
+
+def test_a_trace_without_device_activity_leaves_its_zero_device_columns_out():
+    """torch's key_averages shows no device columns on a CPU-only run; the ops table showed
+    self_device_us 0.00 and a blank self_device_pct in every row, and their legend. They are left
+    out of table/md where the trace has no device activity and they say nothing (zero, blank or
+    NaN in every row); a device id, a device number that is not zero, --columns keep theirs."""
+    from pipeline.render.documents import shown_columns
+
+    ops = pl.DataFrame(
+        {
+            "name": ["aten::mm", "aten::add"],
+            "self_device_us": [0.0, 0.0],
+            "self_device_pct": [float("nan"), None],
+            "device_total_us": [None, None],
+            "self_cpu_us": [5.0, 1.0],
+        }
+    )
+    every = tuple(ops.columns)
+    assert shown_columns(ops, every, None, without_device=True) == ["name", "self_cpu_us"]
+    assert shown_columns(ops, every, None) == list(every)  # a trace with device activity: all of them
+    assert shown_columns(ops, every, ["self_device_us", "name"], without_device=True) == ["self_device_us", "name"]
+    kept = ops.with_columns(device=pl.lit(-1), self_device_us=pl.Series([0.0, 2.0]))
+    shown = shown_columns(kept, ("device", *every), None, without_device=True)
+    assert shown == ["device", "name", "self_device_us", "self_cpu_us"]
+
+
+@pytest.mark.real
+def test_a_cpu_only_ops_table_shows_cpu_time_at_80_columns(shared_traces, run_cli):
+    p = run_cli(["analyze", shared_traces / "hta" / "cpu_only.json.gz", "--section", "ops", "--width", "80"])
+    assert p.returncode == 0, p.stderr
+    assert "self_device" not in p.stdout and "self_cpu_pct: % of all ops' self CPU time" in p.stdout

@@ -82,6 +82,8 @@ class Layout:
     name_limit: int | None = 60
     width: int | None = None
     columns: tuple[str, ...] | None = None
+    # the trace holds no device activity: a device-time column zero in every row says nothing there
+    without_device: bool = False
 
 
 def render_sections(
@@ -152,7 +154,7 @@ def _table(view: str, df: pl.DataFrame, s, fmt: str, layout: Layout, top, device
     """One table of a section (under its name, when the section has several); a per-device
     section as one table per device, under the device's id and name."""
     per_device = bool(s and s.top_per_device and "device" in df.columns)
-    shown = shown_columns(df, s.columns if s and not s.views else None, layout.columns)
+    shown = shown_columns(df, s.columns if s and not s.views else None, layout.columns, layout.without_device)
     df = df.select(["device", *(c for c in shown if c != "device")] if per_device else shown)
     table = lambda d: render(d, fmt, layout.name_limit, layout.width)
     label = (f"### {view}\n\n" if fmt == "md" else f"{view}:\n") if named else ""
@@ -167,18 +169,35 @@ def _table(view: str, df: pl.DataFrame, s, fmt: str, layout: Layout, top, device
     return label + ("\n" if fmt == "md" else "").join(parts)
 
 
-def shown_columns(df: pl.DataFrame, default: tuple[str, ...] | list[str] | None, chosen) -> list[str]:
+def shown_columns(
+    df: pl.DataFrame, default: tuple[str, ...] | list[str] | None, chosen, without_device: bool = False
+) -> list[str]:
     """The columns a table shows: the `chosen` ones it has, in their order, else its `default` ones
     (None: all) but a text column that repeats an earlier one in every row (a CPU-only trace's
-    ops stand for its kernels: their cpu_op is their name, 27 of 80 columns said twice)."""
+    ops stand for its kernels: their cpu_op is their name, 27 of 80 columns said twice) and, on a
+    trace `without_device` activity, a device-time column zero or blank in every row (the ops
+    table's self_device_us and self_device_pct, as torch's key_averages leaves them out there)."""
     picked = [c for c in chosen or () if c in df.columns]
     if picked:
         return picked
     out: list[str] = []
     for c in (c for c in (default or df.columns) if c in df.columns):
+        if without_device and _device_nothing(df, c):
+            continue
         if not any(_repeats(df, c, earlier) for earlier in out):
             out.append(c)
     return out
+
+
+def _device_nothing(df: pl.DataFrame, c: str) -> bool:
+    """Column `c` is a number of the device (not its id) that is zero or blank in every row."""
+    a = df[c]
+    if c == "device" or "device" not in c:
+        return False
+    a = a.fill_nan(None) if a.dtype.is_float() else a  # a share of no time at all
+    if a.null_count() == len(a):
+        return True
+    return a.dtype.is_numeric() and bool(a.fill_null(0).eq(0).all())
 
 
 def _repeats(df: pl.DataFrame, c: str, earlier: str) -> bool:
@@ -220,7 +239,7 @@ def format_analysis(
     chosen = {k: v for k, v in sections.items() if not only or k in only}
     check_columns(columns, list(analysis_sheets(chosen).values()))
     head = f"# {f.stem}\n\n" if fmt == "md" else f"{f.stem}\n\n"
-    layout = Layout(name_limit or None, width, tuple(columns) if columns else None)
+    layout = Layout(name_limit or None, width, tuple(columns) if columns else None, not f.has_gpu)
     top = DEFAULT_TEXT_TOP if top is None else top or None
     return head + render_sections(chosen, fmt, layout, top, device_names(sections) or device_labels(f))
 
