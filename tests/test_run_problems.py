@@ -128,6 +128,30 @@ def test_a_trace_without_rank_is_named(tmp_path):
     assert kinds == {"no rank": {"extra.json"}}
 
 
+def test_a_run_none_of_whose_traces_says_its_rank_leads_with_that(tmp_path, run_cli):
+    """A folder of single traces (none says its rank) read as a run led with "Nothing to fix
+    found", as if its ranks had been compared and found fine; it now says no rank was read, in
+    text and on the page. A run with one rank left out (rank-less extra.json) keeps its findings."""
+    folder = tmp_path / "single"
+    folder.mkdir()
+    for name in ("train", "eval"):
+        doc = json.loads(gzip.decompress((RUNS / "gloo4" / "rank-1.json.gz").read_bytes()))
+        del doc["distributedInfo"]["rank"]
+        (folder / f"{name}.json").write_text(json.dumps(doc))
+    p = run_cli(["ranks", folder, "--no-cache"])
+    assert p.returncode == 1, p.stderr
+    lead = p.stdout.split("Runs: ranks present and missing")[0]
+    assert "No rank read: none of this run's traces says its rank" in lead and "Nothing to fix" not in lead
+    page = tmp_path / "run.html"
+    assert run_cli(["ranks", folder, "--no-cache", "--format", "html", "-o", page]).returncode == 1
+    assert "No rank read: none of this run&#39;s traces says its rank" in page.read_text()
+    mixed = tmp_path / "gloo4"
+    shutil.copytree(RUNS / "gloo4", mixed)
+    shutil.copy(folder / "train.json", mixed / "extra.json")
+    p = run_cli(["ranks", mixed, "--no-cache"])
+    assert "No rank read" not in p.stdout and "What to fix across the ranks" in p.stdout
+
+
 def test_a_folder_without_traces_is_an_error_not_an_empty_report(tmp_path, run_cli):
     (tmp_path / "empty").mkdir()
     p = run_cli(["ranks", tmp_path / "empty", "--no-cache"])

@@ -3,6 +3,7 @@ question, each a table of the run's result (`analysis.RunResult`) with its times
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from pipeline.render.findings import FLAT_COLUMNS, findings_lines, flat_rows
@@ -128,6 +129,17 @@ def render_sections(
 
 
 FINDINGS_TITLE = "What to fix across the ranks (largest saving first; they overlap)"
+# a run none of whose traces says its rank (a folder of single traces, say): nothing was compared
+NO_RANK = (
+    "No rank read: none of this run's traces says its rank (distributedInfo or a rank in its file name), "
+    "so nothing was compared; each is listed under Problems"
+)
+
+
+def rankless_runs(res) -> set[str]:
+    """The runs of a `RunResult` none of whose traces was read as a rank."""
+    data = res.runs.data
+    return {str(run) for run, ranks in zip(data["run"], data["ranks"]) if not ranks}
 
 
 def findings_rows(res) -> Rows:
@@ -141,10 +153,13 @@ def _findings(res, fmt: str, width: int | None, one_run: bool) -> str:
     if fmt == "csv":
         return "# findings\n" + render(findings_rows(res), "csv")
     head = f"## {FINDINGS_TITLE}\n\n" if fmt == "md" else f"{FINDINGS_TITLE}\n"
-    parts = []
+    parts, rankless = [], rankless_runs(res)
     for run, found in res.findings.items():
         label = "" if one_run else (f"### run {run}\n\n" if fmt == "md" else f"run {run}:\n")
-        parts.append(label + findings_lines(found, fmt, width, "the run's steps"))
+        if str(run) in rankless:
+            parts.append(label + (NO_RANK if fmt == "md" else textwrap.fill(NO_RANK, max(width or 100, 60))) + "\n")
+        else:
+            parts.append(label + findings_lines(found, fmt, width, "the run's steps"))
     return head + "\n".join(parts)
 
 

@@ -21,7 +21,7 @@ NONE = "Nothing to fix found: no finding's premise holds here (see the guide, re
 def findings_html(p: Findings) -> str:
     head = f"<h4>run {esc(p.run)}</h4>" if p.run else ""
     if not p.rows:
-        return head + f'<p class="note">{esc(NONE)}</p>'
+        return head + f'<p class="note">{esc(p.none or NONE)}</p>'
     cards = "".join(_card(i, d, p) for i, d in enumerate(p.rows, 1))
     return head + f'<ol class="findings">{cards}</ol>'
 

@@ -66,6 +66,7 @@ class Findings:
     links: dict = field(default_factory=dict)
     window: str = "the window"  # what gain_pct is a share of
     run: str | None = None  # a run's findings on a page of several runs
+    none: str | None = None  # what it says when it holds no finding (default: nothing to fix found)
 
 
 Part = Table | Chart | Tile | Note | Group | Findings

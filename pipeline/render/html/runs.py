@@ -14,7 +14,7 @@ from pipeline.render.html.cells import duration, engineering_bytes
 from pipeline.render.html.frames import frames_page
 from pipeline.render.html.model import Chart, Findings, Note, Part, Section, Table, Tile
 from pipeline.render.html.page import anchor, render_page
-from pipeline.runs.sections import FINDINGS_TITLE, SECTIONS, SLOWEST_FIRST, section_frames
+from pipeline.runs.sections import FINDINGS_TITLE, NO_RANK, SECTIONS, SLOWEST_FIRST, rankless_runs, section_frames
 
 STEP_PREFIX = "ProfilerStep#"  # said once, as the columns' label, rather than in every column
 SHOWN_PROBLEMS = 5  # problems said in the overview (the problems section holds them all)
@@ -45,9 +45,18 @@ def runs_html(rep, facts=()) -> str:
     links = {s.name: anchor(s.name) for s in page.sections if s.name}
     found = getattr(rep.result, "findings", {}) if rep.result is not None else {}
     fix = Section(FINDINGS_TITLE, name="findings", lead=True)
-    fix.parts = [Findings(tuple(found.get(run, [])), links, "the run's steps", None if one else run) for run in runs]
+    rankless = rankless_runs(rep.result) if rep.result is not None else set()
+    fix.parts = [
+        Findings(tuple(found.get(run, [])), links, "the run's steps", None if one else run, none=_none(run, rankless))
+        for run in runs
+    ]
     page.sections.insert(0, fix)
     return render_page(page, empty)
+
+
+def _none(run: str, rankless: set[str]) -> str | None:
+    """What a run's findings say when there are none: that no rank was read, where none was."""
+    return NO_RANK if run in rankless else None
 
 
 def _times(n: int) -> str:
