@@ -78,12 +78,15 @@ def evidence_text(e: dict, limit: int | None = NAME_CHARS) -> str:
     return out + (f", {e['note']}" if e.get("note") else "")
 
 
-def findings_lines(rows: list[dict], fmt: str = "table", width: int | None = None, window: str = "the window") -> str:
+def findings_lines(
+    rows: list[dict], fmt: str = "table", width: int | None = None, window: str = "the window", none: str | None = None
+) -> str:
     """The findings, numbered, each with its saving (`window`: what its share is of), title,
-    evidence, remedy and next section."""
+    evidence, remedy and next section; `none`: what it says without any (default: nothing to fix
+    found)."""
     width = max(width or 100, 60)
     if not rows:  # in a table, within the width as the findings are (Markdown wraps itself)
-        none = NONE.format(window)
+        none = none or NONE.format(window)
         return (none if fmt == "md" else "\n".join(_wrapped(none, width, ""))) + "\n"
     if fmt == "md":
         return "".join(_md(i, d, window) for i, d in enumerate(rows, 1))

@@ -3,7 +3,6 @@ question, each a table of the run's result (`analysis.RunResult`) with its times
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any
 
 from pipeline.render.findings import FLAT_COLUMNS, findings_lines, flat_rows
@@ -156,10 +155,8 @@ def _findings(res, fmt: str, width: int | None, one_run: bool) -> str:
     parts, rankless = [], rankless_runs(res)
     for run, found in res.findings.items():
         label = "" if one_run else (f"### run {run}\n\n" if fmt == "md" else f"run {run}:\n")
-        if str(run) in rankless:
-            parts.append(label + (NO_RANK if fmt == "md" else textwrap.fill(NO_RANK, max(width or 100, 60))) + "\n")
-        else:
-            parts.append(label + findings_lines(found, fmt, width, "the run's steps"))
+        none = NO_RANK if str(run) in rankless else None
+        parts.append(label + findings_lines(found, fmt, width, "the run's steps", none))
     return head + "\n".join(parts)
 
 

@@ -47,16 +47,17 @@ def runs_html(rep, facts=()) -> str:
     fix = Section(FINDINGS_TITLE, name="findings", lead=True)
     rankless = rankless_runs(rep.result) if rep.result is not None else set()
     fix.parts = [
-        Findings(tuple(found.get(run, [])), links, "the run's steps", None if one else run, none=_none(run, rankless))
+        Findings(
+            tuple(found.get(run, [])),
+            links,
+            "the run's steps",
+            None if one else run,
+            NO_RANK if run in rankless else None,
+        )
         for run in runs
     ]
     page.sections.insert(0, fix)
     return render_page(page, empty)
-
-
-def _none(run: str, rankless: set[str]) -> str | None:
-    """What a run's findings say when there are none: that no rank was read, where none was."""
-    return NO_RANK if run in rankless else None
 
 
 def _times(n: int) -> str:
