@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,21 @@ if str(TESTS) not in sys.path:  # `import fuzz` from any test module
 # high-water mark (VmHWM). Not getrusage's ru_maxrss: a child spawned with vfork + exec inherits its
 # parent's peak in it, so under a pytest worker of 700 MB every child "peaked" at 700 MB (CI failed).
 PEAK_RSS = "int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) * 1024"
+
+
+def shared_memory_folders() -> set[str]:
+    """tracepipe's slot folders in /dev/shm now (none where there is no /dev/shm)."""
+    return {d for d in os.listdir("/dev/shm") if d.startswith("tracepipe-")} if os.path.isdir("/dev/shm") else set()
+
+
+def shared_memory_left(before: set[str], wait: float = 60) -> set[str]:
+    """The slot folders made since `before` that stay. Tests in other processes (`make test` runs
+    one per core) make and remove their own meanwhile: one of theirs goes within seconds, one a
+    command left behind stays."""
+    deadline = time.monotonic() + wait
+    while (left := shared_memory_folders() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 def run_cli(args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:

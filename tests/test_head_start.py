@@ -11,6 +11,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import shared_memory_folders, shared_memory_left
 from pipeline import synthetic as synth
 from pipeline.flatten import flatten
 from pipeline.read import head_start
@@ -99,11 +100,7 @@ def test_workers_option(args, workers):
 @needs_native
 def test_a_command_that_fails_before_reading_leaves_nothing_behind(big_trace, tmp_path):
     """A typo in an option: one line, exit 2, and the head start's workers and slot files gone."""
-
-    def ours():
-        return {d for d in os.listdir("/dev/shm") if d.startswith("tracepipe-")} if os.path.isdir("/dev/shm") else set()
-
-    before = ours()
+    before = shared_memory_folders()
     p = subprocess.run(
         [sys.executable, "-m", "pipeline", "analyze", str(big_trace), "--no-such-option"],
         capture_output=True,
@@ -112,7 +109,7 @@ def test_a_command_that_fails_before_reading_leaves_nothing_behind(big_trace, tm
     )
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr and "--no-such-option" in p.stderr
-    assert ours() <= before
+    assert not shared_memory_left(before)
 
 
 _FORK_PROBE = """

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import PROJECT
+from conftest import PROJECT, shared_memory_folders, shared_memory_left
 from pipeline import synthetic as synth
 from pipeline.dataset import batch, inputs, layout
 from pipeline.flatten import flatten
@@ -167,8 +167,7 @@ def _file_size_limit(n: int):
 def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     src = tmp_path / "big.json"
     synth.write_big_trace(src, 3 << 20)
-    shm = lambda: {p for p in os.listdir("/dev/shm") if p.startswith("tracepipe-")}
-    before = shm()
+    before = shared_memory_folders()
     for cmd, out in (
         (["flatten", src, "-o", tmp_path / "flat"], tmp_path / "flat"),
         (["flatten", src, "-j", "2", "-o", tmp_path / "flat2"], tmp_path / "flat2"),  # writes in a thread
@@ -179,7 +178,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
         assert one_line(p, 2), (cmd[0], p.returncode, p.stderr)
         assert "File too large" in p.stderr or "No space" in p.stderr
         assert not files_under(out) and not out.is_file(), cmd[0]
-    assert shm() == before
+    assert not shared_memory_left(before)
 
 
 def test_bad_input_leaves_no_output_folder(tmp_path):
