@@ -144,12 +144,38 @@ def test_a_run_none_of_whose_traces_says_its_rank_leads_with_that(tmp_path, run_
     assert "No rank read: none of this run's traces says its rank" in lead and "Nothing to fix" not in lead
     page = tmp_path / "run.html"
     assert run_cli(["ranks", folder, "--no-cache", "--format", "html", "-o", page]).returncode == 1
-    assert "No rank read: none of this run&#39;s traces says its rank" in page.read_text()
+    html = page.read_text()
+    assert "No rank read: none of this run&#39;s traces says its rank" in html
+    assert "missing: 0, 1, 2, 3" in html  # the tile: their distributedInfo says a world of 4
     mixed = tmp_path / "gloo4"
     shutil.copytree(RUNS / "gloo4", mixed)
     shutil.copy(folder / "train.json", mixed / "extra.json")
     p = run_cli(["ranks", mixed, "--no-cache"])
     assert "No rank read" not in p.stdout and "What to fix across the ranks" in p.stdout
+
+
+def test_a_run_without_its_world_size_does_not_claim_every_rank(tmp_path, run_cli):
+    """A run whose traces record no world size took the highest rank read + 1 for it, and the
+    page's "ranks traced" tile said "every rank of the world": ranks 0-3 of a run of 8 looked
+    whole. The world size is now unknown, and only gaps below the highest rank are missing."""
+    run = tmp_path / "gloo4"
+    run.mkdir()
+    for src in sorted((RUNS / "gloo4").glob("rank-*.json.gz")):
+        doc = json.loads(gzip.decompress(src.read_bytes()))
+        del doc["distributedInfo"]["world_size"]
+        (run / src.name.removesuffix(".gz")).write_text(json.dumps(doc))
+    page = tmp_path / "run.html"
+    assert run_cli(["ranks", run, "--no-cache", "--format", "html", "-o", page]).returncode == 0
+    html = page.read_text()
+    assert "every rank of the world" not in html and "ranks above 3 may be missing" in html
+    report = json.loads(run_cli(["ranks", run, "--no-cache", "--format", "json"]).stdout)["runs"][0]
+    assert report["world_size"] is None and report["ranks"] == [0, 1, 2, 3]  # not 4: unknown
+    (run / "rank-1.json").unlink()
+    report = json.loads(run_cli(["ranks", run, "--no-cache", "--format", "json"]).stdout)["runs"][0]
+    assert report["missing_ranks"] == [1]  # a gap below the highest rank read is known missing
+    whole = tmp_path / "whole.html"
+    assert run_cli(["ranks", RUNS / "gloo4", "--no-cache", "--format", "html", "-o", whole]).returncode == 0
+    assert "every rank of the world" in whole.read_text()
 
 
 def test_a_folder_without_traces_is_an_error_not_an_empty_report(tmp_path, run_cli):

@@ -73,10 +73,11 @@ def check_run_by(run_by: str | None, columns: list[str]) -> re.Pattern | None:
 @dataclass
 class Run:
     """One run: its traces by rank (`ranks`: rank -> index into the traces given), world size,
-    missing ranks, and what was left out (indices, with the reason for duplicates)."""
+    missing ranks (below the world size, else below the highest rank read), and what was left
+    out (indices, with the reason for duplicates)."""
 
     name: str
-    world_size: int | None
+    world_size: int | None  # the largest a trace records; None when none does
     traces: list[int] = field(default_factory=list)  # every trace of the run, quarantined ones too
     ranks: dict[int, int] = field(default_factory=dict)
     missing: list[int] = field(default_factory=list)
@@ -126,8 +127,10 @@ def group_runs(infos: list[dict], run_by: str | None = None) -> list[Run]:
         run.duplicates.append((drop, keep, _why_kept(infos[keep], infos[drop])))
     for run in runs.values():
         run.ranks = dict(sorted(run.ranks.items()))
-        if run.world_size is None and run.ranks:
-            run.world_size = max(run.ranks) + 1
-        run.missing = sorted(set(range(run.world_size or 0)) - set(run.ranks))
+        # Without a recorded world size only the gaps below the highest rank read are known to be
+        # missing: ranks 0-3 of a run of 8 whose traces say no world size look whole, so the
+        # world size stays unknown rather than the highest rank + 1.
+        known = run.world_size if run.world_size is not None else max(run.ranks, default=-1) + 1
+        run.missing = sorted(set(range(known)) - set(run.ranks))
         run.duplicates.sort(key=lambda d: str(infos[d[0]].get("source")))
     return [runs[k] for k in sorted(runs)]

@@ -68,6 +68,16 @@ def _of(df: pl.DataFrame, run: str) -> pl.DataFrame:
     return df.filter(pl.col("run").cast(pl.String) == run)
 
 
+def _ranks_note(missing: list, world: int | None, ranks: list) -> str:
+    """What the count of ranks traced leaves out: the missing ranks, none, or that the traces do
+    not record how many ranks the run had (then ranks above the highest read may be missing)."""
+    if missing:
+        return f"missing: {', '.join(map(str, missing))}"
+    if not ranks:
+        return "no trace says its rank"
+    return "every rank of the world" if world else f"world size not recorded: ranks above {ranks[-1]} may be missing"
+
+
 def overview(rep, run: str, name: str | None) -> list[Part]:
     """One run's tiles and charts (`name`: said in their titles when the page holds several runs)."""
     at = f" ({name})" if name else ""
@@ -81,8 +91,8 @@ def overview(rep, run: str, name: str | None) -> list[Part]:
         Tile(
             f"ranks traced{at}",
             f"{len(ranks)} of {world}" if world else str(len(ranks)),
-            f"missing: {', '.join(map(str, missing))}" if missing else "every rank of the world",
-            "bad" if missing else "good",
+            _ranks_note(missing, world, ranks),
+            "bad" if missing or not ranks else "good" if world else "",
         )
     )
     parts += _problems(rep, run)
