@@ -67,6 +67,12 @@ PROBLEM = {
 }
 _KEY_BITS = 40  # bits of each activity key's hash; a replay's is their sum (room for 2^23 kernels in int64)
 _ARGS = ("Input Dims", "Input type", "Concrete Inputs")  # what makes two captured ops the same work
+LEVELS = ("kind", "name", "full")  # of activity keys, coarse to fine (`_keys`)
+_PAIRED_COUNTS = (  # the counts of paired kernels each batch adds to the trace's problems
+    "link:cpu_op_by_graph_capture",
+    "graphs:paired_by_kind_and_order (the capture records no kernel names)",
+    "graphs:kernel_order_ambiguous (one key on several streams, captured by different ops)",
+)
 _SPILL = {
     "event_idx": pl.Int64,
     "node_ref": pl.Int64,
@@ -100,32 +106,35 @@ class _KeyHashes:
         return keys.replace_strict(self.memo, default=None, return_dtype=pl.Int64)
 
 
-def _keys(frame: pl.DataFrame) -> pl.DataFrame:
+def _keys(frame: pl.DataFrame, full: bool = True) -> pl.DataFrame:
     """Activity keys at each level: `k_kind` (kind), `k_name` (kind and kernel name), `k_full` (and
-    grid and block; null where they are not recorded)."""
+    grid and block; null where they are not recorded; left out when not `full`)."""
     kernel = pl.col("kind") == "kernel"
     name = pl.concat_str(pl.col("kind"), pl.when(kernel).then(pl.col("name")).otherwise(pl.lit("")), separator="\x1f")
-    dims = [pl.col(f"{d}_{a}").cast(pl.String) for d in ("grid", "block") for a in "xyz"]
-    full = pl.when(kernel & pl.col("grid_x").is_not_null()).then(pl.concat_str(name, *dims, separator="\x1f"))
-    return frame.with_columns(
-        k_kind=pl.col("kind"),
-        k_name=pl.when(kernel & pl.col("name").is_null()).then(None).otherwise(name),
-        k_full=pl.when(kernel).then(full).otherwise(name),
+    out = frame.with_columns(
+        k_kind=pl.col("kind"), k_name=pl.when(kernel & pl.col("name").is_null()).then(None).otherwise(name)
     )
+    if not full:
+        return out
+    dims = [pl.col(f"{d}_{a}").cast(pl.String) for d in ("grid", "block") for a in "xyz"]
+    grid = pl.when(kernel & pl.col("grid_x").is_not_null()).then(
+        pl.concat_str(pl.col("k_name"), *dims, separator="\x1f")
+    )
+    return out.with_columns(k_full=pl.when(kernel).then(grid).otherwise(pl.col("k_name")))
 
 
-def _hashed(frame: pl.DataFrame, hashes: _KeyHashes) -> pl.DataFrame:
-    return frame.with_columns(**{f"h_{lvl}": hashes.of(frame[f"k_{lvl}"]) for lvl in ("kind", "name", "full")})
+def _hashed(frame: pl.DataFrame, hashes: _KeyHashes, levels: tuple[str, ...] = LEVELS) -> pl.DataFrame:
+    return frame.with_columns(**{f"h_{lvl}": hashes.of(frame[f"k_{lvl}"]) for lvl in levels})
 
 
-def _sums(frame: pl.DataFrame, by: str) -> pl.DataFrame:
+def _sums(frame: pl.DataFrame, by: str, levels: tuple[str, ...] = LEVELS) -> pl.DataFrame:
     """Per `by`: activity count and, per level, the sum of its keys' hashes (null if a key is)."""
 
     def total(lvl: str) -> pl.Expr:
         h = pl.col(f"h_{lvl}")
         return pl.when(h.null_count() == 0).then(h.sum())
 
-    return frame.group_by(by).agg(n=pl.len(), **{lvl: total(lvl) for lvl in ("kind", "name", "full")})
+    return frame.group_by(by).agg(n=pl.len(), **{lvl: total(lvl) for lvl in levels})
 
 
 def _op_signature(nodes: pl.DataFrame) -> pl.Expr:
@@ -190,7 +199,7 @@ class _Graphs:
                 key=pl.col(f"k_{lvl}"),
                 rank=pl.int_range(pl.len(), dtype=pl.UInt32).over("gidx", f"k_{lvl}"),
             )
-            for lvl in ("kind", "name", "full")
+            for lvl in LEVELS
         ).filter(pl.col("key").is_not_null())
 
     def candidates(self, n: int, kind: int, name: int, full: int | None) -> list[int]:
@@ -365,7 +374,34 @@ def _pair_all(
         n = max(1, min(4 * n, REPLAY_KERNELS * batch.height // max(1, kernels.height)))
         if kernels.is_empty():
             continue
+        if not graphs.n:
+            yield _uncaptured_batch(kernels, hashes, problems)
+            continue
         yield _pair_batch(batch, _hashed(_keys(kernels), hashes), graphs, chooser, problems, used)
+
+
+def _uncaptured_batch(kernels: pl.DataFrame, hashes: _KeyHashes, problems: Counter) -> pl.DataFrame:
+    """`_pair_batch` when no graph was captured: every replay unpaired (NO_CAPTURE), named by the
+    hash of its activities as `_Chooser.choose` names it, without the pairing's keys and joins
+    (measured on 1 GB of hta/diff_test_v100, 171K replayed kernels: see the performance history)."""
+    k = _hashed(_keys(kernels, full=False), hashes, LEVELS[:2])
+    sums = _sums(k, "correlation", LEVELS[:2])
+    labels = {
+        corr: f"uncaptured#{(kind if name is None else name) % (1 << 32):08x}"
+        for corr, name, kind in sums.select("correlation", "name", "kind").iter_rows()
+    }
+    problems["graphs:replays"] += sums.height
+    for key in _PAIRED_COUNTS:
+        problems[key] += 0  # as `_pair_batch` counts them: none paired
+    problems[PROBLEM[NO_CAPTURE]] += k.height
+    return k.select(
+        "event_idx",
+        node_ref=pl.lit(None, pl.Int64),
+        graph_id=pl.col("correlation").replace_strict(labels, return_dtype=pl.String),
+        op_instance=pl.lit(None, pl.Int64),
+        graph_reason=pl.lit(NO_CAPTURE),
+        order_ambiguous=pl.lit(False),
+    ).sort("event_idx")
 
 
 def _node_kind(kind: pl.Expr) -> pl.Expr:
@@ -437,11 +473,8 @@ def _pair_batch(
         by_kind=(paired & (pl.col("level") == "kind")).sum(),
         ambiguous=(paired & pl.col("order_ambiguous")).sum(),
     ).row(0, named=True)
-    problems["link:cpu_op_by_graph_capture"] += counts["by_capture"]
-    problems["graphs:paired_by_kind_and_order (the capture records no kernel names)"] += counts["by_kind"]
-    problems["graphs:kernel_order_ambiguous (one key on several streams, captured by different ops)"] += counts[
-        "ambiguous"
-    ]
+    for key, n in zip(_PAIRED_COUNTS, (counts["by_capture"], counts["by_kind"], counts["ambiguous"])):
+        problems[key] += n
     for reason, n in k.filter(~paired).group_by(GRAPH_REASON).len().iter_rows():
         problems[PROBLEM[reason or UNMATCHED]] += n
     return k.select(list(_SPILL)).sort("event_idx")
