@@ -86,8 +86,8 @@ def flatten(
         if not quiet:
             took = ", ".join(f"{stage.replace('_', '+')} {s:.1f} s" for stage, s in r.seconds.items())
             typer.echo(
-                f"{t.name}: {r.n_events} events, {r.n_gpu_ops} gpu ops, {r.n_flows} flow endpoints, "
-                f"{r.n_devices} devices -> {r.out_dir} ({took})"
+                f"{t.name}: {r.n_events:,} events, {r.n_gpu_ops:,} gpu ops, {r.n_flows:,} flow endpoints, "
+                f"{r.n_devices} device{'' if r.n_devices == 1 else 's'} -> {r.out_dir} ({took})"
             )
     raise typer.Exit(code)
 
