@@ -488,13 +488,13 @@ def graph_hint(problems: dict) -> str | None:
         return None
     if problems.get(PROBLEM[NO_CAPTURE]):
         return (
-            f"{replays} CUDA/HIP graph replays ({problems[PROBLEM[NO_CAPTURE]]} kernels) are attributed to the code "
-            "around their launch only: pass the trace their graphs were captured in with --graph-capture "
+            f"{replays:,} CUDA/HIP graph replays ({problems[PROBLEM[NO_CAPTURE]]:,} kernels) are attributed to the "
+            "code around their launch only: pass the trace their graphs were captured in with --graph-capture "
             "(vLLM and SGLang write it to capture_traces/)"
         )
     why = ", ".join(
-        f"{problems[PROBLEM[r]]} kernels {what}"
+        f"{problems[PROBLEM[r]]:,} kernels {what}"
         for r, what in ((UNMATCHED, "match no captured graph"), (AMBIGUOUS, "match captured graphs of different ops"))
         if problems.get(PROBLEM[r])
     )
-    return f"{replays - paired} of {replays} CUDA/HIP graph replays not paired with a captured graph ({why})"
+    return f"{replays - paired:,} of {replays:,} CUDA/HIP graph replays not paired with a captured graph ({why})"
