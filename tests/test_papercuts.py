@@ -209,6 +209,23 @@ def test_diff_of_a_trace_with_itself_matches_all_and_prints_totals_first(demo_fl
     assert lines[0].startswith("total: x ") and lines[1].startswith("matched: 100% of the time")
 
 
+def test_diff_of_two_traces_of_one_name_names_them_by_their_folders(demo, tmp_path, run_cli):
+    """before/demo.json.gz against after/demo.json.gz (the same file name from two runs) failed
+    with polars' DuplicateError: both sides were labelled by their stem. The folders that tell
+    them apart now name them; the same file twice is (a) and (b); equal labels given, one line."""
+    for side in ("before", "after"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "demo.json.gz").write_bytes(demo.read_bytes())
+    a, b = tmp_path / "before" / "demo.json.gz", tmp_path / "after" / "demo.json.gz"
+    p = run_cli(["diff", a, b, "--width", "0"])
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert p.stdout.startswith("a: before/demo\nb: after/demo\n"), p.stdout[:200]  # long labels: a legend
+    labels = json.loads(run_cli(["diff", a, a, "--format", "json"]).stdout)["labels"]
+    assert labels == {"a": "demo (a)", "b": "demo (b)"}, labels
+    p = run_cli(["diff", a, b, "--label-a", "x", "--label-b", "x"])
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--label-a and --label-b" in p.stderr
+
+
 def test_diff_of_two_different_models_warns_and_one_model_on_two_devices_does_not(shared_traces, run_cli):
     t = shared_traces / "tracelens"
     h100, mi300, b200 = (t / f"{n}.json.gz" for n in ("h100_qwen1.5_0.5b", "mi300x_qwen1.5_0.5b", "b200_eager"))

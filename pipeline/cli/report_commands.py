@@ -221,6 +221,24 @@ def analyze(
     raise typer.Exit(code)
 
 
+def diff_labels(fa, fb, label_a: str | None, label_b: str | None) -> tuple[str, str]:
+    """The names of A and B in a diff: as given, else their stems; where those are the same
+    (before/rank0.json against after/rank0.json) the folders that tell them apart, else the stems
+    marked (a) and (b). Two columns of one name made polars fail the table."""
+    from pipeline.errors import UsageError
+
+    if label_a is not None and label_a == label_b:
+        raise UsageError(f"--label-a and --label-b are both {label_a!r}: name A and B apart")
+    la, lb = label_a or fa.stem, label_b or fb.stem
+    if la != lb:
+        return la, lb
+    pa, pb = (Path(f.source or f.path).parent.parts for f in (fa, fb))
+    k = next((k for k in range(1, min(len(pa), len(pb)) + 1) if pa[-k] != pb[-k]), 0)
+    if k:
+        la, lb = label_a or "/".join((*pa[-k:], la)), label_b or "/".join((*pb[-k:], lb))
+    return (la, lb) if la != lb else (f"{la} (a)", f"{lb} (b)")
+
+
 @app.command("diff")
 def diff_cmd(
     a: Path = typer.Argument(..., help="first trace: a file, a flattened trace, a folder of them or a dataset"),
@@ -241,8 +259,12 @@ def diff_cmd(
         60, "--name-limit", help="cut keys and kernel names to N characters in table/md (0: never)"
     ),
     top: Optional[int] = typer.Option(None, "--top", help="only the N rows with the most time"),
-    label_a: Optional[str] = typer.Option(None, "--label-a", help="name of A in the output (default: its file stem)"),
-    label_b: Optional[str] = typer.Option(None, "--label-b", help="name of B in the output (default: its file stem)"),
+    label_a: Optional[str] = typer.Option(
+        None, "--label-a", help="name of A in the output (default: its file stem; with B's the same, its folder too)"
+    ),
+    label_b: Optional[str] = typer.Option(
+        None, "--label-b", help="name of B in the output (default: its file stem; with A's the same, its folder too)"
+    ),
     formulas: Optional[Path] = formulas_option(),
 ):
     """Compare two traces side by side, matched by CPU op (names normalised across vendors), else by kernel name."""
@@ -261,7 +283,7 @@ def diff_cmd(
     cost = {"formulas": load_formulas(formulas)} if formulas else {}
     with rp.opened(a, trace=picks[0], **cost) as fa, rp.opened(b, trace=picks[1], **cost) as fb:
         d = rp.diff(fa, fb)
-        la, lb = label_a or fa.stem, label_b or fb.stem
+        la, lb = diff_labels(fa, fb, label_a, label_b)
         if said := different_work(diff_summary(d)):
             err(f"{la} vs {lb}: {said}")
         if fmt == "xlsx":
