@@ -328,6 +328,26 @@ def test_query_formats_examples_and_errors(built, tmp_path, capsys):
         Q.write(pl.DataFrame({"a": [1]}), "parquet")
 
 
+def test_query_reads_and_says_so_for_a_statement_that_would_not(built):
+    """DROP TABLE gpu_ops printed two empty lines and exit 0 (it dropped the table from the
+    query's own view only), CREATE TABLE printed "CREATE TABLE x", and SHOW TABLES listed none (a
+    table was registered only where the query named it). Now: one line, exit 2, for a statement
+    that does not read; SHOW TABLES lists every table."""
+    _, ds, _, _ = built
+    for sql in ("drop table gpu_ops", "CREATE TABLE x AS SELECT 1", "  -- a comment\n insert into trace values (1)"):
+        q = query(ds, sql)
+        word = sql.split("\n")[-1].split()[0].upper()
+        assert q.returncode == 2 and q.stdout == "", (sql, q.stdout)
+        assert q.stderr.strip() == (
+            f"tracepipe: {word} is not run: a query reads the dataset, never changes it "
+            "(SELECT, WITH ... SELECT, SHOW TABLES, EXPLAIN SELECT)"
+        ), q.stderr
+    assert set(Q.run(ds, "show tables")["name"]) == {*TABLES, "traces"}
+    assert Q.run(ds, "-- rows\n(select count(*) as n from traces)")["n"][0] == 5  # a comment, a parenthesis
+    with pytest.raises(UsageError, match="no SQL given"):
+        Q.run(ds, " -- nothing ")
+
+
 def test_query_a_single_flattened_trace(tmp_path):
     from pipeline.flatten import flatten
 

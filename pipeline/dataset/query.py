@@ -138,14 +138,34 @@ def check_sandboxed(sql: str):
         )
 
 
+READS = ("select", "with", "show", "explain", "values")  # the statements `run` runs: they read
+
+
+def check_read_only(sql: str) -> str:
+    """The query's first keyword, lower case; UsageError when it is no read (DROP TABLE, CREATE,
+    INSERT, ... only changed the query's own view of the tables, and said nothing)."""
+    m = re.search(r"[A-Za-z_]+", _LITERALS_AND_COMMENTS.sub(" ", sql))
+    if m is None:
+        raise UsageError("no SQL given")
+    word = m.group().lower()
+    if word not in READS:
+        raise UsageError(
+            f"{word.upper()} is not run: a query reads the dataset, never changes it "
+            "(SELECT, WITH ... SELECT, SHOW TABLES, EXPLAIN SELECT)"
+        )
+    return word
+
+
 def run(path: str | Path, sql: str, sandbox: bool = False, trace: str | None = None) -> pl.DataFrame:
     """Run one SQL query over the tables of `path` (`trace`: only the rows of the trace it names,
-    by trace_id, stem or part of its path); raise UsageError on a bad query. With `sandbox` the
-    query may read only the dataset's tables (no read_csv('/any/file'), no URLs)."""
+    by trace_id, stem or part of its path); raise UsageError on a bad query or one that does not
+    read. With `sandbox` the query may read only the dataset's tables (no
+    read_csv('/any/file'), no URLs)."""
     if sandbox:
         check_sandboxed(sql)
+    first = check_read_only(sql)
     words = {w.lower() for w in re.findall(r"\w+", sql)}
-    found = tables(path, words)
+    found = tables(path, None if first == "show" else words)  # SHOW TABLES lists them all
     if trace is not None:
         from pipeline.dataset.pick import choose
 
