@@ -148,6 +148,18 @@ def test_trend_flags_the_change_where_it_happened(nightly, run_cli, tmp_path):
     assert p.returncode == 0 and max(map(len, p.stdout.splitlines())) <= 80
 
 
+def test_trend_over_too_few_runs_says_none_could_be_found(tmp_path, run_cli):
+    """Over 2 runs trend said "0 found", as if nothing had changed, where no change point can be
+    found: it takes 2 runs on each side. It now says so first among the problems."""
+    write_runs(tmp_path / "arch", runs=2, world=1, steps=2, kernels=3, names=["a", "b"])
+    run_batch(tmp_path / "arch", tmp_path / "ds", jobs=1)
+    p = run_cli(["trend", tmp_path / "ds", "--format", "json"])
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["problems"][0] == "2 runs: a change point needs at least 2 runs on each side, 4 in all"
+    p = run_cli(["trend", tmp_path / "ds", "--width", "80"])
+    assert "2 runs in time order" in p.stdout and "problem: 2 runs: a change point needs" in p.stdout
+
+
 @pytest.mark.slow
 def test_one_rank_runs_are_tested_over_steps(tmp_path):
     write_runs(tmp_path / "arch", runs=2, world=1, steps=8, kernels=12, changes={2: (1, 1.5)}, names=["a", "b"])

@@ -206,7 +206,7 @@ def format_trend(t, fmt: str, width: int | None = None, columns: list[str] | Non
     runs = t.rows["run"].n_unique()
     found = sum(len(v) for v in t.changes.values())
     head = [
-        ("level", f"{t.level}: time per rank and profiler step, {runs} runs in time order"),
+        ("level", f"{t.level}: time per rank and profiler step, {runs} run{'' if runs == 1 else 's'} in time order"),
         (
             "method",
             f"change points by binary segmentation (two-sample t on logs, at least 2 runs each side), false "

@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.compare import samples
-from pipeline.compare.changepoints import ChangePoint, change_points
+from pipeline.compare.changepoints import MIN_SIZE, ChangePoint, change_points
 from pipeline.compare.runs import Run, iso_time
 from pipeline.errors import UsageError
 
@@ -116,7 +116,11 @@ def trend(
     rows = rows.sort("name", "order")
     series = {n: rows.filter(pl.col("name") == n)["value_us"].to_numpy() for n in names}
     changes = change_points(series, fdr, min_effect_pct)
-    return Trend(level, _with_changes(rows, changes), changes, fdr, min_effect_pct, problems or [])
+    problems = list(problems or [])
+    if len(runs) < 2 * MIN_SIZE:  # else "0 found" reads as "no change" where none could be found
+        held = "1 run" if len(runs) == 1 else f"{len(runs)} runs"
+        problems.insert(0, f"{held}: a change point needs at least {MIN_SIZE} runs on each side, {2 * MIN_SIZE} in all")
+    return Trend(level, _with_changes(rows, changes), changes, fdr, min_effect_pct, problems)
 
 
 def _with_changes(rows: pl.DataFrame, changes: dict[str, list[ChangePoint]]) -> pl.DataFrame:
