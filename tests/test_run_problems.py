@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -176,6 +177,37 @@ def test_a_run_without_its_world_size_does_not_claim_every_rank(tmp_path, run_cl
     whole = tmp_path / "whole.html"
     assert run_cli(["ranks", RUNS / "gloo4", "--no-cache", "--format", "html", "-o", whole]).returncode == 0
     assert "every rank of the world" in whole.read_text()
+
+
+def test_a_trace_of_another_time_is_left_out_not_compared(tmp_path, run_cli):
+    """A folder of traces of several jobs read as one run matched their collectives by order: a
+    rank recorded 250 days apart was "the straggler", its clock offset 250 days. A rank whose
+    collectives ran over ten minutes from the others' is now a problem (`another time`), left
+    out of the run (a missing rank), and no finding names it; the three that ran together stay."""
+    run = tmp_path / "mixed"
+    shutil.copytree(RUNS / "gloo4", run)
+    late = run / "rank-2.json.gz"
+    doc = json.loads(gzip.decompress(late.read_bytes()))
+    for e in doc["traceEvents"]:
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] += 86_400e6 + 3_600e6  # a day and an hour later
+    late.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    assert _kinds(problems_of(run)) == {"another time": {"rank-2.json.gz"}}
+    report = json.loads(run_cli(["ranks", run, "--no-cache", "--format", "json"]).stdout)["runs"][0]
+    assert report["ranks"] == [0, 1, 3] and report["missing_ranks"] == [2]
+    assert not re.search(r"\brank 2(?![\d.])", json.dumps(report["findings"]))  # not "rank 2.13 ms"
+    p = run_cli(["ranks", run, "--no-cache"])
+    assert p.returncode == 1 and "rank 2's collectives ran 1 day after those of ranks 0, 1, 3" in p.stderr
+    p = run_cli(["combine", run, "--align", "clocks", "-o", tmp_path / "one.json"])  # says what it left out
+    assert p.returncode == 1 and p.stdout.startswith("3 traces (rank 0") and "rank-2.json.gz: another time" in p.stderr
+    near = tmp_path / "near"  # a rank 5 minutes late is the same job on a skewed clock: kept
+    shutil.copytree(RUNS / "gloo4", near)
+    doc = json.loads(gzip.decompress((near / "rank-2.json.gz").read_bytes()))
+    for e in doc["traceEvents"]:
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] += 300e6
+    (near / "rank-2.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    assert problems_of(near) == []
 
 
 def test_a_folder_without_traces_is_an_error_not_an_empty_report(tmp_path, run_cli):

@@ -255,6 +255,9 @@ def combine(
     unaligned = [i for i in r.inputs if i.rank is not None and i.offset_ns is None and align == "clocks"]
     for i in unaligned:
         err(f"{i.path}: rank {i.rank} shares no blocking collective with another rank: its clock is not aligned")
+    left_out = r.run.left_out if r.run is not None else []
+    for line in left_out:  # traces of the run folder that are not combined, and why
+        err(f"{line}")
     if r.n_moved:
         err(f"{r.n_moved} slices partially overlapped another on their track: moved to sibling tracks")
     if not quiet:
@@ -266,7 +269,7 @@ def combine(
                 f"; clocks shifted (µs): {shifts}" if shifts else ""
             )
         typer.echo(f"{len(r.inputs)} traces ({parts}): {r.n_events} events -> {r.out_path}{linked}")
-    raise typer.Exit(EXIT_PROBLEMS if r.truncated_inputs or unaligned else EXIT_OK)
+    raise typer.Exit(EXIT_PROBLEMS if r.truncated_inputs or unaligned or left_out else EXIT_OK)
 
 
 @app.command()

@@ -31,6 +31,7 @@ import numpy as np
 
 from pipeline.errors import UsageError
 from pipeline.runs.analysis import analyze
+from pipeline.runs.problems import LEFT_OUT
 
 WAITS_TID = 2_000_000_000  # the waits track's tid in a rank's GPU process (streams are small numbers)
 WAITS_NAME = "collective waits (tracepipe)"
@@ -55,6 +56,7 @@ class RunPlan:
     ranks: list[RankPlan]
     n_collectives: int = 0  # matched across two ranks or more
     n_flows: int = 0
+    left_out: list[str] = field(default_factory=list)  # "file: problem: detail" of each trace not combined
 
 
 def _extracts_run(extracts: list, run_by: str | None, run: str | None):
@@ -86,6 +88,11 @@ def plan(extracts: list, run_by: str | None = None, run: str | None = None) -> R
         ranks[r["rank"]] = RankPlan(r["rank"], ex.info["source"], r["offset_ns"])
         calls[r["rank"]] = {pg["key"]: _times(ex, i, pg["n"]) for i, pg in enumerate(ex.info["pgs"])}
     out = RunPlan(name, [ranks[k] for k in sorted(ranks)])
+    out.left_out = [
+        f"{p['file']}: {p['problem']}: {p['detail']}"
+        for p in res.problems.iter_rows(named=True)
+        if p["run"] == name and p["problem"] in LEFT_OUT
+    ]
     for coll in res.collectives.iter_rows(named=True):
         if coll["run"] != name:
             continue

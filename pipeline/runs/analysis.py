@@ -22,6 +22,7 @@ import numpy as np
 from pipeline.findings.run import RunFacts, run_findings
 from pipeline.render.rows import Rows
 from pipeline.runs import clock
+from pipeline.runs.apart import split_in_time
 from pipeline.runs.calls import KIND_NAMES, Extract
 from pipeline.runs.group import Run, group_runs
 from pipeline.runs.match import desyncs, window
@@ -141,6 +142,7 @@ def analyze(extracts: list, run_by: str | None = None, align: bool = True) -> Ru
     store = WaitStore()
     vendors: dict[str, str | None] = {}
     for run in group_runs(infos, run_by):
+        split_in_time(run, extracts)
         vendors[run.name] = _vendor([extracts[i].info for i in run.ranks.values()])
         _one_run(run, extracts, align, parts, store)
     res = RunResult(

@@ -84,6 +84,14 @@ class Run:
     no_rank: list[int] = field(default_factory=list)
     duplicates: list[tuple[int, int, str]] = field(default_factory=list)  # (left out, kept, why)
     quarantined: list[int] = field(default_factory=list)
+    apart: list[tuple[int, str]] = field(default_factory=list)  # (left out, why): `apart.split_in_time`
+
+    def missing_ranks(self) -> list[int]:
+        """The ranks below the world size no trace holds (without a world size, those below the
+        highest rank read: ranks 0-3 of a run of 8 whose traces say no world size look whole, so
+        the world size stays unknown rather than the highest rank + 1)."""
+        known = self.world_size if self.world_size is not None else max(self.ranks, default=-1) + 1
+        return sorted(set(range(known)) - set(self.ranks))
 
 
 def _preference(info: dict) -> tuple:
@@ -127,10 +135,6 @@ def group_runs(infos: list[dict], run_by: str | None = None) -> list[Run]:
         run.duplicates.append((drop, keep, _why_kept(infos[keep], infos[drop])))
     for run in runs.values():
         run.ranks = dict(sorted(run.ranks.items()))
-        # Without a recorded world size only the gaps below the highest rank read are known to be
-        # missing: ranks 0-3 of a run of 8 whose traces say no world size look whole, so the
-        # world size stays unknown rather than the highest rank + 1.
-        known = run.world_size if run.world_size is not None else max(run.ranks, default=-1) + 1
-        run.missing = sorted(set(range(known)) - set(run.ranks))
+        run.missing = run.missing_ranks()
         run.duplicates.sort(key=lambda d: str(infos[d[0]].get("source")))
     return [runs[k] for k in sorted(runs)]

@@ -8,6 +8,7 @@ lists them in its `problems` section, and exits 1).
 | truncated | the trace ends before its events do: its collectives before the cut are measured |
 | duplicate rank | another trace of the run holds the same rank: which one was kept, and why |
 | no rank | neither distributedInfo nor the file name says the trace's rank: left out |
+| another time | its collectives ran over ten minutes from the other ranks' (another job's): left out |
 | no collectives | a rank recorded no collective while others of its groups did |
 | fewer collectives | a rank recorded fewer collectives than others of its groups (the gap named) |
 
@@ -18,7 +19,17 @@ from __future__ import annotations
 
 import os
 
-PROBLEMS = ("not a trace", "truncated", "duplicate rank", "no rank", "no collectives", "fewer collectives")
+PROBLEMS = (
+    "not a trace",
+    "truncated",
+    "duplicate rank",
+    "no rank",
+    "another time",
+    "no collectives",
+    "fewer collectives",
+)
+
+LEFT_OUT = ("not a trace", "duplicate rank", "no rank", "another time")  # a trace the run's measures leave out
 
 
 def file_name(info: dict) -> str:
@@ -63,6 +74,8 @@ def run_problems(run, extracts: list, ranks_rows: list[dict]) -> list[dict]:
         )
     for i in run.no_rank:
         out.append(row(i, "no rank", "neither distributedInfo nor the file name says its rank: left out"))
+    for i, detail in run.apart:
+        out.append(row(i, "another time", detail))
     index = {r: i for r, i in run.ranks.items()}
     for r in ranks_rows:
         if not r["missing"]:
