@@ -191,10 +191,11 @@ def test_a_trace_of_another_time_is_left_out_not_compared(tmp_path, run_cli):
     for e in doc["traceEvents"]:
         if isinstance(e.get("ts"), (int, float)):
             e["ts"] += 86_400e6 + 3_600e6  # a day and an hour later
+    doc["distributedInfo"]["world_size"] = 300  # another job's world: not this run's
     late.write_bytes(gzip.compress(json.dumps(doc).encode()))
     assert _kinds(problems_of(run)) == {"another time": {"rank-2.json.gz"}}
     report = json.loads(run_cli(["ranks", run, "--no-cache", "--format", "json"]).stdout)["runs"][0]
-    assert report["ranks"] == [0, 1, 3] and report["missing_ranks"] == [2]
+    assert report["ranks"] == [0, 1, 3] and report["missing_ranks"] == [2] and report["world_size"] == 4
     assert not re.search(r"\brank 2(?![\d.])", json.dumps(report["findings"]))  # not "rank 2.13 ms"
     p = run_cli(["ranks", run, "--no-cache"])
     assert p.returncode == 1 and "rank 2's collectives ran 1 day after those of ranks 0, 1, 3" in p.stderr
