@@ -209,6 +209,17 @@ def test_a_trace_of_another_time_is_left_out_not_compared(tmp_path, run_cli):
             e["ts"] += 300e6
     (near / "rank-2.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
     assert problems_of(near) == []
+    # Kineto's ts count from baseTimeNanoseconds, the wall clock floored to three months: a rank
+    # started before such a boundary has a base three months earlier and ts as much larger
+    quarter = tmp_path / "quarter"
+    shutil.copytree(RUNS / "gloo4", quarter)
+    doc = json.loads(gzip.decompress((quarter / "rank-2.json.gz").read_bytes()))
+    doc["baseTimeNanoseconds"] -= 7_889_238 * 10**9
+    for e in doc["traceEvents"]:
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] += 7_889_238e6
+    (quarter / "rank-2.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    assert problems_of(quarter) == []
 
 
 def test_a_folder_without_traces_is_an_error_not_an_empty_report(tmp_path, run_cli):

@@ -18,13 +18,17 @@ APART_NS = 10 * 60 * 10**9  # ten minutes: far beyond the clock skew of one job'
 
 
 def span(ex) -> tuple[int, int] | None:
-    """(first start, last end) of a trace's collectives, ns on its clock; None without any."""
+    """(first start, last end) of a trace's collectives, ns since the epoch; None without any.
+    Kineto writes `ts` relative to `baseTimeNanoseconds` (the wall clock floored to three
+    months: ranks started across such a boundary have bases three months apart), and before
+    it had one, since the epoch."""
     calls = ex.calls if isinstance(getattr(ex, "calls", None), dict) else None
     ts = np.asarray(calls["ts"] if calls is not None else ex.column("ts"))
     dur = np.asarray(calls["dur"] if calls is not None else ex.column("dur"))
     if not len(ts):
         return None
-    return int(ts.min()), int((ts + np.maximum(dur, 0)).max())
+    base = ex.info.get("base_time_ns") or 0
+    return base + int(ts.min()), base + int((ts + np.maximum(dur, 0)).max())
 
 
 def far(ns: int) -> str:

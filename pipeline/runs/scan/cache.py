@@ -27,7 +27,7 @@ from pipeline.runs.calls import CALL_COLUMNS, STEP_COLUMNS, Extract
 from pipeline.version import __version__
 
 MAGIC = b"TPRANK1\n"
-FORMAT = 2  # 2: the info holds the device vendor
+FORMAT = 3  # 2: the info holds the device vendor; 3: its base time (`base_time_ns`)
 
 
 def entry(cache: Path, trace: str | Path) -> Path:

@@ -84,6 +84,7 @@ def extract(kept: Kept, meta: dict, info: dict) -> Extract:
         world_size=world,
         backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         trace_name=meta.get("traceName") if isinstance(meta.get("traceName"), str) else None,
+        base_time_ns=int_or_none(meta.get("baseTimeNanoseconds")),
         n_events=kept.n_events,
     )
     problems: dict[str, int] = {}
