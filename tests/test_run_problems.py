@@ -147,7 +147,7 @@ def test_a_run_none_of_whose_traces_says_its_rank_leads_with_that(tmp_path, run_
     assert run_cli(["ranks", folder, "--no-cache", "--format", "html", "-o", page]).returncode == 1
     html = page.read_text()
     assert "No rank read: none of this run&#39;s traces says its rank" in html
-    assert "missing: 0, 1, 2, 3" in html  # the tile: their distributedInfo says a world of 4
+    assert "0 of 4" in html and "no trace says its rank" in html  # the tile
     mixed = tmp_path / "gloo4"
     shutil.copytree(RUNS / "gloo4", mixed)
     shutil.copy(folder / "train.json", mixed / "extra.json")
@@ -156,9 +156,10 @@ def test_a_run_none_of_whose_traces_says_its_rank_leads_with_that(tmp_path, run_
 
 
 def test_a_run_without_its_world_size_does_not_claim_every_rank(tmp_path, run_cli):
-    """A run whose traces record no world size took the highest rank read + 1 for it, and the
+    """A run whose traces record no world size takes the highest rank read + 1 for it, and the
     page's "ranks traced" tile said "every rank of the world": ranks 0-3 of a run of 8 looked
-    whole. The world size is now unknown, and only gaps below the highest rank are missing."""
+    whole. The world size is now said to be a lower bound (`world_size_from`), and the tile says
+    ranks above the highest may be missing."""
     run = tmp_path / "gloo4"
     run.mkdir()
     for src in sorted((RUNS / "gloo4").glob("rank-*.json.gz")):
@@ -170,10 +171,11 @@ def test_a_run_without_its_world_size_does_not_claim_every_rank(tmp_path, run_cl
     html = page.read_text()
     assert "every rank of the world" not in html and "ranks above 3 may be missing" in html
     report = json.loads(run_cli(["ranks", run, "--no-cache", "--format", "json"]).stdout)["runs"][0]
-    assert report["world_size"] is None and report["ranks"] == [0, 1, 2, 3]  # not 4: unknown
+    assert (report["world_size"], report["world_size_from"]) == (4, "highest rank read")  # a lower bound
     (run / "rank-1.json").unlink()
     report = json.loads(run_cli(["ranks", run, "--no-cache", "--format", "json"]).stdout)["runs"][0]
     assert report["missing_ranks"] == [1]  # a gap below the highest rank read is known missing
+    assert report["world_size"] == 4 and report["ranks"] == [0, 2, 3]
     whole = tmp_path / "whole.html"
     assert run_cli(["ranks", RUNS / "gloo4", "--no-cache", "--format", "html", "-o", whole]).returncode == 0
     assert "every rank of the world" in whole.read_text()

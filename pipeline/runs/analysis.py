@@ -163,7 +163,17 @@ def analyze(extracts: list, run_by: str | None = None, align: bool = True) -> Ru
     return res
 
 
-RUNS_COLUMNS = ["run", "world_size", "traces", "ranks", "missing_ranks", "no_rank", "duplicate", "problems"]
+RUNS_COLUMNS = [
+    "run",
+    "world_size",
+    "world_size_from",
+    "traces",
+    "ranks",
+    "missing_ranks",
+    "no_rank",
+    "duplicate",
+    "problems",
+]
 RANKS_COLUMNS = [
     "run",
     "rank",
@@ -387,6 +397,7 @@ def _one_run(run: Run, extracts: list, align: bool, parts: dict, store: WaitStor
         {
             "run": run.name,
             "world_size": run.world_size,
+            "world_size_from": run.world_from,
             "traces": len(run.traces) - len(run.quarantined),
             "ranks": list(run.ranks),
             "missing_ranks": run.missing,

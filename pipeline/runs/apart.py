@@ -42,8 +42,8 @@ def far(ns: int) -> str:
 
 def split_in_time(run, extracts: list) -> None:
     """Leave out of `run` (a `group.Run`) the ranks recorded apart from the most of its ranks:
-    each moves from `run.ranks` to `run.apart` as (trace index, detail); the world size is the
-    largest the others record, and `run.missing` follows."""
+    each moves from `run.ranks` to `run.apart` as (trace index, detail), and the world size and
+    missing ranks are settled again without them."""
     spans = {r: span(extracts[i]) for r, i in run.ranks.items()}
     timed = sorted((s, r) for r, s in spans.items() if s is not None)
     if len(timed) < 2:
@@ -65,10 +65,8 @@ def split_in_time(run, extracts: list) -> None:
             "a trace of another job? left out"
         )
         run.apart.append((run.ranks.pop(r), detail))
-    gone = {i for i, _ in run.apart}  # their world sizes are another job's
-    worlds = [extracts[i].info.get("world_size") for i in run.traces if i not in gone]
-    run.world_size = max((w for w in worlds if type(w) is int), default=None)
-    run.missing = run.missing_ranks()
+    gone = {i for i, _ in run.apart} | set(run.quarantined)  # their world sizes are another job's
+    run.settle([extracts[i].info.get("world_size") for i in run.traces if i not in gone])
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -73,11 +73,10 @@ def check_run_by(run_by: str | None, columns: list[str]) -> re.Pattern | None:
 @dataclass
 class Run:
     """One run: its traces by rank (`ranks`: rank -> index into the traces given), world size,
-    missing ranks (below the world size, else below the highest rank read), and what was left
-    out (indices, with the reason for duplicates)."""
+    missing ranks, and what was left out (indices, with the reason for duplicates)."""
 
     name: str
-    world_size: int | None  # the largest a trace records; None when none does
+    world_size: int | None  # the largest a trace records, else the highest rank + 1 (`settle`)
     traces: list[int] = field(default_factory=list)  # every trace of the run, quarantined ones too
     ranks: dict[int, int] = field(default_factory=dict)
     missing: list[int] = field(default_factory=list)
@@ -86,12 +85,20 @@ class Run:
     quarantined: list[int] = field(default_factory=list)
     apart: list[tuple[int, str]] = field(default_factory=list)  # (left out, why): `apart.split_in_time`
 
-    def missing_ranks(self) -> list[int]:
-        """The ranks below the world size no trace holds (without a world size, those below the
-        highest rank read: ranks 0-3 of a run of 8 whose traces say no world size look whole, so
-        the world size stays unknown rather than the highest rank + 1)."""
-        known = self.world_size if self.world_size is not None else max(self.ranks, default=-1) + 1
-        return sorted(set(range(known)) - set(self.ranks))
+    world_from: str | None = None  # "distributedInfo" (recorded), "highest rank read" (inferred)
+
+    def settle(self, worlds: list) -> None:
+        """The world size: the largest of `worlds` (what the run's traces record), else the highest
+        rank read + 1, a lower bound (`world_from` says which: ranks above it may be missing, and
+        the run page says so); then the ranks below it that no trace holds."""
+        recorded = [w for w in worlds if type(w) is int]
+        if recorded:
+            self.world_size, self.world_from = max(recorded), "distributedInfo"
+        elif self.ranks:
+            self.world_size, self.world_from = max(self.ranks) + 1, "highest rank read"
+        else:
+            self.world_size, self.world_from = None, None
+        self.missing = sorted(set(range(self.world_size or 0)) - set(self.ranks))
 
 
 def _preference(info: dict) -> tuple:
@@ -118,9 +125,6 @@ def group_runs(infos: list[dict], run_by: str | None = None) -> list[Run]:
         if info.get("status") == "quarantined":
             run.quarantined.append(i)
             continue
-        w = info.get("world_size")
-        if type(w) is int and (run.world_size is None or w > run.world_size):
-            run.world_size = w
         rank = info.get("rank")
         if rank is None:
             run.no_rank.append(i)
@@ -135,6 +139,6 @@ def group_runs(infos: list[dict], run_by: str | None = None) -> list[Run]:
         run.duplicates.append((drop, keep, _why_kept(infos[keep], infos[drop])))
     for run in runs.values():
         run.ranks = dict(sorted(run.ranks.items()))
-        run.missing = run.missing_ranks()
+        run.settle([infos[i].get("world_size") for i in run.traces if i not in run.quarantined])
         run.duplicates.sort(key=lambda d: str(infos[d[0]].get("source")))
     return [runs[k] for k in sorted(runs)]

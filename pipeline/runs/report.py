@@ -199,6 +199,7 @@ def _runs(res: RunResult) -> Iterator[tuple[dict, Iterator[dict]]]:
             "run": run,
             "findings": res.findings.get(run, []),
             "world_size": r["world_size"],
+            "world_size_from": r["world_size_from"],
             "ranks": list(r["ranks"] or []),
             "missing_ranks": list(r["missing_ranks"] or []),
             "traces_without_rank": list(r["no_rank"] or []),

@@ -68,14 +68,15 @@ def _of(df: pl.DataFrame, run: str) -> pl.DataFrame:
     return df.filter(pl.col("run").cast(pl.String) == run)
 
 
-def _ranks_note(missing: list, world: int | None, ranks: list) -> str:
+def _ranks_note(missing: list, recorded: bool, ranks: list) -> str:
     """What the count of ranks traced leaves out: the missing ranks, none, or that the traces do
     not record how many ranks the run had (then ranks above the highest read may be missing)."""
-    if missing:
-        return f"missing: {', '.join(map(str, missing))}"
     if not ranks:
         return "no trace says its rank"
-    return "every rank of the world" if world else f"world size not recorded: ranks above {ranks[-1]} may be missing"
+    above = "" if recorded else f"; ranks above {ranks[-1]} may be: the world size is not recorded"
+    if missing:
+        return f"missing: {', '.join(map(str, missing))}{above}"
+    return "every rank of the world" if recorded else f"world size not recorded: ranks above {ranks[-1]} may be missing"
 
 
 def overview(rep, run: str, name: str | None) -> list[Part]:
@@ -84,15 +85,16 @@ def overview(rep, run: str, name: str | None) -> list[Part]:
     info = _of(rep.runs, run).row(0, named=True)
     ranks, missing = sorted(info.get("ranks") or []), sorted(info.get("missing_ranks") or [])
     world = info.get("world_size")
+    recorded = info.get("world_size_from") == "distributedInfo"
     parts: list[Part] = []
     if name:
         parts.append(Note(f"Run {name}"))
     parts.append(
         Tile(
             f"ranks traced{at}",
-            f"{len(ranks)} of {world}" if world else str(len(ranks)),
-            _ranks_note(missing, world, ranks),
-            "bad" if missing or not ranks else "good" if world else "",
+            f"{len(ranks)} of {world}" if recorded else str(len(ranks)),
+            _ranks_note(missing, recorded, ranks),
+            "bad" if missing or not ranks else "good" if recorded else "",
         )
     )
     parts += _problems(rep, run)
