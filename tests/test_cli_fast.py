@@ -25,7 +25,7 @@ CLEAN = [
     ["analyze", "t.json", "--group-by", "stack", "--stacks", "s.txt", "--stacks-metric", "self_device_time_total"],
     ["analyze", "t.json", "--graph-capture", "a.json", "--graph-capture", "b.json", "--formulas", "f.toml"],
     ["analyze", "t.json", "--kernel-wait-us", "5", "--queue-full=7", "--seq-len", "4", "-t", "abc", "-c", "a,b"],
-    ["analyze", "--name-limit", "0", "--top", "-1", "t.json", "--end-us", ".5", "--start-us", "+2E-3"],
+    ["analyze", "--name-limit", "0", "--top", "0", "t.json", "--end-us", ".5", "--start-us", "+2E-3"],
     ["flatten", "a.json", "-o", "out"],
     ["flatten", "a.json", "b.json", "-o", "out", "-j", "2", "--no-link", "-q", "--max-inflate", "0"],
     ["flatten", "a.json", "--out=out", "-j2", "--device", "H100", "--dtype", "bf16", "--graph-capture", "c.json"],
@@ -47,6 +47,10 @@ NOT_CLEAN = [
     ["analyze", "t.json", "--top", "x"],
     ["analyze", "t.json", "--top", "1_000"],
     ["analyze", "t.json", "--top", "٣"],  # Arabic-Indic digit: Python's int reads it
+    ["analyze", "t.json", "--top", "-1"],  # below its min=0: typer says so (it was the rows but the last)
+    ["analyze", "t.json", "-w", "-5"],
+    ["flatten", "a.json", "-o", "out", "-j", "0"],
+    ["batch", "runs", "-o", "ds", "-j", "-2"],
     ["analyze", "t.json", "--kernel-wait-us", "nan"],
     ["analyze", "t.json", "--kernel-wait-us", "inf"],
     ["analyze", "t.json", "--format", "yaml"],
@@ -122,6 +126,18 @@ RANKS_NOT_CLEAN = [
 ]
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["analyze", "t.json", "--top", "-3"], ["diff", "a.json", "b.json", "--top", "-1"], ["ranks", "r", "--top", "-2"]],
+    ids=" ".join,
+)
+def test_a_count_below_its_least_is_one_line(args, tmp_path):
+    """--top -3 showed every row but the last three, silently; -j 0 flattened with one worker."""
+    p = run_cli(args, cwd=tmp_path)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1, p.stderr
+    assert "--top" in p.stderr and ("greater than or equal to 0" in p.stderr or "must be 0 or more" in p.stderr)
+
+
 @pytest.mark.parametrize("argv", RANKS_CLEAN, ids=" ".join)
 def test_ranks_parses_as_typer_does(argv):
     """`ranks` has its own option table and parser (`cli.ranks`), read the same way."""
@@ -158,7 +174,8 @@ def _option(**kw):
     "declare",
     [
         lambda: (dict, _option()),
-        lambda: (Optional[int], _option(min=0)),  # typer checks the range
+        lambda: (Optional[int], _option(min=0, clamp=True)),  # typer moves a value into the range
+        lambda: (Optional[str], _option(min=0)),  # a bound on text
         lambda: (Optional[Path], _option(exists=True)),
         lambda: (Optional[str], _option(envvar="X")),
         lambda: (Optional[str], _option(callback=print)),

@@ -41,7 +41,9 @@ def _root(
 
 def width_option():
     """--width/-w, as every command that prints tables takes it (see output.fitted_width)."""
-    return typer.Option(None, "--width", "-w", help="fit tables to N columns (default: the terminal's; 0: no limit)")
+    return typer.Option(
+        None, "--width", "-w", min=0, help="fit tables to N columns (default: the terminal's; 0: no limit)"
+    )
 
 
 def columns_option():

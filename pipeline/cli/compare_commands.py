@@ -97,11 +97,13 @@ def compare(
     ),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="write the comparison to this file"),
     width: Optional[int] = width_option(),
-    top: int = typer.Option(20, "--top", help="rows of each level in table and md (0: all; csv, json, xlsx: all)"),
+    top: int = typer.Option(
+        20, "--top", min=0, help="rows of each level in table and md (0: all; csv, json, xlsx: all)"
+    ),
     columns: Optional[str] = columns_option(),
     run_by: Optional[str] = typer.Option(None, "--run-by", metavar="REGEX|col:NAME", help=RUN_BY_HELP),
     jobs: Optional[int] = typer.Option(
-        None, "-j", "--jobs", help="worker processes when a folder of traces is batched first"
+        None, "-j", "--jobs", min=1, help="worker processes when a folder of traces is batched first"
     ),
 ):
     """Compare two runs: kernels, ops, categories, collectives, steps and idle time, each with a
@@ -153,7 +155,7 @@ def trend(
     level: str = typer.Option(
         "kernel", "--level", metavar="LEVEL", help="kernel, op, category, collective, step or idle"
     ),
-    top: int = typer.Option(5, "--top", help="without --name: follow the N names with the most time (0: all)"),
+    top: int = typer.Option(5, "--top", min=0, help="without --name: follow the N names with the most time (0: all)"),
     min_effect: float = typer.Option(5.0, "--min-effect", metavar="PCT", help="a smaller shift is no change point"),
     fdr: float = typer.Option(0.01, "--fdr", help="false discovery rate of change points over the names followed"),
     given_format: Optional[RunsFormat] = typer.Option(
@@ -167,7 +169,7 @@ def trend(
     columns: Optional[str] = columns_option(),
     run_by: Optional[str] = typer.Option(None, "--run-by", metavar="REGEX|col:NAME", help=RUN_BY_HELP),
     jobs: Optional[int] = typer.Option(
-        None, "-j", "--jobs", help="worker processes when a folder of traces is batched first"
+        None, "-j", "--jobs", min=1, help="worker processes when a folder of traces is batched first"
     ),
 ):
     """A metric over every run of a dataset in time order (a run's time: its traces' metadata),

@@ -28,7 +28,7 @@ def batch(
         "as many as you like",
     ),
     out: Path = typer.Option(..., "-o", "--out", help="the dataset directory (created or extended)"),
-    jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="worker processes (default: all cores)"),
+    jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1, help="worker processes (default: all cores)"),
     engine: Literal["local", "ray", "dask"] = typer.Option(
         "local", "--engine", help="local: processes on this machine"
     ),

@@ -30,7 +30,7 @@ _INT = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 # an OptionInfo/ArgumentInfo attribute other than these, unless at its default, sends the command to typer
 _PLAIN = {"self", "default", "param_decls", "metavar", "help", "hidden", "show_default", "show_choices"}
-_PLAIN |= {"rich_help_panel", "case_sensitive", "expose_value"}
+_PLAIN |= {"rich_help_panel", "case_sensitive", "expose_value", "min", "max"}  # bounds: checked as typer would
 
 
 class Refused(Exception):
@@ -53,6 +53,18 @@ def _text(kind: type) -> Callable[[str], object]:
         return kind(text)
 
     return convert
+
+
+def _bounded(convert: Callable[[str], Any], low, high) -> Callable[[str], Any]:
+    """`convert`, refusing a value outside [low, high] (None: open): typer says what is wrong."""
+
+    def check(text: str):
+        value = convert(text)
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ValueError(text)
+        return value
+
+    return check
 
 
 CONVERT: dict[type, Callable[[str], Any]] = {
@@ -160,6 +172,12 @@ def parser(func: Callable, prog: str) -> Parser:
             raise Refused(f"{name}: not a typer parameter")
         _plain(info)
         kind, repeated, choices = _kind(hints[name])
+        convert = CONVERT.get(kind)
+        low, high = getattr(info, "min", None), getattr(info, "max", None)
+        if low is not None or high is not None:
+            if kind not in (int, float):
+                raise Refused(f"{name}: bounds on a {kind}")
+            convert = _bounded(CONVERT[kind], low, high)
         required = info.default is ...
         flags = tuple(info.param_decls or ())
         if isinstance(info, ArgumentInfo):
@@ -167,7 +185,7 @@ def parser(func: Callable, prog: str) -> Parser:
                 raise Refused(f"{name}: an argument of its own spelling")
             nargs = ("+" if required else "*") if repeated else (None if required else "?")
             default = None if required else info.default
-            p.add_argument(name, type=CONVERT[kind], nargs=nargs, default=default, choices=choices)
+            p.add_argument(name, type=convert, nargs=nargs, default=default, choices=choices)
             continue
         if not flags or any(not f.startswith("-") for f in flags):
             raise Refused(f"{name}: names typer derives from the parameter's")
@@ -177,10 +195,10 @@ def parser(func: Callable, prog: str) -> Parser:
         if any("/" in f for f in flags):
             raise Refused(f"{name}: a value's option named as a flag's")
         if repeated:
-            p.add_argument(*flags, dest=name, type=CONVERT[kind], action="append", default=None, choices=choices)
+            p.add_argument(*flags, dest=name, type=convert, action="append", default=None, choices=choices)
         else:
             default = None if required else info.default
-            p.add_argument(*flags, dest=name, type=CONVERT[kind], default=default, choices=choices, required=required)
+            p.add_argument(*flags, dest=name, type=convert, default=default, choices=choices, required=required)
     return p
 
 

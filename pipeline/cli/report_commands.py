@@ -130,10 +130,10 @@ def analyze(
     width: Optional[int] = width_option(),
     columns: Optional[str] = columns_option(),
     name_limit: int = typer.Option(
-        60, "--name-limit", help="cut kernel/op names to N characters in table/md, middle out (0: never)"
+        60, "--name-limit", min=0, help="cut kernel/op names to N characters in table/md, middle out (0: never)"
     ),
     top: Optional[int] = typer.Option(
-        None, "--top", help="rows per device and section (default: 20 in table/md, all in json/csv/xlsx/html)"
+        None, "--top", min=0, help="rows per device and section (default: 20 in table/md, all in json/csv/xlsx/html)"
     ),
     section: Optional[list[str]] = typer.Option(None, "--section", metavar="NAME", help=_sections_help()),
     group_by: Optional[Literal["input-shape", "stack", "overload"]] = typer.Option(
@@ -256,9 +256,9 @@ def diff_cmd(
     ),
     width: Optional[int] = width_option(),
     name_limit: int = typer.Option(
-        60, "--name-limit", help="cut keys and kernel names to N characters in table/md (0: never)"
+        60, "--name-limit", min=0, help="cut keys and kernel names to N characters in table/md (0: never)"
     ),
-    top: Optional[int] = typer.Option(None, "--top", help="only the N rows with the most time"),
+    top: Optional[int] = typer.Option(None, "--top", min=0, help="only the N rows with the most time"),
     label_a: Optional[str] = typer.Option(
         None, "--label-a", help="name of A in the output (default: its file stem; with B's the same, its folder too)"
     ),

@@ -23,7 +23,7 @@ def flatten(
     traces: list[Path] = typer.Argument(..., help="trace files (.json, .json.gz, .json.zst)"),
     out: Path = typer.Option(..., "-o", "--out", help="output directory; one sub-directory per trace"),
     workers: Optional[int] = typer.Option(
-        None, "-j", "--workers", help="parser processes (default: all cores for large files)"
+        None, "-j", "--workers", min=1, help="parser processes (default: all cores for large files)"
     ),
     no_link: bool = typer.Option(False, "--no-link", help="skip linking and cost (raw tables only)"),
     device_specs: Optional[Path] = typer.Option(None, "--device-specs", help="CSV of extra/overriding device specs"),
