@@ -155,6 +155,17 @@ def test_a_run_none_of_whose_traces_says_its_rank_leads_with_that(tmp_path, run_
     assert "No rank read" not in p.stdout and "What to fix across the ranks" in p.stdout
 
 
+def test_the_ranks_tile_lists_missing_ranks_as_spans():
+    """The run page's tile listed each missing rank: 127 of them for one rank of 128."""
+    from pipeline.render.html.runs import _ranks_note
+
+    assert _ranks_note(list(range(1, 128)), True, [0]) == "missing: 1-127"
+    assert _ranks_note([2, 4, 5, 6], True, [0, 1, 3]) == "missing: 2, 4-6"
+    many = list(range(1, 40, 2))
+    assert _ranks_note(many, True, [0]) == "missing: 1, 3, 5, 7, 9, 11, 13, 15, … (20 ranks)"
+    assert _ranks_note([], False, [0, 1]) == "world size not recorded: ranks above 1 may be missing"
+
+
 def test_a_run_without_its_world_size_does_not_claim_every_rank(tmp_path, run_cli):
     """A run whose traces record no world size takes the highest rank read + 1 for it, and the
     page's "ranks traced" tile said "every rank of the world": ranks 0-3 of a run of 8 looked
