@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 from functools import cache
 from pathlib import Path
 
@@ -274,7 +275,7 @@ def test_a_trace_with_nothing_to_fix_says_so(flat_dirs, run_cli):
 
 
 # ------------------------------------------------------------------ whole runs
-def test_straggler_and_host_bound_across_the_ranks_of_a_real_run(shared_traces, run_cli):
+def test_straggler_and_host_bound_across_the_ranks_of_a_real_run(shared_traces, run_cli, tmp_path):
     run = shared_traces.parent / "runs" / "dlrm8_v100"
     if not run.is_dir():
         pytest.skip("no ../shared/runs/dlrm8_v100")
@@ -287,6 +288,12 @@ def test_straggler_and_host_bound_across_the_ranks_of_a_real_run(shared_traces, 
     assert 1.0e3 < s["gain_us"][1] < 1.6e3
     h = found["host_bound"]
     assert all(e["what"] == "rank" for e in h["evidence"]) and len(h["evidence"]) == 8
+    assert h["title"].startswith("Host-bound on every rank:")  # each of the 8 below the busy limit
+    one = tmp_path / "one"  # a run of one rank said "on every rank"
+    one.mkdir()
+    shutil.copy(shared_traces / "hta" / "a100_old_format_rank0.json.gz", one)
+    solo = json.loads(run_cli(["ranks", one, "-f", "json", "--no-cache"]).stdout)["runs"][0]["findings"]
+    assert [f["title"] for f in solo if f["id"] == "host_bound"][0].startswith("Host-bound on its one rank:")
     text = run_cli(["ranks", run, "-w", "100"]).stdout
     assert text.index("What to fix across the ranks") < text.index("Runs: ranks present")
 

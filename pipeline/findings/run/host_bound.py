@@ -43,9 +43,11 @@ def host_bound(r: RunFacts) -> Finding | None:
         )
         for k in sorted(ranks, key=lambda k: -idle[k] / ranks[k]["step_us"])
     ]
+    n = sum(b < lim["max_busy"] for b in busy.values())  # the ranks host-bound by themselves
+    where = "its one rank" if len(busy) == 1 else "every rank" if n == len(busy) else f"{n} of {len(busy)} ranks"
     return Finding(
         ID,
-        f"Host-bound on every rank: the median rank's device is busy {100 * mid_busy:.0f}% of its steps "
+        f"Host-bound on {where}: the median rank's device is busy {100 * mid_busy:.0f}% of its steps "
         f"(compute {100 * r.median(list(compute.values())):.0f}%) and idle {ms(mid_idle)} waiting for its host",
         wall,
         None,
