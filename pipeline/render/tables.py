@@ -97,6 +97,20 @@ def number(v: float | int, column: str) -> str:
     return f"{v:.3g}" if a >= 1e6 or (a and a < 0.01) else f"{v:,.2f}"
 
 
+def spans(ranks: Iterable[int], most: int | None = 8) -> str:
+    """Sorted ranks as runs of consecutive ones (`1-127, 130`), the first `most` runs (None: all)
+    and a count after them: a list of 127 missing ranks one by one filled a page or a cell."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    cut = runs if most is None else runs[:most]
+    text = ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in cut)
+    return text + (f", … ({sum(b - a + 1 for a, b in runs):,} ranks)" if len(cut) < len(runs) else "")
+
+
 def cell(v, column: str = "", name_limit: int | None = None) -> str:
     """One value as table / md text (names cut in the middle to name_limit characters)."""
     if v is None:

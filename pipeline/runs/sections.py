@@ -7,7 +7,7 @@ from typing import Any
 
 from pipeline.render.findings import FLAT_COLUMNS, findings_lines, flat_rows
 from pipeline.render.rows import Rows
-from pipeline.render.tables import check_columns, render
+from pipeline.render.tables import check_columns, render, spans
 
 SECTIONS = (  # (name, title, the result's table, columns shown: by importance, a narrow terminal drops the last)
     ("runs", "Runs: ranks present and missing", "runs", ["run", "world_size", "traces", "ranks", "missing_ranks"]),
@@ -93,6 +93,7 @@ def in_us(rows: Rows) -> Rows:
     return Rows(out, numeric)
 
 
+RANK_LISTS = ("ranks", "missing_ranks")  # columns of rank lists, shown as spans in table and md
 TOP = 20  # rows of a section in the table and md views (csv, json and xlsx hold every row)
 SLOWEST_FIRST = {"steps": "step_us"}  # sections whose table view puts the largest first
 
@@ -111,6 +112,11 @@ def render_sections(
         if not df.height:
             continue
         df = df.select([c for c in shown if c in df.columns and not (one_run and c == "run")])
+        if fmt != "csv":  # ranks as spans (1-127), not one by one
+            df = Rows(
+                {c: [spans(v or [], None) for v in vs] if c in RANK_LISTS else vs for c, vs in df.data.items()},
+                [c for c in df.columns if df.is_numeric(c)],
+            )
         if columns and not set(columns) & set(df.columns) - {"run", "rank"}:
             continue  # none of the chosen columns but the keys: the section has nothing to show
         if fmt == "csv":

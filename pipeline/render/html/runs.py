@@ -14,6 +14,7 @@ from pipeline.render.html.cells import duration, engineering_bytes
 from pipeline.render.html.frames import frames_page
 from pipeline.render.html.model import Chart, Findings, Note, Part, Section, Table, Tile
 from pipeline.render.html.page import anchor, render_page
+from pipeline.render.tables import spans
 from pipeline.runs.sections import FINDINGS_TITLE, NO_RANK, SECTIONS, SLOWEST_FIRST, rankless_runs, section_frames
 
 STEP_PREFIX = "ProfilerStep#"  # said once, as the columns' label, rather than in every column
@@ -68,19 +69,6 @@ def _of(df: pl.DataFrame, run: str) -> pl.DataFrame:
     return df.filter(pl.col("run").cast(pl.String) == run)
 
 
-def _spans(ranks: list[int], most: int = 8) -> str:
-    """Sorted ranks as runs of consecutive ones (`1-127, 130`), the first `most` runs and a count
-    after them: a tile listed all 127 missing ranks of a world of 128, one by one."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    text = ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs[:most])
-    return text + (f", … ({len(ranks):,} ranks)" if len(runs) > most else "")
-
-
 def _ranks_note(missing: list, recorded: bool, ranks: list) -> str:
     """What the count of ranks traced leaves out: the missing ranks, none, or that the traces do
     not record how many ranks the run had (then ranks above the highest read may be missing)."""
@@ -88,7 +76,7 @@ def _ranks_note(missing: list, recorded: bool, ranks: list) -> str:
         return "no trace says its rank"
     above = "" if recorded else f"; ranks above {ranks[-1]} may be: the world size is not recorded"
     if missing:
-        return f"missing: {_spans(missing)}{above}"
+        return f"missing: {spans(missing)}{above}"
     return "every rank of the world" if recorded else f"world size not recorded: ranks above {ranks[-1]} may be missing"
 
 
