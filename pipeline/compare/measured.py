@@ -15,10 +15,13 @@ from pipeline.compare.runs import Run
 
 @dataclass(frozen=True)
 class Measured:
-    """A run's rows of the `collectives` and `problems` sections (dicts, `runs.analysis` columns)."""
+    """A run's rows of the `collectives` and `problems` sections (dicts, `runs.analysis` columns),
+    its world size and missing ranks."""
 
     collectives: list[dict]
     problems: list[dict]
+    world_size: int | None = None  # as `ranks` settles it (a trace of another job left out)
+    missing: tuple[int, ...] = ()  # the ranks below it no trace holds
 
 
 _DONE: dict[tuple, Measured] = {}  # (dataset, run_by, run name) -> Measured, of the last measure_runs
@@ -46,8 +49,12 @@ def measure_runs(runs: list[Run]) -> None:
             for row in section.iter_rows(named=True):
                 if row["run"] in out:
                     out[row["run"]].append(row)
+        worlds = {row["run"]: row for row in res.runs.iter_rows(named=True)}
         for r in rs:
-            _DONE[_key(r)] = Measured(colls[r.name], probs[r.name])
+            w = worlds.get(r.name, {})
+            _DONE[_key(r)] = Measured(
+                colls[r.name], probs[r.name], w.get("world_size"), tuple(w.get("missing_ranks") or ())
+            )
 
 
 def measured(run: Run) -> Measured:

@@ -10,23 +10,19 @@ from __future__ import annotations
 
 from pipeline.compare.measured import measured
 from pipeline.compare.runs import Run
+from pipeline.render.tables import spans
 
-SHOWN = 8  # ranks named in one line
+SHOWN = 8  # spans of ranks named in one line
 
 
 def run_problems(run: Run) -> list[str]:
     """One line per problem of the run."""
-    t = run.traces
+    m = measured(run)
     out = []
-    world = t["world_size"].max() if "world_size" in t.columns else None
-    ranks = set(t["rank"].drop_nulls().to_list())
-    if isinstance(world, int) and world > 0:
-        missing = sorted(set(range(world)) - ranks)
-        if missing:
-            shown = ", ".join(map(str, missing[:SHOWN])) + (
-                f" and {len(missing) - SHOWN} more" if len(missing) > SHOWN else ""
-            )
-            out.append(f"run {run.label}: {len(missing)} of {world} ranks have no trace (rank {shown})")
-    for p in measured(run).problems:
+    if m.missing:
+        out.append(
+            f"run {run.label}: {len(m.missing)} of {m.world_size} ranks have no trace (rank {spans(m.missing, SHOWN)})"
+        )
+    for p in m.problems:
         out.append(f"run {run.label}: {p['file']}: {p['problem']}: {p['detail']}")
     return out
