@@ -18,6 +18,15 @@ from pipeline.cli.app import (
 from pipeline.errors import TracepipeError
 
 
+def moved_line(n: int) -> str:
+    """What augment, slice and combine say of the slices they moved so that Perfetto draws them."""
+    if n == 1:
+        return "1 slice partially overlapped another on its track (Perfetto cannot nest them): moved to a sibling track"
+    return (
+        f"{n:,} slices partially overlapped another on their track (Perfetto cannot nest them): moved to sibling tracks"
+    )
+
+
 @app.command()
 def flatten(
     traces: list[Path] = typer.Argument(..., help="trace files (.json, .json.gz, .json.zst)"),
@@ -133,19 +142,16 @@ def augment(
     for w in r.warnings:
         err(f"{trace.name}: {w}")
     if r.n_moved:
-        err(
-            f"{trace.name}: {r.n_moved} slices partially overlapped another on their track "
-            "(Perfetto cannot nest them): moved to sibling tracks"
-        )
+        err(f"{trace.name}: {moved_line(r.n_moved)}")
     if not quiet:
-        added = ", ".join(f"{n} {what}" for what, n in r.added.items() if n)
+        added = ", ".join(f"{n:,} {what}" for what, n in r.added.items() if n)
         typer.echo(
-            f"{trace.name}: {r.n_events} events, {r.n_costed} kernels costed"
+            f"{trace.name}: {r.n_events:,} events, {r.n_costed:,} kernels costed"
             + (f", added {added}" if added else "")
             + f" -> {r.out_path}"
         )
     if r.truncated:
-        err(f"{trace}: truncated ({r.truncation_reason}); wrote the {r.n_events} complete events")
+        err(f"{trace}: truncated ({r.truncation_reason}); wrote the {r.n_events:,} complete events")
     raise typer.Exit(EXIT_PROBLEMS if r.truncated else EXIT_OK)
 
 
@@ -206,17 +212,15 @@ def slice_command(
         for w in r.warnings:
             err(f"{r.out_path.name}: {w}")
         if r.n_moved:
-            err(
-                f"{r.out_path}: {r.n_moved} slices partially overlapped another on their track: moved to sibling tracks"
-            )
+            err(f"{r.out_path}: {moved_line(r.n_moved)}")
         if r.truncated:
             err(f"{r.out_path}: the trace was truncated ({r.truncation_reason}); sliced its complete events")
             code = EXIT_PROBLEMS
         if not quiet:
             span = ", ".join(f"{a / 1e3:.3f}-{b / 1e3:.3f}" for a, b in r.window[:3])
             typer.echo(
-                f"{r.out_path}: {r.n_events} events ({r.n_in_window} in the window [{span}] µs, "
-                f"{r.n_linked} linked to them, {r.n_flow_events} flow endpoints)"
+                f"{r.out_path}: {r.n_events:,} events ({r.n_in_window:,} in the window [{span}] µs, "
+                f"{r.n_linked:,} linked to them, {r.n_flow_events:,} flow endpoints)"
             )
     raise typer.Exit(code)
 
@@ -259,16 +263,16 @@ def combine(
     for line in left_out:  # traces of the run folder that are not combined, and why
         err(f"{line}")
     if r.n_moved:
-        err(f"{r.n_moved} slices partially overlapped another on their track: moved to sibling tracks")
+        err(moved_line(r.n_moved))
     if not quiet:
-        parts = ", ".join(f"{i.label} {i.n_events}" for i in r.inputs[:8]) + (", ..." if len(r.inputs) > 8 else "")
+        parts = ", ".join(f"{i.label} {i.n_events:,}" for i in r.inputs[:8]) + (", ..." if len(r.inputs) > 8 else "")
         linked = ""
         if r.run is not None:
             shifts = ", ".join(f"{i.label} {-i.shift_ns / 1e3:+.1f}" for i in r.inputs[:8] if i.shift_ns)
-            linked = f"; {r.run.n_collectives} collectives linked across ranks" + (
+            linked = f"; {r.run.n_collectives:,} collectives linked across ranks" + (
                 f"; clocks shifted (µs): {shifts}" if shifts else ""
             )
-        typer.echo(f"{len(r.inputs)} traces ({parts}): {r.n_events} events -> {r.out_path}{linked}")
+        typer.echo(f"{len(r.inputs)} traces ({parts}): {r.n_events:,} events -> {r.out_path}{linked}")
     raise typer.Exit(EXIT_PROBLEMS if r.truncated_inputs or unaligned or left_out else EXIT_OK)
 
 
