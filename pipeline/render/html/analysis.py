@@ -170,7 +170,7 @@ def queue_chart(f: Flat, _q: pl.DataFrame, devices: dict[int, str]) -> list[Part
             ch.axis("time from the trace's first event", "us"),
             ch.axis("activities launched, not started", "count"),
             curves,
-            note="A deep queue: the CPU runs ahead of the GPU (good); near 0: the GPU waits for launches. "
+            note="A deep queue: the CPU runs ahead of the device (good); near 0: the device waits for launches. "
             "Drag to zoom; double-click to zoom out.",
         )
         out.append(Chart(spec))

@@ -93,7 +93,7 @@ def _busy_tiles(dev: pl.DataFrame | None, idle: pl.DataFrame | None) -> list[Til
         note = "; ".join(f"{n.split(' (')[0]} {duration(v)}" for n, v in parts)
         comm = float(idle["comm_wait_us"].sum() or 0.0)
         note += f"; {duration(comm)} of it while communication ran" if comm > 0 else ""
-        label = "GPU idle" if idle.height == 1 else f"GPU idle, summed over {idle.height} streams"
+        label = "device idle" if idle.height == 1 else f"device idle, summed over {idle.height} streams"
         out.append(Tile(label, duration(total), f"mostly {big[0]}: {note}" if total > 0 else note))
     return out
 
@@ -241,7 +241,7 @@ def idle_chart(idle: pl.DataFrame) -> dict:
         "kernels. Other: longer gaps whose kernel was launched in time. Hover a bar to see how much of the "
         "stream's idle time fell while a communication kernel ran on the device (comm_wait_us in the idle table)."
     )
-    return ch.bars("Why the GPU sat idle, per stream", rows, "us", segs, note)
+    return ch.bars("Why the device sat idle, per stream", rows, "us", segs, note)
 
 
 def rooflines(f: Flat, kernels: pl.DataFrame) -> list[dict]:
