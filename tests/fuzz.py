@@ -305,16 +305,22 @@ def check_case(path: Path, work: Path, case: str, outcome: Outcome):
 
 
 def fuzz(
-    n: int, seed: int = 0, seconds: float | None = None, shared: Path | None = None, keep: Path | None = None
+    n: int,
+    seed: int = 0,
+    seconds: float | None = None,
+    shared: Path | None = None,
+    keep: Path | None = None,
+    at_least: int = 0,
 ) -> Outcome:
-    """Run n cases (or until `seconds` pass); failing inputs are copied into `keep` if given."""
+    """Run n cases (or until `seconds` pass, once `at_least` have run: a loaded machine runs
+    fewer in the time, not a smaller suite); failing inputs are copied into `keep` if given."""
     r = random.Random(seed)
     pool = seeds(shared)
     outcome = Outcome()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tracepipe-fuzz-") as tmp:
         for i in range(n):
-            if seconds is not None and time.monotonic() - start > seconds:
+            if seconds is not None and i >= at_least and time.monotonic() - start > seconds:
                 break
             name, text = r.choice(pool)
             applied = r.sample(MUTATIONS, r.randint(1, 3))

@@ -12,7 +12,9 @@ from conftest import SHARED_TRACES
 @pytest.mark.slow
 def test_fuzzed_traces_exit_as_documented(tmp_path):
     shared = SHARED_TRACES if SHARED_TRACES.is_dir() else None
-    out = fuzz.fuzz(200, seed=20261125, seconds=90, shared=shared, keep=tmp_path / "failures")
+    # 50 cases at least, however slow the machine: a fresh clone's `make test` beside a CI run ran
+    # 31 in the 90 s and failed, though none of them did
+    out = fuzz.fuzz(200, seed=20261125, seconds=90, shared=shared, keep=tmp_path / "failures", at_least=50)
     assert out.cases >= 50, out.summary()
     assert not out.failures, "\n".join(f"{c} {k}: {w}" for c, k, w in out.failures[:10])
     codes = {rc for (_, rc) in out.by_exit}
