@@ -635,6 +635,26 @@ def test_a_dataset_of_the_folder_per_trace_layout_is_read_and_migrated(tmp_path)
 
 
 # ------------------------------------------------------------------ archives and lists
+def test_a_long_tmpdir_does_not_stop_the_workers(tmp_path):
+    """Python < 3.13 puts the forkserver's socket under TMPDIR: with ~80 characters of it, batch
+    was a traceback ("OSError: AF_UNIX path too long"). CI's pytest temp folders grew past it."""
+    long = tmp_path / ("d" * 90)
+    long.mkdir()
+    (tmp_path / "in").mkdir()
+    for i in range(2):
+        (tmp_path / "in" / f"t{i}.json").write_text(json.dumps(tiny_trace(i)))
+    p = subprocess.run(
+        [sys.executable, "-m", "pipeline", "batch", str(tmp_path / "in"), "-o", str(tmp_path / "ds"), "-j", "2"],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(long)},
+    )
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-500:]
+    assert len(pl.read_parquet(tmp_path / "ds" / "traces" / "*.parquet")) == 2
+
+
 def test_hostile_tar_cannot_write_outside_the_output(tmp_path):
     good = json.dumps(tiny_trace(1)).encode()
     outside = tmp_path / "outside"

@@ -43,11 +43,35 @@ def prestart(argv: list[str]) -> None:
     forkserver.ensure_running()
 
 
+SUN_PATH = 107  # bytes of an AF_UNIX socket's path (108 with its NUL on Linux; 104 on macOS)
+
+
+def _short_socket_dir() -> None:
+    """Python before 3.13 puts the forkserver's socket in a folder under TMPDIR
+    (`TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX`): a TMPDIR of ~80 characters made every `batch` a
+    traceback, "OSError: AF_UNIX path too long". Then the folder goes under /tmp, as Python 3.13
+    does; multiprocessing removes it at exit as its own. Private API: a failure leaves it as it was."""
+    import shutil
+    import tempfile
+    from multiprocessing import process, util
+
+    config = process.current_process()._config  # type: ignore[attr-defined]
+    if config.get("tempdir") or len(os.fsencode(tempfile.gettempdir())) + 34 <= SUN_PATH - 4:
+        return
+    try:
+        short = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+    except OSError:
+        return
+    util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
+    config["tempdir"] = short
+
+
 def _forkserver():
     """The context the local workers start in: forked by a forkserver (a fresh process: workers
     inherit no lock fd) that has imported PRELOAD."""
     import multiprocessing as mp
 
+    _short_socket_dir()
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
