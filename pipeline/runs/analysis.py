@@ -23,7 +23,7 @@ from pipeline.findings.run import RunFacts, run_findings
 from pipeline.render.rows import Rows
 from pipeline.runs import clock
 from pipeline.runs.apart import split_in_time
-from pipeline.runs.calls import KIND_NAMES, Extract
+from pipeline.runs.calls import KIND_NAMES
 from pipeline.runs.group import Run, group_runs
 from pipeline.runs.match import desyncs, window
 from pipeline.runs.measures import QUANTILES, Totals, measure, nearest
@@ -131,7 +131,7 @@ def _vendor(infos: list[dict]) -> str | None:
 
 
 def _min_ts(ex) -> int | None:
-    ts = ex.calls["ts"] if isinstance(ex, Extract) else ex.column("ts")
+    ts = ex.column("ts")
     return int(ts.min()) if len(ts) else None
 
 

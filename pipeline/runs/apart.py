@@ -22,9 +22,7 @@ def span(ex) -> tuple[int, int] | None:
     Kineto writes `ts` relative to `baseTimeNanoseconds` (the wall clock floored to three
     months: ranks started across such a boundary have bases three months apart), and before
     it had one, since the epoch."""
-    calls = ex.calls if isinstance(getattr(ex, "calls", None), dict) else None
-    ts = np.asarray(calls["ts"] if calls is not None else ex.column("ts"))
-    dur = np.asarray(calls["dur"] if calls is not None else ex.column("dur"))
+    ts, dur = ex.column("ts"), ex.column("dur")
     if not len(ts):
         return None
     base = ex.info.get("base_time_ns") or 0

@@ -48,7 +48,8 @@ STEP_COLUMNS = {
 @dataclass
 class Extract:
     """One trace: `info` (JSON-able: source, stem, size, mtime_ns, status, reason, rank, rank_from,
-    world_size, n_events, n_collectives, problems, pgs, dtypes, steps), its calls and its steps."""
+    world_size, base_time_ns, n_events, n_collectives, problems, pgs, dtypes, steps), its calls and
+    its steps."""
 
     info: dict
     calls: dict[str, np.ndarray]
@@ -67,6 +68,10 @@ class Extract:
         first, n = self.info["pgs"][pg]["offset"], self.info["pgs"][pg]["n"]
         a, b = first + min(start, n), first + min(stop, n)
         return {c: v[a:b] for c, v in self.calls.items()}
+
+    def column(self, name: str) -> np.ndarray:
+        """A whole call column (`ts`, say), as `cache.CachedExtract.column` reads one from its file."""
+        return self.calls[name]
 
 
 def _empty(columns: dict) -> dict[str, np.ndarray]:
