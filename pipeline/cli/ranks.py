@@ -119,9 +119,9 @@ def ranks_main(
 
     if align not in ("median", "none"):
         raise UsageError(f"--align must be median or none (got {align!r})")
-    for name, n in (("--top", top), ("--width", width), ("--jobs", jobs)):
-        if n is not None and n < (1 if name == "--jobs" else 0):
-            raise UsageError(f"{name} {n}: must be {'1' if name == '--jobs' else '0'} or more")
+    for name, n, least in (("--top", top, 0), ("--width", width, 0), ("--jobs", jobs, 1)):
+        if n is not None and n < least:
+            raise UsageError(f"{name} {n}: must be {least} or more")
     fmt = output_format(fmt, out, FORMATS)
     check_output(fmt, out)
     res = rr.measured_runs(source, run_by, align == "median", jobs, not no_cache, run)

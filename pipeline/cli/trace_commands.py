@@ -261,7 +261,7 @@ def combine(
         err(f"{i.path}: rank {i.rank} shares no blocking collective with another rank: its clock is not aligned")
     left_out = r.run.left_out if r.run is not None else []
     for line in left_out:  # traces of the run folder that are not combined, and why
-        err(f"{line}")
+        err(line)
     if r.n_moved:
         err(moved_line(r.n_moved))
     if not quiet:
